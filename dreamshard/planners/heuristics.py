@@ -1,0 +1,104 @@
+"""Greedy baselines of DESIGN.md §2: sort tables by a cost proxy, largest first, and give each
+to the device with the least proxy load that still has memory for it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dreamshard.plan import Plan
+from dreamshard.planners.base import Planner, register
+from dreamshard.planners.memory import infeasible_error, pack
+from dreamshard.tables import TableSpec
+from dreamshard.tasks import Task
+
+
+def greedy(task: Task, proxy: list[float]) -> list[int] | None:
+    """Least-loaded-device-with-room greedy in descending proxy order; None if it gets stuck."""
+    cap = task.max_memory_bytes
+    free = [cap] * task.devices
+    load = [0.0] * task.devices
+    placement = [-1] * len(task.tables)
+    for i in sorted(range(len(proxy)), key=lambda i: -proxy[i]):
+        size = task.tables[i].bytes(task.precision, task.optimizer)
+        legal = [d for d in range(task.devices) if free[d] >= size]
+        if not legal:
+            return None
+        d = min(legal, key=lambda d: (load[d], d))
+        free[d] -= size
+        load[d] += proxy[i]
+        placement[i] = d
+    return placement
+
+
+def place_or_pack(task: Task, placement: list[int] | None, planner: str) -> Plan:
+    """The heuristic's placement, or — when memory is too tight for it — a packing that fits."""
+    if placement is not None:
+        return Plan(task, placement, planner)
+    packed = pack(task)
+    if packed is None:
+        raise infeasible_error(task)
+    return Plan(task, packed, planner, notes=[f"{planner} greedy ran out of memory; used a memory packing instead"])
+
+
+class GreedyPlanner(Planner):
+    def proxy(self, table: TableSpec, task: Task) -> float:
+        raise NotImplementedError
+
+    def plan(self, task: Task) -> Plan:
+        return place_or_pack(task, greedy(task, [self.proxy(t, task) for t in task.tables]), self.name)
+
+
+@register
+class SizeGreedyPlanner(GreedyPlanner):
+    name, description = "size", "greedy by table bytes"
+
+    def proxy(self, table, task):
+        return float(table.bytes(task.precision, task.optimizer))
+
+
+@register
+class DimGreedyPlanner(GreedyPlanner):
+    name, description = "dim", "greedy by embedding dim"
+
+    def proxy(self, table, task):
+        return float(table.dim)
+
+
+@register
+class LookupGreedyPlanner(GreedyPlanner):
+    name, description = "lookup", "greedy by dim × pooling factor"
+
+    def proxy(self, table, task):
+        return table.dim * table.pooling_factor
+
+
+@register
+class SizeLookupGreedyPlanner(GreedyPlanner):
+    name, description = "size_lookup", "greedy by dim × pooling factor × log10(rows)"
+
+    def proxy(self, table, task):
+        return table.dim * table.pooling_factor * math.log10(max(table.rows, 2))
+
+
+@register
+class RandomPlanner(Planner):
+    name, description = "random", "uniformly random device with room, tables in random order"
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def plan(self, task: Task) -> Plan:
+        free = [task.max_memory_bytes] * task.devices
+        placement: list[int] | None = [-1] * len(task.tables)
+        for i in self.rng.permutation(len(task.tables)):
+            size = task.tables[i].bytes(task.precision, task.optimizer)
+            legal = [d for d in range(task.devices) if free[d] >= size]
+            if not legal:
+                placement = None
+                break
+            d = int(self.rng.choice(legal))
+            free[d] -= size
+            placement[i] = d
+        return place_or_pack(task, placement, self.name)

@@ -1,0 +1,73 @@
+"""The CLI end to end on a small pool: exit codes, one-line errors, files written."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dreamshard.cli import cli
+from dreamshard.plan import load_plans
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pool")
+    r = run("data", "synth", "--out", out, "--tables", 40, "--seed", 3)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_synth_tasks_plan(pool, tmp_path):
+    r = run("data", "stats", pool)
+    assert r.exit_code == 0 and "lookup-weighted" in r.output
+    r = run("data", "tasks", "--pool", pool, "--tables", "5:8", "--devices", 2, "--max-memory", "80GB", "--num-train", 4, "--num-test", 3, "--out", tmp_path / "tasks")
+    assert r.exit_code == 0, r.output
+    train = (tmp_path / "tasks" / "train.jsonl").read_text().splitlines()
+    test = (tmp_path / "tasks" / "test.jsonl").read_text().splitlines()
+    assert len(train) == 4 and len(test) == 3
+    train_names = {n for line in train for n in json.loads(line)["tables"]}
+    test_names = {n for line in test for n in json.loads(line)["tables"]}
+    assert not train_names & test_names  # the pool is split: test tables are unseen
+    r = run("plan", "--tasks", tmp_path / "tasks" / "test.jsonl", "--planner", "size_lookup", "--out", tmp_path / "p.jsonl")
+    assert r.exit_code == 0, r.output
+    plans = load_plans(tmp_path / "p.jsonl")
+    assert len(plans) == 3 and all(p.planner == "size_lookup" for p in plans)
+    r = run("plan", pool / "tables.csv", "--devices", 4, "--max-memory", "80GiB", "--planner", "lookup", "--out", tmp_path / "one.json")
+    assert r.exit_code == 0, r.output
+    (plan,) = load_plans(tmp_path / "one.json")
+    assert len(plan.task.tables) == 40 and plan.task.max_memory_bytes == 80 * 2**30
+    assert plan.task.tables[0].distribution  # the plan carries the stream descriptors
+
+
+def test_planners_lists_registry():
+    r = run("planners")
+    assert r.exit_code == 0 and "size_lookup" in r.output and "random" in r.output
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--devices", "2", "--max-memory", "1KB", "--planner", "size"], "cannot place 40 tables needing"),
+        (["--devices", "2", "--max-memory", "5 parsecs", "--planner", "size"], "memory '5 parsecs'"),
+        (["--devices", "2", "--max-memory", "5GB", "--planner", "nope"], "unknown planner 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(pool, tmp_path, args, needle):
+    p = subprocess.run([sys.executable, "-m", "dreamshard.cli", "plan", str(pool / "tables.csv"), *args, "--out", str(tmp_path / "x.json")], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert needle in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_bad_table_file_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,rows,dim,pooling_factor,distribution\na,12,5,1,uniform\n")
+    p = subprocess.run([sys.executable, "-m", "dreamshard.cli", "plan", str(bad), "--devices", "2", "--max-memory", "1GB", "--out", str(tmp_path / "x.json")], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip() == f"error: {bad}: line 2, column 'dim': 5 is not a positive multiple of 4"

@@ -1,0 +1,66 @@
+"""Every planner: a complete placement within memory for feasible tasks, the clear error otherwise."""
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dreamshard.planners import PLANNERS, InfeasibleError, get_planner, pack
+from dreamshard.tables import TableSpec
+from dreamshard.tasks import Task
+
+HEURISTICS = ["random", "size", "dim", "lookup", "size_lookup"]
+
+
+def brute_force_feasible(task: Task) -> bool:
+    sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+    for assign in itertools.product(range(task.devices), repeat=len(sizes)):
+        used = [0] * task.devices
+        for s, d in zip(sizes, assign):
+            used[d] += s
+        if max(used) <= task.max_memory_bytes:
+            return True
+    return False
+
+
+@st.composite
+def tasks(draw, max_tables=7, max_devices=3):
+    n = draw(st.integers(1, max_tables))
+    tables = [
+        TableSpec(f"t{i}", draw(st.integers(1, 5000)), draw(st.sampled_from([4, 8, 16, 32, 64, 128])), draw(st.floats(0, 50)))
+        for i in range(n)
+    ]
+    devices = draw(st.integers(1, max_devices))
+    total = sum(t.bytes() for t in tables)
+    cap = draw(st.integers(max(1, total // (devices * 2)), total + 1))
+    return Task(tables, devices, cap)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tasks())
+def test_every_planner_respects_memory_or_says_infeasible(task):
+    ok = brute_force_feasible(task)
+    assert (pack(task) is not None) == ok
+    for name in HEURISTICS:
+        planner = get_planner(name)
+        if ok:
+            plan = planner.plan(task)
+            assert len(plan.placement) == len(task.tables)
+            plan.check()  # every table on a device, every device within memory
+        else:
+            with pytest.raises(InfeasibleError, match=r"needing .* bytes.* on \d+ devices with .* bytes"):
+                planner.plan(task)
+
+
+def test_registry_lists_heuristics():
+    assert set(HEURISTICS) <= set(PLANNERS)
+    with pytest.raises(ValueError, match="unknown planner"):
+        get_planner("nope")
+
+
+def test_lookup_greedy_balances_lookups():
+    tables = [TableSpec(f"t{i}", 100, 16, pf) for i, pf in enumerate([8, 7, 6, 5, 4, 3, 2, 1])]
+    plan = get_planner("lookup").plan(Task(tables, 2, 10**9))
+    loads = [sum(t.lookup for t in s) for s in plan.shards()]
+    assert loads == [16 * 18, 16 * 18]
