@@ -29,40 +29,53 @@ STATS_FILES = {
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """Knobs of the generator. Defaults were fitted (benchmarks/fit_pool.py) to the 2021 file."""
-
     tables: int = 856
     seed: int = 0
-    rows_log10: tuple[float, float] = (2.0, 7.3)  # hash sizes log-uniform: hundreds to tens of millions
-    pooling_sigma: float = 1.6  # lognormal spread of pooling factors (heavy tail)
-    zero_lookup_fraction: float = 0.03  # tables never looked up in a batch (seen in the real files)
+    zero_lookup_fraction: float = 0.02  # tables never looked up in a batch (the real files have some)
     mean_pooling: float = 15.81  # 2021 file: 887,017,990 indices / 856 tables / 65,536 samples
-    zipf_alpha: tuple[float, float] = (0.6, 1.35)  # per-table popularity skew, uniform in this range
+
+
+def _mixture() -> list[dict]:
+    """Table archetypes and weights fitted to the published stats (benchmarks/fit_pool.py)."""
+    return json.loads(resources.files("dreamshard").joinpath("data/pool_mixture.json").read_text())["archetypes"]
 
 
 def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None] | None = None) -> list[TableSpec]:
-    """Deterministic pool of `config.tables` tables (specs + stream descriptors)."""
+    """Deterministic pool of `config.tables` tables (specs + stream descriptors).
+
+    Tables come from the fitted archetype mixture (benchmarks/fit_pool.py), each jittered within
+    its grid cell so no two are alike; dims are uniform over DIMS.
+    """
     rng = np.random.default_rng(config.seed)
+    arch = _mixture()
     n = config.tables
-    rows = np.round(10 ** rng.uniform(*config.rows_log10, size=n)).astype(np.int64)
-    dims = rng.choice(DIMS, size=n)
-    pf = rng.lognormal(0.0, config.pooling_sigma, size=n)
-    pf[rng.random(n) < config.zero_lookup_fraction] = 0.0
-    # Scale so the pool's mean lookups per table-sample equals the published one: the tail of a
-    # lognormal makes the sample mean of a few hundred draws wander by tens of percent.
+    # Largest-remainder apportionment: each archetype gets its share of tables, independent of
+    # the seed. Random draws would let a handful of heavy-pooling tables (which carry most of
+    # the lookups) come and go, moving the pool's histograms by more than the fit's error.
+    share = np.array([a["weight"] for a in arch]) * n / sum(a["weight"] for a in arch)
+    counts = np.floor(share).astype(int)
+    counts[np.argsort(-(share - counts))[: n - counts.sum()]] += 1
+    picks = rng.permutation(np.repeat(np.arange(len(arch)), counts))
+    log_rows = np.array([arch[i]["log10_rows"] for i in picks]) + rng.uniform(-0.1, 0.1, n)
+    alphas = np.array([arch[i]["zipf_alpha"] for i in picks]) + rng.uniform(-0.02, 0.02, n)
+    pf = np.array([arch[i]["pooling_factor"] for i in picks]) * np.exp(rng.uniform(-0.1, 0.1, n))
+    # Zero-lookup tables are taken among the lightest, so they do not remove a heavy table's lookups.
+    light = np.flatnonzero(pf <= 1.2)
+    pf[rng.choice(light, size=min(len(light), round(config.zero_lookup_fraction * n)), replace=False)] = 0.0
+    # Rescale to the published mean: the jitter moves a finite pool's mean a little.
     pf *= config.mean_pooling / max(pf.mean(), 1e-12)
-    alphas = rng.uniform(*config.zipf_alpha, size=n)
+    rows = np.maximum(np.round(10**log_rows), 10).astype(np.int64)
+    dims = rng.choice(DIMS, size=n)
     tables = []
     for i in range(n):
         dist = f"zipf:{alphas[i]:.4f}"
-        bins = reuse_stats(int(rows[i]), float(pf[i]), dist)["bins"]
         tables.append(
             TableSpec(
                 name=f"t{i}",
                 rows=int(rows[i]),
                 dim=int(dims[i]),
                 pooling_factor=float(np.round(pf[i], 4)),
-                bins=tuple(bins),
+                bins=tuple(reuse_stats(int(rows[i]), float(pf[i]), dist)["bins"]),
                 distribution=dist,
                 seed=config.seed * 100_003 + i,
             )

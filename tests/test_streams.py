@@ -80,3 +80,17 @@ def test_dlrm_loader_rejects_bad_files(tmp_path):
     torch.save((torch.zeros(3, dtype=torch.int64), torch.zeros(5, dtype=torch.int64), torch.ones(2, 2, dtype=torch.int64)), wrong)
     with pytest.raises(TableError, match="offsets"):
         load_dlrm_file(wrong)
+
+
+def test_default_pool_matches_published_stats():
+    """Issue target: lookup-weighted reuse histogram within L1 0.10 of the 2021 file, mean
+    lookups per table-sample within 10%."""
+    from dreamshard.synth import PoolConfig, pool_stats, published_stats, synth_pool
+
+    ref = published_stats("2021")
+    pool = synth_pool(PoolConfig(seed=5))
+    mine = pool_stats(pool, ref.batch_size)
+    assert np.abs(np.array(mine.lookup_hist) - ref.lookup_hist).sum() <= 0.10
+    assert abs(mine.lookups_per_table_sample / ref.lookups_per_table_sample - 1) <= 0.10
+    assert len({t.name for t in pool}) == 856 and sum(t.pooling_factor == 0 for t in pool) > 0
+    assert synth_pool(PoolConfig(tables=20, seed=5)) == synth_pool(PoolConfig(tables=20, seed=5))

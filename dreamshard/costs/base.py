@@ -1,0 +1,92 @@
+"""The cost nouns every backend returns, and the backend role.
+
+One training step's embedding work on device d (DESIGN.md §1): forward compute, forward
+all-to-all, backward all-to-all, backward compute. The paper's proxy cost of a placement is
+max_d of their sum; measured backends also report the synchronized end-to-end step.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from dreamshard.tables import TableSpec
+
+COMPONENTS = ("fwd_comp_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_comp_ms")
+
+
+@dataclass
+class DeviceCost:
+    fwd_comp_ms: float
+    fwd_comm_ms: float
+    bwd_comm_ms: float
+    bwd_comp_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.fwd_comp_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.bwd_comp_ms
+
+
+@dataclass
+class CostReport:
+    """Cost of one placement, and everything needed to know where the numbers came from."""
+
+    devices: list[DeviceCost]
+    backend: str  # e.g. "sim (H200 calibration)", "triton", "fbgemm", "torch"
+    runner: str  # "distributed", "sequential", "sim"
+    hardware: str  # e.g. "NVIDIA H200", "CPU: 2 cores (x86_64)"
+    batch_size: int
+    precision: str = "fp16"
+    optimizer: str = "sgd"
+    e2e_ms: float | None = None  # synchronized end-to-end step, where measured
+    comm_modelled: bool = False  # comm came from a fitted model, not a real all-to-all
+    details: dict = field(default_factory=dict)  # backend-specific extras (iterations, spreads...)
+
+    @property
+    def overall_ms(self) -> float:
+        """The paper's cost: max over devices of the four components' sum."""
+        return max(d.total_ms for d in self.devices)
+
+    @property
+    def source(self) -> str:
+        """One phrase saying which backend produced the numbers, for every printed cost."""
+        if self.runner == "sim":
+            return self.backend
+        comm = ", comm modelled" if self.comm_modelled else ""
+        return f"measured: {self.backend} kernel, {self.runner} runner on {self.hardware}{comm}"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["overall_ms"] = self.overall_ms
+        d["source"] = self.source
+        d["devices"] = [{**asdict(x), "total_ms": x.total_ms} for x in self.devices]
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "CostReport":
+        devices = [DeviceCost(**{k: x[k] for k in COMPONENTS}) for x in d["devices"]]
+        keep = {k: d[k] for k in ("backend", "runner", "hardware", "batch_size", "precision", "optimizer", "e2e_ms", "comm_modelled", "details") if k in d}
+        return CostReport(devices=devices, **keep)
+
+    def save(self, path: str | Path) -> None:
+        """Atomic write: a failure never leaves a half-written report."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+
+
+class CostBackend(ABC):
+    """Gives the cost of placements. Planners never import one; the training loop is handed one."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
+        """Cost of one placement given as its per-device shards (list index = device)."""
+
+    def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> list[CostReport]:
+        return [self.evaluate(s, batch_size, precision, optimizer) for s in placements]
