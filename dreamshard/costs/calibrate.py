@@ -1,0 +1,179 @@
+"""Calibrating the simulator on real hardware, and validating it on what it never saw.
+
+calibrate: measure a designed set of random shards (table count 1–64, log-uniform, drawn from a
+synthetic pool; some all-small-dim and all-large-dim shards to pin the dim terms) with a real
+kernel, fit the simulator's coefficients (sim.fit_coefficients), record hardware and versions.
+validate: measure *held-out* shards — drawn from a pool of another seed, so none of their tables
+was seen — and whole placements of held-out tasks, and compare with the simulator.
+Every measurement is kept as a JSON line, so a fit or a report can be redone without the GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, shard_term_matrix, spearman
+from dreamshard.tables import TableSpec
+
+MAX_SHARD_BYTES = {"cuda": 16 * 10**9, "cpu": 10**9}  # keep each measured shard well inside memory
+
+
+@dataclass
+class ShardRecord:
+    tables: list[TableSpec]
+    batch_size: int
+    precision: str
+    optimizer: str
+    fwd_ms: float
+    bwd_ms: float
+    placement: int | None = None  # index of the whole placement this shard belongs to, if any
+    device: int | None = None
+
+    def to_json(self) -> dict:
+        return {"tables": [t.to_dict() for t in self.tables], "batch_size": self.batch_size, "precision": self.precision, "optimizer": self.optimizer,
+                "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "placement": self.placement, "device": self.device}
+
+    @staticmethod
+    def from_json(d: dict) -> "ShardRecord":
+        return ShardRecord([TableSpec.from_dict(t) for t in d["tables"]], d["batch_size"], d["precision"], d["optimizer"], d["fwd_ms"], d["bwd_ms"],
+                           d.get("placement"), d.get("device"))
+
+
+def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    tmp.replace(path)
+
+
+def load_records(path: str | Path) -> list[ShardRecord]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such records file")
+    return [ShardRecord.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def design_shards(n: int, seed: int, max_bytes: int, max_tables: int = 64, precision: str = "fp16") -> list[list[TableSpec]]:
+    """`n` random shards from a synthetic pool of this seed: mixed, small-dim-only and large-dim-only."""
+    from dreamshard.synth import PoolConfig, synth_pool
+
+    pool = synth_pool(PoolConfig(seed=seed))
+    rng = np.random.default_rng(seed)
+    small = [t for t in pool if t.dim <= 16]
+    large = [t for t in pool if t.dim >= 64]
+    shards = []
+    for i in range(n):
+        source = small if i % 5 == 3 else large if i % 5 == 4 else pool
+        k = int(np.clip(round(np.exp(rng.uniform(0, np.log(max_tables)))), 1, len(source)))
+        chosen, used = [], 0
+        for j in rng.permutation(len(source)):
+            size = source[j].bytes(precision)
+            if used + size <= max_bytes:
+                chosen.append(source[j])
+                used += size
+            if len(chosen) == k:
+                break
+        shards.append(chosen)
+    return shards
+
+
+def design_placements(n: int, seed: int, max_bytes: int, precision: str = "fp16") -> list[list[list[TableSpec]]]:
+    """`n` whole placements (as per-device shards) of random tasks, 16–96 tables on 2–8 devices,
+    placed by the heuristic planners in turn, each device capped so its shard can be measured."""
+    from dreamshard.planners import get_planner
+    from dreamshard.synth import PoolConfig, synth_pool
+    from dreamshard.tasks import sample_tasks
+
+    pool = synth_pool(PoolConfig(seed=seed))
+    rng = np.random.default_rng(seed)
+    names = ["random", "size", "dim", "lookup", "size_lookup"]
+    placements = []
+    for i in range(n):
+        devices = int(rng.integers(2, 9))
+        task = sample_tasks(pool, 1, (16, 96), devices, max_bytes, seed=seed * 1000 + i, precision=precision)[0]
+        placements.append(get_planner(names[i % len(names)]).plan(task).shards())
+    return placements
+
+
+def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: str, batch_size: int, precision: str = "fp16", optimizer: str = "sgd",
+                   progress: Callable[[], None] | None = None, **runner_kwargs) -> list[ShardRecord]:
+    """Each shard's forward and backward compute, measured with the sequential runner's protocol."""
+    from dreamshard.costs.runners.sequential import SequentialRunner
+
+    runner = SequentialRunner(kernel, device=device, **runner_kwargs)
+    records = []
+    for shard in shards:
+        d = runner.evaluate([list(shard)], batch_size, precision, optimizer).devices[0]
+        records.append(ShardRecord(list(shard), batch_size, precision, optimizer, d.fwd_comp_ms, d.bwd_comp_ms))
+        if progress:
+            progress()
+    return records
+
+
+def fit(records: Sequence[ShardRecord], kernel: str, hardware: str, comm: dict, versions: dict | None = None) -> Calibration:
+    """Fit forward and backward coefficients to measured shards (all at one batch/precision)."""
+    r0 = records[0]
+    X = shard_term_matrix([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
+    fwd = np.array([r.fwd_ms for r in records])
+    bwd = np.array([r.bwd_ms for r in records])
+    cal = Calibration(
+        hardware=hardware,
+        kernel=kernel,
+        batch_size=r0.batch_size,
+        fwd=fit_coefficients(X, fwd, FWD_TERMS),
+        bwd=fit_coefficients(X, bwd, BWD_TERMS),
+        comm=comm,
+        date=datetime.date.today().isoformat(),
+        versions=versions or {},
+    )
+    pred = SimBackend(cal).shard_compute([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
+    cal.fit = {"shards": len(records), "fwd_mape": mape(pred[:, 0], fwd), "bwd_mape": mape(pred[:, 1], bwd),
+               "total_mape": mape(pred.sum(1), fwd + bwd), "precision": r0.precision, "optimizer": r0.optimizer}
+    return cal
+
+
+def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
+    """Per-shard MAPE/Spearman of fwd, bwd, total compute; placement overall-cost error; worst shards."""
+    sim = SimBackend(cal)
+    everything, records = records, [r for r in records if r.tables]
+    r0 = records[0]
+    pred = sim.shard_compute([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
+    fwd = np.array([r.fwd_ms for r in records])
+    bwd = np.array([r.bwd_ms for r in records])
+    tot = fwd + bwd
+    err = (pred.sum(1) - tot) / tot
+    worst = np.argsort(-np.abs(err))[:8]
+    report = {
+        "calibration": {"hardware": cal.hardware, "kernel": cal.kernel, "date": cal.date},
+        "shards": len(records),
+        "fwd": {"mape": mape(pred[:, 0], fwd), "spearman": spearman(pred[:, 0], fwd)},
+        "bwd": {"mape": mape(pred[:, 1], bwd), "spearman": spearman(pred[:, 1], bwd)},
+        "total": {"mape": mape(pred.sum(1), tot), "spearman": spearman(pred.sum(1), tot)},
+        "worst": [{"tables": len(records[i].tables), "dims": sorted({t.dim for t in records[i].tables}),
+                   "lookups_per_sample": round(sum(t.pooling_factor for t in records[i].tables), 1),
+                   "measured_ms": round(float(tot[i]), 4), "simulated_ms": round(float(pred[i].sum()), 4), "error": round(float(err[i]) * 100, 1)}
+                  for i in worst],
+    }
+    # Whole placements: measured overall = max_d(measured compute + modelled comm); the
+    # simulator's comm is the same model, so this error is the compute model's, summed and maxed.
+    groups: dict[int, list[ShardRecord]] = {}
+    for r in everything:
+        if r.placement is not None:
+            groups.setdefault(r.placement, []).append(r)
+    if groups:
+        meas, simd = [], []
+        for recs in groups.values():
+            recs = sorted(recs, key=lambda r: r.device)
+            shards = [r.tables for r in recs]
+            c = sim.evaluate(shards, r0.batch_size, r0.precision, r0.optimizer)
+            meas.append(max(r.fwd_ms + r.bwd_ms + d.fwd_comm_ms + d.bwd_comm_ms for r, d in zip(recs, c.devices)))
+            simd.append(c.overall_ms)
+        meas, simd = np.array(meas), np.array(simd)
+        report["placements"] = {"count": len(meas), "mape": mape(simd, meas), "spearman": spearman(simd, meas)}
+    return report

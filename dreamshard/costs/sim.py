@@ -1,0 +1,241 @@
+"""The calibrated cost simulator: the four per-device components of a step in microseconds.
+
+What drives a fused table-batched embedding op, and the term that models it:
+  - one launch (plus set-up) per shard, shared by all its tables → `launch`: fusion makes a
+    shard's cost sub-additive in its tables;
+  - a little scheduling work per table → `tables`;
+  - per lookup: an index read and a loop trip → `lookups`;
+  - gathered row bytes, in 32-byte sectors (a 4-dim fp16 row still moves 32 bytes: small dims
+    are inefficient) → split by how often the row is reused in the batch: first touches
+    (`cold_bytes`, from DRAM), rows used 2–16 times (`warm_bytes`, partly cached), rows used more
+    (`hot_bytes`, mostly in L2) — the split comes from the table's reuse histogram;
+  - pooled output written (`out_bytes`);
+  - backward: gradient rows read once per lookup (`grad_bytes`), then one read-modify-write of
+    each touched row and its optimizer state (`update_bytes`); sorting lookups by row scales with
+    `lookups`.
+Each component is a non-negative linear combination of these terms, fitted per hardware and
+kernel by `dreamshard calibrate` (NNLS on relative error). A shard too small to fill the GPU is
+bounded below by `launch`. The all-to-all is t = latency + max(sent, received) / bandwidth per
+device, fitted from real all-to-alls where several devices were measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
+from dreamshard.tables import NUM_BINS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec
+
+FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
+BWD_TERMS = ("launch", "tables", "lookups", "grad_bytes", "update_bytes", "out_bytes")
+TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes")
+SECTOR = 32  # bytes per DRAM/L2 transaction
+DEFAULT_CALIBRATION = "h200_triton.json"
+
+# Mean access count of a row in each reuse bin: (0,1] → 1, (2^(j-1), 2^j] → mean of its integers.
+_BIN_MEAN = np.array([1.0] + [(2 ** (j - 1) + 1 + 2**j) / 2 for j in range(1, 16)] + [2.0**16])
+_WARM = np.arange(NUM_BINS) >= 1  # used more than once
+_HOT = np.arange(NUM_BINS) >= 5  # used more than 16 times
+
+
+@dataclass
+class Calibration:
+    """Fitted coefficients (ms per unit of each term) and where they came from."""
+
+    hardware: str
+    kernel: str
+    batch_size: int
+    fwd: dict[str, float]
+    bwd: dict[str, float]
+    comm: dict  # all-to-all model (costs/comm.py): latency_ms, bandwidth_GBps, serial_fraction, source
+    date: str = ""
+    versions: dict = field(default_factory=dict)
+    fit: dict = field(default_factory=dict)  # training-set errors and sample counts
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+    @staticmethod
+    def load(path: str | Path | None = None) -> "Calibration":
+        if path is None:
+            text = resources.files("dreamshard").joinpath("data/calibrations", DEFAULT_CALIBRATION).read_text()
+        else:
+            path = Path(path)
+            if not path.is_file():
+                raise ValueError(f"{path}: no such calibration file")
+            text = path.read_text()
+        try:
+            return Calibration(**json.loads(text))
+        except (TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path or DEFAULT_CALIBRATION}: not a calibration file ({e})") from None
+
+    @property
+    def label(self) -> str:
+        short = "H200" if "H200" in self.hardware else self.hardware
+        return f"simulated ({short} calibration)"
+
+
+def table_terms(tables: Sequence[TableSpec], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
+    """[T, len(TERMS)] per-table terms; a shard's terms are their sum (launch: 1 per non-empty shard)."""
+    n = len(tables)
+    out = np.zeros((n, len(TERMS)))
+    if n == 0:
+        return out
+    elt = PRECISION_BYTES[precision]
+    dim = np.array([t.dim for t in tables], dtype=np.float64)
+    rows = np.array([t.rows for t in tables], dtype=np.float64)
+    pf = np.array([t.pooling_factor for t in tables], dtype=np.float64)
+    # fromiter over the flattened tuples: twice as fast as np.array on a list of tuples, which
+    # matters when a whole placement must be costed in a millisecond
+    bins = np.fromiter(itertools.chain.from_iterable([t.bins for t in tables]), np.float64, count=n * NUM_BINS).reshape(n, NUM_BINS)
+    lookups = batch_size * pf
+    row_bytes = np.ceil(dim * elt / SECTOR) * SECTOR
+    # Reuse at this batch from the histogram at the reference batch: a row's expected count
+    # beyond its first touch scales with the batch; distinct rows never exceed the table.
+    mean_count = np.maximum(bins @ _BIN_MEAN, 1.0)
+    mean_count = 1.0 + (mean_count - 1.0) * batch_size / REFERENCE_BATCH
+    unique = np.minimum(lookups / mean_count, rows)
+    lookup_share = bins * _BIN_MEAN  # lookups falling in each bin, unnormalized
+    norm = np.maximum(lookup_share.sum(axis=1), 1e-12)
+    hot_frac = (lookup_share[:, _HOT]).sum(axis=1) / norm
+    repeat = np.maximum(lookups - unique, 0.0)
+    hot = np.minimum(repeat, lookups * hot_frac)
+    state = 4.0 if optimizer == "rowwise_adagrad" else 0.0
+    out[:, TERMS.index("tables")] = 1.0
+    out[:, TERMS.index("lookups")] = lookups
+    out[:, TERMS.index("cold_bytes")] = unique * row_bytes
+    out[:, TERMS.index("warm_bytes")] = (repeat - hot) * row_bytes
+    out[:, TERMS.index("hot_bytes")] = hot * row_bytes
+    out[:, TERMS.index("out_bytes")] = batch_size * dim * elt
+    out[:, TERMS.index("grad_bytes")] = lookups * row_bytes
+    out[:, TERMS.index("update_bytes")] = unique * (2 * row_bytes + 2 * state)
+    return out
+
+
+def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    fwd = np.array([cal.fwd.get(t, 0.0) if t in FWD_TERMS else 0.0 for t in TERMS])
+    bwd = np.array([cal.bwd.get(t, 0.0) if t in BWD_TERMS else 0.0 for t in TERMS])
+    return fwd, bwd
+
+
+def alltoall_bytes(dim_sums: np.ndarray, batch_size: int, elt: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-device bytes sent and received in the forward all-to-all ([..., D] dim sums).
+
+    Device d sends its pooled columns of the other devices' samples, B·Σdim(d)·elt·(D−1)/D,
+    and receives its B/D samples' columns of every other device's tables. The backward
+    all-to-all moves the same bytes the other way (sent ↔ received).
+    """
+    D = dim_sums.shape[-1]
+    if D == 1:
+        return np.zeros_like(dim_sums, dtype=np.float64), np.zeros_like(dim_sums, dtype=np.float64)
+    sent = batch_size * dim_sums * elt * (D - 1) / D
+    recv = (batch_size / D) * (dim_sums.sum(axis=-1, keepdims=True) - dim_sums) * elt
+    return sent.astype(np.float64), recv.astype(np.float64)
+
+
+class SimBackend(CostBackend):
+    """Analytic cost surface fitted to real measurements; answers in microseconds."""
+
+    def __init__(self, calibration: str | Path | Calibration | None = None):
+        self.calibration = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+        self.name = self.calibration.label
+        self._fwd, self._bwd = _coef(self.calibration)
+
+    def _comm(self, sent: np.ndarray, recv: np.ndarray) -> np.ndarray:
+        """CommModel.predict, vectorized: latency + (max + serial_fraction·min) / bandwidth."""
+        c = self.calibration.comm
+        hi, lo = np.maximum(sent, recv), np.minimum(sent, recv)
+        t = c["latency_ms"] + (hi + c.get("serial_fraction", 0.0) * lo) / (c["bandwidth_GBps"] * 1e6)
+        return np.where(hi > 0, t, 0.0)
+
+    def costs_batch(self, tables: Sequence[TableSpec], placements: np.ndarray, devices: int, batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd", terms: np.ndarray | None = None) -> np.ndarray:
+        """Costs of N placements of the same tables at once: [N, D, 4] (fwd comp, fwd comm, bwd comm, bwd comp).
+
+        `placements` is [N, T] device ids. Pass `terms` (table_terms of these tables) to reuse it.
+        """
+        placements = np.asarray(placements, dtype=np.int64).reshape(-1, len(tables))
+        N, T = placements.shape
+        P = table_terms(tables, batch_size, precision, optimizer) if terms is None else terms
+        flat = (placements + np.arange(N)[:, None] * devices).ravel()
+        shard = np.empty((N * devices, len(TERMS)))
+        for j in range(len(TERMS)):  # bincount per term: the scatter-add that makes shards
+            shard[:, j] = np.bincount(flat, weights=np.broadcast_to(P[:, j], (N, T)).ravel(), minlength=N * devices)
+        nonempty = shard[:, TERMS.index("tables")] > 0
+        shard[:, TERMS.index("launch")] = nonempty
+        fwd = np.where(nonempty, shard @ self._fwd, 0.0)
+        bwd = np.where(nonempty, shard @ self._bwd, 0.0)
+        dims = np.array([t.dim for t in tables], dtype=np.float64)
+        dim_sums = np.bincount(flat, weights=np.broadcast_to(dims, (N, T)).ravel(), minlength=N * devices).reshape(N, devices)
+        sent, recv = alltoall_bytes(dim_sums, batch_size, PRECISION_BYTES[precision])
+        out = np.empty((N, devices, 4))
+        out[..., 0] = fwd.reshape(N, devices)
+        out[..., 1] = self._comm(sent, recv)
+        out[..., 2] = self._comm(recv, sent)
+        out[..., 3] = bwd.reshape(N, devices)
+        return out
+
+    def shard_compute(self, shards: Sequence[Sequence[TableSpec]], batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
+        """[S, 2] predicted (fwd, bwd) compute of each shard on its own."""
+        tables = [t for s in shards for t in s]
+        placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
+        return self.costs_batch(tables, placement[None, :], len(shards), batch_size, precision, optimizer)[0][:, [0, 3]]
+
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
+        tables = [t for s in shards for t in s]
+        placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
+        c = self.costs_batch(tables, placement[None, :], len(shards), batch_size, precision, optimizer)[0]
+        return CostReport(
+            devices=[DeviceCost(*map(float, row)) for row in c],
+            backend=self.name,
+            runner="sim",
+            hardware=f"simulated: {self.calibration.hardware}, {self.calibration.kernel} kernel",
+            batch_size=batch_size,
+            precision=precision,
+            optimizer=optimizer,
+            comm_modelled=True,
+            details={"calibration_date": self.calibration.date, "comm": self.calibration.comm.get("source", "?")},
+        )
+
+
+def overall(costs: np.ndarray) -> np.ndarray:
+    """The paper's cost of each placement from costs_batch output: max over devices of the sum."""
+    return costs.sum(axis=-1).max(axis=-1)
+
+
+def fit_coefficients(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    """Non-negative least squares on relative error: every shard counts the same, large or small."""
+    from scipy.optimize import nnls
+
+    cols = [TERMS.index(n) for n in names]
+    A = X[:, cols] / y[:, None]
+    scale = np.maximum(np.abs(A).max(axis=0), 1e-30)  # condition the columns
+    w, _ = nnls(A / scale, np.ones(len(y)))
+    return {n: float(v) for n, v in zip(names, w / scale)}
+
+
+def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
+    """[S, len(TERMS)]: each shard's summed terms (launch = 1)."""
+    X = np.array([table_terms(s, batch_size, precision, optimizer).sum(axis=0) for s in shards])
+    X[:, TERMS.index("launch")] = 1.0
+    return X
+
+
+def mape(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - true) / true) * 100)
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic) if len(a) > 2 else math.nan
