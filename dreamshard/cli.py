@@ -174,15 +174,26 @@ def planners_cmd() -> None:
     console.print(t)
 
 
-def device_summary(plan, title: str) -> Table:
+def device_summary(plan, title: str, report=None) -> Table:
+    """Per-device table of a plan: what is placed where, and its costs when a report is given."""
     from dreamshard.tasks import format_bytes
 
     t = Table(title=title)
-    for col in ("device", "tables", "memory", "dim sum", "lookups·dim / sample"):
+    cols = ["device", "tables", "memory", "dim sum"]
+    cols += ["fwd comp", "fwd comm", "bwd comm", "bwd comp", "total ms"] if report is not None else ["lookups·dim / sample"]
+    for col in cols:
         t.add_column(col, justify="right")
     used = plan.device_bytes()
+    worst = max(range(len(report.devices)), key=lambda d: report.devices[d].total_ms) if report is not None else -1
     for d, shard in enumerate(plan.shards()):
-        t.add_row(str(d), str(len(shard)), format_bytes(used[d]), str(sum(x.dim for x in shard)), f"{sum(x.lookup for x in shard):,.0f}")
+        row = [str(d), str(len(shard)), format_bytes(used[d]), str(sum(x.dim for x in shard))]
+        if report is not None:
+            c = report.devices[d]
+            total = f"[bold]{c.total_ms:.3f}[/bold]" if d == worst else f"{c.total_ms:.3f}"
+            row += [f"{c.fwd_comp_ms:.3f}", f"{c.fwd_comm_ms:.3f}", f"{c.bwd_comm_ms:.3f}", f"{c.bwd_comp_ms:.3f}", total]
+        else:
+            row.append(f"{sum(x.lookup for x in shard):,.0f}")
+        t.add_row(*row)
     return t
 
 
@@ -195,8 +206,9 @@ def device_summary(plan, title: str) -> Table:
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
 @click.option("--seed", default=0, show_default=True, type=int, help="for randomized planners")
+@click.option("--model", "model_path", type=click.Path(dir_okay=False), help="with --planner dreamshard: a model from `dreamshard train` (default: the shipped H200 model)")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="PLAN.json, or PLANS.jsonl with --tasks")
-def plan_cmd(tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, out) -> None:
+def plan_cmd(tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, out) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
@@ -215,7 +227,11 @@ def plan_cmd(tables_file, tasks_file, devices, max_memory, precision, optimizer,
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
         tasks = [Task(tables, devices, parse_memory(max_memory), precision, optimizer, pool)]
-    kwargs = {"seed": seed} if planner_name == "random" else {}
+    kwargs = {"seed": seed} if planner_name in ("random", "dreamshard") else {}
+    if model_path is not None:
+        if planner_name != "dreamshard":
+            raise ValueError(f"--model is for --planner dreamshard, not {planner_name!r}")
+        kwargs["model"] = model_path
     planner = get_planner(planner_name, **kwargs)
     with progress_bar() as bar:
         job = bar.add_task(f"planning with {planner_name}", total=len(tasks))
@@ -223,9 +239,322 @@ def plan_cmd(tables_file, tasks_file, devices, max_memory, precision, optimizer,
     save_plans(plans, out)
     if len(plans) == 1:
         console.print(device_summary(plans[0], f"{planner_name}: {len(tasks[0].tables)} tables on {tasks[0].devices} devices"))
+        if plans[0].predicted:
+            console.print(predicted_table(plans[0].predicted))
+    elif plans and all(p.predicted for p in plans):
+        mean = sum(p.predicted["overall_ms"] for p in plans) / len(plans)
+        console.print(f"mean predicted overall cost: {mean:.3f} ms [dim]({plans[0].predicted['source']}; per-device predictions in {out})[/dim]")
     for note in {n for p in plans for n in p.notes}:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"wrote {len(plans)} plan{'s' if len(plans) > 1 else ''} to {out}")
+
+
+def predicted_table(predicted: dict) -> Table:
+    t = Table(title=f"predicted by the {predicted['source']}: overall {predicted['overall_ms']:.3f} ms")
+    for col in ("device", "fwd comp", "bwd comp", "comm", "total (ms)"):
+        t.add_column(col, justify="right")
+    for d, c in enumerate(predicted["devices"]):
+        t.add_row(str(d), f"{c['fwd_comp_ms']:.3f}", f"{c['bwd_comp_ms']:.3f}", f"{c['comm_ms']:.3f}", f"{c['total_ms']:.3f}")
+    return t
+
+
+# --------------------------------------------------------------------------------------------
+# training (DreamShard: dreamshard/training.py)
+# --------------------------------------------------------------------------------------------
+
+
+@cli.command("train")
+@click.option("--tasks", "tasks_file", required=True, type=click.Path(dir_okay=False), help="training tasks (JSONL, from `dreamshard data tasks`)")
+@click.option("--backend", default="sim", show_default=True, help="cost backend that measures the sampled plans: sim")
+@click.option("--calibration", type=click.Path(dir_okay=False), help="with --backend sim: a calibration file (default: the shipped H200 one)")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
+@click.option("--config", "config_name", default="default", show_default=True, type=click.Choice(["paper", "default"]), help="paper: the reference code; default: our ablated changes")
+@click.option("--iterations", type=click.IntRange(1), help="collect → fit → RL iterations [config: 10]")
+@click.option("--budget", type=click.IntRange(1), help="real measurements in all, spread over the iterations [config: 10 per iteration]")
+@click.option("--batch-size", type=click.IntRange(1), help="workload batch size the backend measures [65536]")
+@click.option("--seed", type=int, help="[0]")
+@click.option("--eval-tasks", type=click.Path(dir_okay=False), help="also measure the planner on these tasks after every iteration (logged)")
+@click.option("--log", "log_file", type=click.Path(dir_okay=False), help="JSONL log, one line of numbers per iteration")
+@click.option("--resume", is_flag=True, help="continue from MODEL.pt.ckpt where a previous run stopped")
+def train_cmd(tasks_file, backend, calibration, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
+    """Train a DreamShard model: measure sampled plans, fit the cost net, RL on the cost net."""
+    from dreamshard.tasks import load_tasks
+    from dreamshard.training import get_config, train
+
+    if backend != "sim":
+        raise ValueError(f"--backend {backend!r}: training supports 'sim' for now (measured backends: plan, then `dreamshard measure`)")
+    if calibration is not None:
+        from dreamshard.costs.sim import SimBackend
+
+        cost_backend = SimBackend(calibration)
+    else:
+        cost_backend = _sim_backend()
+    cfg = get_config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed)
+    tasks = load_tasks(tasks_file)
+    evals = load_tasks(eval_tasks) if eval_tasks else None
+    console.print(f"training DreamShard ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, {cfg.total_budget()} measurements")
+    model = train(cfg, tasks, cost_backend, out, log=log_file, resume=resume, eval_tasks=evals)
+    console.print(f"wrote {out} ({model.meta['measurements']} measurements by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# measurement: `measure` and `calibrate` (runners, comm model — dreamshard/costs/runners, comm.py)
+# --------------------------------------------------------------------------------------------
+
+
+def _stdout_to_stderr():
+    """While measuring for --json: anything a library prints goes to stderr, even from C."""
+    import contextlib
+    import os
+
+    @contextlib.contextmanager
+    def redirect():
+        sys.stdout.flush()
+        try:
+            saved = os.dup(1)
+        except OSError:  # no fd 1 (embedded use): Python-level redirect only
+            saved = None
+        try:
+            if saved is not None:
+                os.dup2(2, 1)
+            with contextlib.redirect_stdout(sys.stderr):
+                yield
+        finally:
+            sys.stdout.flush()
+            if saved is not None:
+                os.dup2(saved, 1)
+                os.close(saved)
+
+    return redirect()
+
+
+def _report_path(plan_path: str, backend: str, runner: str) -> Path:
+    p = Path(plan_path)
+    suffix = ".jsonl" if p.suffix == ".jsonl" else ".json"
+    tag = "sim" if backend == "sim" else f"{backend}-{runner}"
+    return p.with_name(f"{p.stem}.cost-{tag}{suffix}")
+
+
+@cli.command("measure")
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(exists=True, dir_okay=False))
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "fbgemm", "triton", "torch", "sim"]),
+              help="kernel to measure with (auto: triton on CUDA, else fbgemm where it loads, else torch), or the calibrated simulator")
+@click.option("--runner", default="distributed", show_default=True, type=click.Choice(["distributed", "sequential"]),
+              help="distributed: one process per device, real all-to-all; sequential: one device, comm from a fitted model")
+@click.option("--batch-size", type=click.IntRange(1), help="global batch B  [default: 65536 on GPUs, 1024 on CPU]")
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1), help="timed iterations (medians are reported)")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0), help="untimed iterations first")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="seconds before the distributed runner kills its workers")
+@click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="comm model for --runner sequential  [default: the one shipped for the device]")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: the kernel decides")
+@click.option("--precision", type=click.Choice(["fp16", "fp32"]), help="weights/outputs  [default: the plan's, fp16]")
+@click.option("--out", type=click.Path(dir_okay=False), help="report file  [default: PLAN.cost-BACKEND-RUNNER.json next to the plan]")
+@click.option("--json", "as_json", is_flag=True, help="print the report JSON (top-level overall_ms) to stdout instead of tables")
+def measure_cmd(plan_file, backend, runner, batch_size, iters, warmup, timeout, comm_model, device, precision, out, as_json) -> None:
+    """Cost of a placement: per device fwd comp, fwd comm, bwd comm, bwd comp; overall = max total."""
+    import contextlib
+
+    from dreamshard.plan import load_plans
+
+    plans = load_plans(plan_file)
+    if backend == "auto":
+        from dreamshard.costs.kernels import available_kernels
+
+        import torch
+
+        cuda_ok = torch.cuda.is_available()
+        have = available_kernels("cuda" if cuda_ok else "cpu")
+        backend = next(k for k in ("triton", "fbgemm", "torch") if k in have)
+    if backend == "sim":
+        dev_type = "cuda"
+        make_backend = _sim_backend
+    else:
+        from dreamshard.costs.kernels import unavailable_reason
+        from dreamshard.costs.runners import DistributedRunner, SequentialRunner, default_device
+
+        dev_type = default_device(backend) if device == "auto" else device
+        problem = unavailable_reason(backend, dev_type)
+        if problem:
+            raise ValueError(f"the {backend} kernel cannot run on {dev_type} here: {problem}")
+        if runner == "distributed":
+            def make_backend():
+                return DistributedRunner(backend, dev_type, warmup, iters, timeout_s=timeout)
+        else:
+            def make_backend():
+                return SequentialRunner(backend, comm_model, dev_type, warmup, iters)
+    if batch_size is None:
+        batch_size = 65_536 if dev_type == "cuda" else 1024
+    cost_backend = make_backend()
+    reports = []
+    quiet = _stdout_to_stderr() if as_json else contextlib.nullcontext()
+    with quiet:
+        for i, plan in enumerate(plans):
+            prec = precision or plan.task.precision
+            label = f"plan {i + 1}/{len(plans)}: " if len(plans) > 1 else ""
+            with err_console.status(f"{label}measuring {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={batch_size})"):
+                reports.append(cost_backend.evaluate(plan.shards(), batch_size, prec, plan.task.optimizer))
+    path = Path(out) if out else _report_path(plan_file, backend, runner)
+    if len(reports) == 1 and path.suffix != ".jsonl":
+        reports[0].save(path)
+    else:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in reports))
+        tmp.replace(path)
+    if as_json:
+        for r in reports:
+            click.echo(json.dumps(r.to_json(), indent=None if len(reports) > 1 else 1))
+        err_console.print(f"wrote {path}")
+        return
+    out_console = _wide_console()
+    for plan, r in zip(plans, reports):
+        out_console.print(device_summary(plan, f"{plan.planner} plan: {len(plan.task.tables)} tables on {plan.devices} devices, B={r.batch_size}, {r.precision}", r))
+        out_console.print(f"overall (max over devices of the total): [bold]{r.overall_ms:.3f} ms[/bold]")
+        if r.e2e_ms is not None:
+            out_console.print(f"end-to-end step (synchronized, measured): {r.e2e_ms:.3f} ms")
+        out_console.print(f"[dim]{r.source}[/dim]")
+        if r.comm_modelled and "comm_model" in r.details:
+            out_console.print(f"[dim]comm modelled: {r.details['comm_model']}[/dim]")
+    out_console.print(f"wrote {path}")
+
+
+def _wide_console() -> Console:
+    """Piped or redirected output has no width: rich would assume 80 and cut the numbers short."""
+    return console if console.is_terminal else Console(width=max(console.width, 132))
+
+
+def _sim_backend():
+    try:
+        from dreamshard.costs.sim import SimBackend
+    except ImportError as e:
+        raise RuntimeError(f"the simulator backend is not available in this build ({e})") from None
+    return SimBackend()
+
+
+@cli.group("calibrate", cls=Group, invoke_without_command=True)
+@click.option("--backend", "kernel", type=click.Choice(["triton", "fbgemm", "torch"]), help="kernel whose costs the simulator is fitted to")
+@click.option("--out", type=click.Path(dir_okay=False), help="calibration JSON to write (with --backend)")
+@click.option("--validate", "validate_file", type=click.Path(exists=True, dir_okay=False), help="calibration to validate on held-out shards and placements")
+@click.option("--shards", default=240, show_default=True, type=click.IntRange(10), help="random shards to measure")
+@click.option("--placements", default=30, show_default=True, type=click.IntRange(0), help="whole placements to measure (--validate)")
+@click.option("--batch-size", type=click.IntRange(1), help="[default: 65536 on GPUs, 2048 on CPU]")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--seed", type=int, help="pool seed of the shards  [default: 0 to calibrate, 1 to validate: held-out tables]")
+@click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="all-to-all model to embed  [default: the one shipped for the device]")
+@click.option("--records", type=click.Path(dir_okay=False), help="also write every measurement here (JSON lines)")
+@click.option("--from-records", type=click.Path(exists=True, dir_okay=False), help="fit or validate these measurements instead of measuring")
+@click.option("--report", type=click.Path(dir_okay=False), help="validation report JSON to write")
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1))
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0))
+@click.pass_context
+def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, device, seed, comm_model, records, from_records, report, iters, warmup) -> None:
+    """Fit the simulator to real measurements (--backend K --out FILE), or check a fit (--validate FILE)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not validate_file and not (kernel and out):
+        click.echo(ctx.get_help())
+        return
+    from dreamshard.costs import calibrate as cal
+    from dreamshard.costs.comm import load_comm_model
+    from dreamshard.costs.runners import default_device
+    from dreamshard.costs.sim import Calibration
+
+    calibration = Calibration.load(validate_file) if validate_file else None
+    kernel = kernel or calibration.kernel
+    dev = default_device(kernel) if device == "auto" else device
+    batch_size = batch_size or (calibration.batch_size if calibration else 65_536 if dev == "cuda" else 2048)
+    if from_records:
+        measured = cal.load_records(from_records)
+    else:
+        seed = (1 if validate_file else 0) if seed is None else seed
+        cap = cal.MAX_SHARD_BYTES[dev]
+        designed = cal.design_shards(shards, seed, cap)
+        groups = cal.design_placements(placements, seed, cap) if validate_file else []
+        todo = [(s, None, None) for s in designed] + [(s, p, d) for p, g in enumerate(groups) for d, s in enumerate(g)]
+        measured = []
+        with progress_bar() as bar:
+            job = bar.add_task(f"measuring shards ({kernel}, {dev}, B={batch_size})", total=len(todo))
+            for shard, p, d in todo:
+                if shard:
+                    (r,) = cal.measure_shards([shard], kernel, dev, batch_size, iters=iters, warmup=warmup)
+                    r.placement, r.device = p, d
+                    measured.append(r)
+                elif p is not None:  # an empty device of a placement costs nothing but still counts
+                    measured.append(cal.ShardRecord([], batch_size, measured[0].precision if measured else "fp16", "sgd", 0.0, 0.0, p, d))
+                bar.advance(job)
+        if records:
+            cal.save_records(measured, records)
+    if validate_file:
+        result = cal.validation_report(calibration, measured)
+        _print_validation(result, calibration)
+        if report:
+            Path(report).write_text(json.dumps(result, indent=1))
+        return
+    comm = load_comm_model(comm_model, dev)
+    comm_info = {"latency_ms": comm.latency_ms, "bandwidth_GBps": comm.bandwidth_GBps, "serial_fraction": comm.serial_fraction,
+                 "source": f"{comm.process_group} all-to-all measured on {comm.devices} × {comm.hardware}, {comm.date}"}
+    fitted = cal.fit(measured, kernel, comm_info)
+    fitted.save(out)
+    console.print(f"fitted on {fitted.fit['shards']} shards: forward MAPE {fitted.fit['fwd_mape']:.1f}%, backward {fitted.fit['bwd_mape']:.1f}%, "
+                  f"total {fitted.fit['total_mape']:.1f}% (training error; validate with --validate on held-out shards)")
+    console.print(f"wrote {out}")
+
+
+def _print_validation(result: dict, calibration) -> None:
+    t = Table(title=f"simulator vs measurement on {result['shards']} held-out shards ({calibration.hardware}, {calibration.kernel})")
+    for col in ("component", "MAPE", "Spearman"):
+        t.add_column(col, justify="right")
+    for key in ("fwd", "bwd", "total"):
+        t.add_row(f"{key} compute", f"{result[key]['mape']:.1f}%", f"{result[key]['spearman']:.3f}")
+    if "placements" in result:
+        p = result["placements"]
+        t.add_row(f"overall cost, {p['count']} placements", f"{p['mape']:.1f}%", f"{p['spearman']:.3f}")
+    console.print(t)
+    w = Table(title="worst shards")
+    for col in ("tables", "dims", "lookups/sample", "measured ms", "simulated ms", "error %"):
+        w.add_column(col, justify="right")
+    for x in result["worst"]:
+        w.add_row(str(x["tables"]), ",".join(map(str, x["dims"])), str(x["lookups_per_sample"]), str(x["measured_ms"]), str(x["simulated_ms"]), str(x["error"]))
+    console.print(w)
+
+
+@calibrate.command("comm")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="comm model JSON to write")
+@click.option("--devices", default=2, show_default=True, type=click.IntRange(2), help="processes (CPU) or GPUs taking part")
+@click.option("--sizes", help="bytes each rank sends to each other rank, comma-separated (e.g. 256,4KB,1MB)  [default: 256 B–4 MB on CPU, 1 KB–256 MB on GPUs]")
+@click.option("--iters", default=20, show_default=True, type=click.IntRange(1), help="timed all-to-alls per size (median kept)")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0))
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: NCCL when CUDA devices >= --devices, else gloo on CPU")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
+    """Measure real all-to-alls (gloo on CPU, NCCL on GPUs) and fit latency + bandwidth."""
+    import torch
+
+    from dreamshard.costs.comm import calibrate as run_calibration
+    from dreamshard.costs.comm import parse_sizes
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= devices else "cpu"
+    chunks = parse_sizes(sizes) if sizes else None
+    with err_console.status(f"all-to-alls on {devices} {'GPUs (NCCL)' if device == 'cuda' else 'CPU processes (gloo)'}"):
+        model = run_calibration(devices, chunks, device, iters, warmup, timeout)
+    model.save(out)
+    t = Table(title=f"all-to-all, {devices} ranks: measured vs model (median over ranks and directions)")
+    for col in ("pattern", "max(send, recv)", "measured ms", "model ms"):
+        t.add_column(col, justify="right")
+    groups: dict = {}
+    for p in model.measurements:
+        groups.setdefault((p["pattern"], max(p["send_bytes"], p["recv_bytes"])), []).append(p)
+    from statistics import median
+
+    from dreamshard.tasks import format_bytes
+
+    for (pattern, hi), pts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        t.add_row(pattern, format_bytes(hi), f"{median(p['ms'] for p in pts):.4f}", f"{median(model.predict(p['send_bytes'], p['recv_bytes']) for p in pts):.4f}")
+    _wide_console().print(t)
+    fd = model.fit_details
+    console.print(f"model: {model.describe()}")
+    console.print(f"relative error over {fd['points']} points: median {fd['median_rel_error']:.1%}, max {fd['max_rel_error']:.1%}")
+    console.print(f"wrote {out}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,9 +583,23 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     _, test = split_pool(tables, 0)
     task = sample_tasks(test, 1, (n_tables, n_tables), devices, 5 * 10**9, seed=1, pool=str(pool_dir.resolve()))[0]
     console.print(f"task: {n_tables} held-out tables on {devices} devices, 5 GB each (pool: {pool_dir})")
+    from dreamshard.costs.sim import SimBackend
+
+    sim = SimBackend()
+    results = []
     for name in ("random", "size", "dim", "lookup", "size_lookup"):
         plan = get_planner(name).plan(task)
-        console.print(device_summary(plan, f"planner {name}"))
+        report = sim.evaluate(plan.shards(), 65_536, task.precision, task.optimizer)
+        results.append((name, report))
+        console.print(device_summary(plan, f"planner {name}: cost {report.overall_ms:.3f} ms", report))
+    t = Table(title=f"embedding step cost, B=65,536, fp16 — {sim.name}")
+    t.add_column("planner")
+    t.add_column("cost (ms)", justify="right")
+    t.add_column("vs random", justify="right")
+    base = results[0][1].overall_ms
+    for name, report in sorted(results, key=lambda x: x[1].overall_ms):
+        t.add_row(name, f"{report.overall_ms:.3f}", f"{report.overall_ms / base - 1:+.1%}")
+    console.print(t)
 
 
 def main() -> None:

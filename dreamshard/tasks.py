@@ -36,7 +36,7 @@ def parse_memory(text: str | int) -> int:
 def format_bytes(n: float) -> str:
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
+            return f"{n / size:.3g} {unit}"
     return f"{int(n)} B"
 
 

@@ -60,7 +60,7 @@ def test_fit_recovers_a_known_calibration(tmp_path):
     records = [ShardRecord(s, 65536, "fp16", "sgd", float(f), float(b)) for s, (f, b) in zip(shards, pred * noise)]
     save_records(records, tmp_path / "r.jsonl")
     records = load_records(tmp_path / "r.jsonl")
-    cal = fit(records, "test", "test", truth.comm)
+    cal = fit(records, "test", truth.comm)
     assert cal.fit["total_mape"] < 4
     held_out = [[POOL[i] for i in rng.choice(len(POOL), size=rng.integers(1, 30), replace=False)] for _ in range(40)]
     truth_pred = sim.shard_compute(held_out, 65536)

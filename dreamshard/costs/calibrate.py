@@ -34,15 +34,18 @@ class ShardRecord:
     bwd_ms: float
     placement: int | None = None  # index of the whole placement this shard belongs to, if any
     device: int | None = None
+    hardware: str = ""  # where it was measured, so a fit made elsewhere still says so
+    versions: dict | None = None
 
     def to_json(self) -> dict:
         return {"tables": [t.to_dict() for t in self.tables], "batch_size": self.batch_size, "precision": self.precision, "optimizer": self.optimizer,
-                "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "placement": self.placement, "device": self.device}
+                "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "placement": self.placement, "device": self.device,
+                "hardware": self.hardware, "versions": self.versions}
 
     @staticmethod
     def from_json(d: dict) -> "ShardRecord":
         return ShardRecord([TableSpec.from_dict(t) for t in d["tables"]], d["batch_size"], d["precision"], d["optimizer"], d["fwd_ms"], d["bwd_ms"],
-                           d.get("placement"), d.get("device"))
+                           d.get("placement"), d.get("device"), d.get("hardware", ""), d.get("versions"))
 
 
 def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
@@ -109,16 +112,19 @@ def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: s
     runner = SequentialRunner(kernel, device=device, **runner_kwargs)
     records = []
     for shard in shards:
-        d = runner.evaluate([list(shard)], batch_size, precision, optimizer).devices[0]
-        records.append(ShardRecord(list(shard), batch_size, precision, optimizer, d.fwd_comp_ms, d.bwd_comp_ms))
+        report = runner.evaluate([list(shard)], batch_size, precision, optimizer)
+        d = report.devices[0]
+        records.append(ShardRecord(list(shard), batch_size, precision, optimizer, d.fwd_comp_ms, d.bwd_comp_ms,
+                                   hardware=report.hardware, versions=report.details.get("versions")))
         if progress:
             progress()
     return records
 
 
-def fit(records: Sequence[ShardRecord], kernel: str, hardware: str, comm: dict, versions: dict | None = None) -> Calibration:
+def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
     """Fit forward and backward coefficients to measured shards (all at one batch/precision)."""
     r0 = records[0]
+    hardware, versions = r0.hardware or "?", r0.versions
     X = shard_term_matrix([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
     fwd = np.array([r.fwd_ms for r in records])
     bwd = np.array([r.bwd_ms for r in records])

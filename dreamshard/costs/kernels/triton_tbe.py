@@ -1,0 +1,554 @@
+"""A fused TBE of our own in Triton, for CUDA machines without FBGEMM.
+
+Layout: all tables live in one flat weight buffer (table t at element ``w_off[t]``, row-major
+``[rows, dim]``, each table's start padded to 16 elements), with per-table metadata arrays
+(dim class, dim, weight offset, output column offset, first global row).
+
+forward - ONE launch over every table of the shard. The grid is a flat list of programs, each a
+(table, block of bags) pair; a program handles ``BAGS = FWD_LANES // DP`` bags of one table as a
+``[BAGS, DP]`` tile (``DP`` = dim rounded up to a power of two), walks the bags' lookups in step
+(unrolled), gathers the rows with vector loads and accumulates in fp32. Mixed dims share the launch
+through a branch on the table's dim class: each branch is compiled with its own tile shape, and
+the classes absent from the shard are pruned at compile time.
+
+backward - no atomics on the weights:
+  1. one launch writes, per lookup, its global row (``row_start[t] + index``) and its bag;
+  2. ``torch.sort`` (stable radix sort) groups the lookups by global row;
+  3. ONE launch over fixed-size slices of the sorted lookups (per table, so one dim per slice):
+     gathers the output-gradient rows of the slice's lookups as a ``[P, DP]`` tile, reduces each
+     run of equal rows with a segmented scan in fp32, and applies the optimizer to every row whose
+     run lies inside the slice (one read-modify-write of the row);
+  4. rows whose run crosses slice boundaries (hot rows) were left as fp32 partial sums, one per
+     slice: a second small launch sums them and updates those rows once.
+Every row is updated exactly once, with a fixed summation order (deterministic).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from dreamshard.costs.kernels.base import TBE, init_table_
+
+DP_CLASSES = (4, 8, 16, 32, 64, 128, 256)
+NUM_DP = len(DP_CLASSES)
+ALIGN = 16  # table starts in the flat buffer are multiples of this many elements
+
+# Tunables (the defaults were chosen on an H200: docs/kernels.md).
+FWD_LANES = 1024  # elements of one forward tile: BAGS = FWD_LANES // DP
+FWD_UNROLL = 4  # lookups per bag issued together
+FWD_WARPS = 4
+BWD_LANES = 2048  # elements of one backward tile: P = max(BWD_LANES // DP, BWD_PMIN)
+BWD_PMIN = 16
+BWD_WARPS = 4
+KEYS_BAGS = 256  # bags per program of the key-building launch
+FIX_Q = 16  # slices summed per step by the fix-up launch
+
+
+def _dp(dim: int) -> int:
+    return max(4, 1 << (int(dim) - 1).bit_length())
+
+
+def _dim_class(dim: int) -> int:
+    """0..6: power-of-two dims 4..256 (no column mask); 7..13: other dims, masked, class of DP."""
+    dp = _dp(dim)
+    return DP_CLASSES.index(dp) + (0 if dp == dim else NUM_DP)
+
+
+def _fwd_bags(dim: int, lanes: int) -> int:
+    return max(1, lanes // _dp(dim))
+
+
+def _bwd_slice(dim: int, lanes: int, pmin: int) -> int:
+    return max(lanes // _dp(dim), pmin)
+
+
+# ------------------------------------------------------------------------------------------------
+# forward
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD,
+              DP: tl.constexpr, EXACT: tl.constexpr, LANES: tl.constexpr, UNROLL: tl.constexpr,
+              VEC: tl.constexpr):
+    BAGS: tl.constexpr = max(LANES // DP, 1)
+    bag = blk * BAGS + tl.arange(0, BAGS)
+    bmask = bag < B
+    seg = t.to(tl.int64) * B + bag
+    # bag bounds kept 2-D ([BAGS, 1]) so index loads, masks and row gathers share one layout
+    start = tl.load(offsets_ptr + seg[:, None], mask=bmask[:, None], other=0)
+    end = tl.load(offsets_ptr + seg[:, None] + 1, mask=bmask[:, None], other=0)
+    maxlen = tl.max(tl.max(end - start, axis=1), axis=0)
+    col = tl.arange(0, DP)[None, :]
+    if EXACT:
+        cmask = col < DP
+    else:
+        cmask = col < D
+    acc = tl.zeros((BAGS, DP), dtype=tl.float32)
+    for j in range(0, maxlen, UNROLL):
+        for u in tl.static_range(UNROLL):
+            p = start + (j + u)
+            lm = p < end
+            idx = tl.load(indices_ptr + p, mask=lm, other=0)
+            if EXACT:
+                row = tl.multiple_of(w_off + idx.to(tl.int64) * DP, [VEC, VEC])
+                w = tl.load(w_ptr + row + col, mask=lm, other=0.0)
+            else:
+                row = tl.multiple_of(w_off + idx.to(tl.int64) * D, [4, 4])
+                w = tl.load(w_ptr + row + col, mask=lm & cmask, other=0.0)
+            acc += w.to(tl.float32)
+    o = tl.multiple_of(bag.to(tl.int64) * sumD + col_off, 4)
+    if EXACT:
+        tl.store(out_ptr + o[:, None] + col[None, :], acc.to(out_ptr.dtype.element_ty), mask=bmask[:, None])
+    else:
+        tl.store(out_ptr + o[:, None] + col[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=bmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _fwd_kernel(indices_ptr, offsets_ptr, w_ptr, out_ptr, meta_ptr, prog_table_ptr, pfirst_ptr, T, B, sumD,
+                CLASSES: tl.constexpr, LANES: tl.constexpr, UNROLL: tl.constexpr, VEC: tl.constexpr):
+    pid = tl.program_id(0)
+    t = tl.load(prog_table_ptr + pid)
+    blk = pid - tl.load(pfirst_ptr + t)
+    cls = tl.load(meta_ptr + t)
+    D = tl.load(meta_ptr + T + t)
+    w_off = tl.multiple_of(tl.load(meta_ptr + 2 * T + t), 16)
+    col_off = tl.load(meta_ptr + 3 * T + t)
+    if CLASSES & 1:
+        if cls == 0:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 4, True, LANES, UNROLL, min(VEC, 4))
+    if CLASSES & 2:
+        if cls == 1:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 8, True, LANES, UNROLL, min(VEC, 8))
+    if CLASSES & 4:
+        if cls == 2:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 16, True, LANES, UNROLL, VEC)
+    if CLASSES & 8:
+        if cls == 3:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 32, True, LANES, UNROLL, VEC)
+    if CLASSES & 16:
+        if cls == 4:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 64, True, LANES, UNROLL, VEC)
+    if CLASSES & 32:
+        if cls == 5:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 128, True, LANES, UNROLL, VEC)
+    if CLASSES & 64:
+        if cls == 6:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 256, True, LANES, UNROLL, VEC)
+    if CLASSES & 128:
+        if cls == 7:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 4, False, LANES, UNROLL, 4)
+    if CLASSES & 256:
+        if cls == 8:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 8, False, LANES, UNROLL, 4)
+    if CLASSES & 512:
+        if cls == 9:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 16, False, LANES, UNROLL, 4)
+    if CLASSES & 1024:
+        if cls == 10:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 32, False, LANES, UNROLL, 4)
+    if CLASSES & 2048:
+        if cls == 11:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 64, False, LANES, UNROLL, 4)
+    if CLASSES & 4096:
+        if cls == 12:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 128, False, LANES, UNROLL, 4)
+    if CLASSES & 8192:
+        if cls == 13:
+            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 256, False, LANES, UNROLL, 4)
+
+
+# ------------------------------------------------------------------------------------------------
+# backward
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, keys_ptr, segid_ptr, B, KB: tl.constexpr):
+    """keys[i] = row_start[t] + indices[i] (global row), segid[i] = t*B + b, for lookup i of bag (t, b)."""
+    blk = tl.program_id(0)
+    t = tl.program_id(1)
+    bag = blk * KB + tl.arange(0, KB)
+    bmask = bag < B
+    seg = t.to(tl.int64) * B + bag
+    start = tl.load(offsets_ptr + seg, mask=bmask, other=0)
+    end = tl.load(offsets_ptr + seg + 1, mask=bmask, other=0)
+    length = end - start
+    maxlen = tl.max(length, axis=0)
+    rs = tl.load(row_start_ptr + t)
+    for j in range(0, maxlen):
+        lm = j < length
+        idx = tl.load(indices_ptr + start + j, mask=lm, other=0)
+        tl.store(keys_ptr + start + j, (rs + idx).to(keys_ptr.dtype.element_ty), mask=lm)
+        tl.store(segid_ptr + start + j, seg.to(tl.int32), mask=lm)
+
+
+@triton.jit
+def _seg_add(f1, v1, f2, v2):
+    return f1 | f2, tl.where(f2 != 0, v2, v1 + v2)
+
+
+@triton.jit
+def _apply_rows(w_ptr, state_ptr, key, waddr, g, wmask2, rmask, D, lr, eps, ADAGRAD: tl.constexpr):
+    """Optimizer update of rows (one per tile row) given their fp32 gradient sums g [R, DP]."""
+    w = tl.load(w_ptr + waddr, mask=wmask2, other=0.0).to(tl.float32)
+    if ADAGRAD:
+        gsq = tl.sum(g * g, axis=1) / D.to(tl.float32)
+        st = tl.load(state_ptr + key, mask=rmask, other=0.0) + gsq
+        tl.store(state_ptr + key, st, mask=rmask)
+        upd = tl.div_rn(g, (tl.sqrt_rn(st) + eps)[:, None] + tl.zeros_like(g))
+    else:
+        upd = g
+    tl.store(w_ptr + waddr, (w - lr * upd).to(w_ptr.dtype.element_ty), mask=wmask2)
+
+
+@triton.jit
+def _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr,
+              pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps,
+              DP: tl.constexpr, EXACT: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr,
+              ADAGRAD: tl.constexpr, VEC: tl.constexpr):
+    P: tl.constexpr = max(LANES // DP, PMIN)
+    s = s0 + slice_no.to(tl.int64) * P
+    n = tl.minimum(send - s, P)
+    lane = tl.arange(0, P)
+    m = lane < n
+    pos = s + lane
+    key = tl.load(keys_ptr + pos, mask=m, other=-1)
+    key_prev = tl.load(keys_ptr + pos - 1, mask=m & (pos > 0), other=-2)
+    key_next = tl.load(keys_ptr + pos + 1, mask=m & (pos + 1 < N), other=-3)
+    is_start = (key != key_prev) | (lane == 0)
+    last_lane = lane == n - 1
+    is_end = m & ((key != key_next) | last_lane)
+    seg_no = tl.cumsum(is_start.to(tl.int32), axis=0)
+    nseg = tl.max(tl.where(m, seg_no, 0), axis=0)
+    head_p = tl.max(tl.where((lane == 0) & m & (key == key_prev), 1, 0), axis=0)
+    tail_p = tl.max(tl.where(last_lane & m & (key == key_next), 1, 0), axis=0)
+    # gather the output gradient of each lookup's bag
+    lookup = tl.load(perm_ptr + pos, mask=m, other=0)
+    seg = tl.load(segid_ptr + lookup, mask=m, other=0)
+    b = (seg - t * B).to(tl.int64)
+    col = tl.arange(0, DP)
+    if EXACT:
+        cmask = col < DP
+    else:
+        cmask = col < D
+    gaddr = tl.multiple_of(b * sumD + col_off, 4)
+    g = tl.load(grad_ptr + gaddr[:, None] + col[None, :], mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+    flags = tl.broadcast_to(is_start.to(tl.int32)[:, None], (P, DP))
+    _, acc = tl.associative_scan((flags, g), 0, _seg_add)
+    # rows whose whole run lies in this slice: update now
+    complete = is_end & ((head_p == 0) | (seg_no != 1)) & ((tail_p == 0) | (lane != n - 1))
+    local = (key - row_start).to(tl.int64)
+    if EXACT:
+        waddr = tl.multiple_of(w_off + local * DP, VEC)[:, None] + col[None, :]
+        _apply_rows(w_ptr, state_ptr, key, waddr, acc, complete[:, None], complete, D, lr, eps, ADAGRAD)
+    else:
+        waddr = tl.multiple_of(w_off + local * D, 4)[:, None] + col[None, :]
+        _apply_rows(w_ptr, state_ptr, key, waddr, acc, complete[:, None] & cmask[None, :], complete, D, lr, eps, ADAGRAD)
+    # runs that cross the slice's boundaries: leave fp32 partial sums for the fix-up launch
+    first_partial = (head_p != 0) | ((tail_p != 0) & (nseg == 1))
+    wr_first = is_end & (seg_no == 1) & first_partial
+    wr_last = last_lane & m & (tail_p != 0)
+    sl = tl.multiple_of(slot + tl.zeros((P,), dtype=tl.int64), 4)
+    tl.store(slot_first_ptr + sl[:, None] + col[None, :], acc, mask=wr_first[:, None] & cmask[None, :])
+    tl.store(slot_last_ptr + sl[:, None] + col[None, :], acc, mask=wr_last[:, None] & cmask[None, :])
+    # bit 0: run crosses into the next slice; bit 1: one run only; bit 2: run comes from the previous slice
+    tl.store(flags_ptr + pid, (tail_p + 2 * (nseg == 1).to(tl.int32) + 4 * head_p).to(tl.int8))
+
+
+@triton.jit
+def _bwd_kernel(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr,
+                meta_ptr, prog_table_ptr, dyn_ptr, T, N, B, sumD, lr, eps,
+                CLASSES: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr, ADAGRAD: tl.constexpr,
+                VEC: tl.constexpr):
+    pid = tl.program_id(0)
+    t = tl.load(prog_table_ptr + pid)
+    cls = tl.load(meta_ptr + t)
+    D = tl.load(meta_ptr + T + t)
+    w_off = tl.multiple_of(tl.load(meta_ptr + 2 * T + t), 16)
+    col_off = tl.load(meta_ptr + 3 * T + t)
+    row_start = tl.load(meta_ptr + 4 * T + t)
+    slice_no = pid - tl.load(dyn_ptr + t)  # dyn: [pfirst, lookup start, lookup end, slot base] x T
+    s0 = tl.load(dyn_ptr + T + t)
+    send = tl.load(dyn_ptr + 2 * T + t)
+    slot = tl.load(dyn_ptr + 3 * T + t) + slice_no.to(tl.int64) * D
+    if CLASSES & 1:
+        if cls == 0:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, True, LANES, PMIN, ADAGRAD, min(VEC, 4))
+    if CLASSES & 2:
+        if cls == 1:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, True, LANES, PMIN, ADAGRAD, min(VEC, 8))
+    if CLASSES & 4:
+        if cls == 2:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, True, LANES, PMIN, ADAGRAD, VEC)
+    if CLASSES & 8:
+        if cls == 3:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, True, LANES, PMIN, ADAGRAD, VEC)
+    if CLASSES & 16:
+        if cls == 4:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, True, LANES, PMIN, ADAGRAD, VEC)
+    if CLASSES & 32:
+        if cls == 5:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, True, LANES, PMIN, ADAGRAD, VEC)
+    if CLASSES & 64:
+        if cls == 6:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, True, LANES, PMIN, ADAGRAD, VEC)
+    if CLASSES & 128:
+        if cls == 7:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, False, LANES, PMIN, ADAGRAD, 4)
+    if CLASSES & 256:
+        if cls == 8:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, False, LANES, PMIN, ADAGRAD, 4)
+    if CLASSES & 512:
+        if cls == 9:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, False, LANES, PMIN, ADAGRAD, 4)
+    if CLASSES & 1024:
+        if cls == 10:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, False, LANES, PMIN, ADAGRAD, 4)
+    if CLASSES & 2048:
+        if cls == 11:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, False, LANES, PMIN, ADAGRAD, 4)
+    if CLASSES & 4096:
+        if cls == 12:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, False, LANES, PMIN, ADAGRAD, 4)
+    if CLASSES & 8192:
+        if cls == 13:
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, False, LANES, PMIN, ADAGRAD, 4)
+
+
+@triton.jit
+def _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps,
+             DP: tl.constexpr, EXACT: tl.constexpr, Q: tl.constexpr, ADAGRAD: tl.constexpr):
+    col = tl.arange(0, DP)
+    if EXACT:
+        cmask = col < DP
+    else:
+        cmask = col < D
+    acc = tl.load(slot_last_ptr + slot_base + (p0 - pfirst) * D + col, mask=cmask, other=0.0)
+    acc2 = tl.zeros((Q, DP), dtype=tl.float32)
+    for q0 in range(p0 + 1, p1 + 1, Q):
+        q = q0 + tl.arange(0, Q)
+        qa = slot_base + (q - pfirst) * D
+        acc2 += tl.load(slot_first_ptr + qa[:, None] + col[None, :], mask=(q <= p1)[:, None] & cmask[None, :], other=0.0)
+    g = (acc + tl.sum(acc2, axis=0))[None, :]
+    waddr = (w_off + (key - row_start) * D + col)[None, :]
+    keys = key + tl.zeros((1,), dtype=tl.int64)
+    rmask = keys >= 0
+    _apply_rows(w_ptr, state_ptr, keys, waddr, g, rmask[:, None] & cmask[None, :], rmask, D, lr, eps, ADAGRAD)
+
+
+@triton.jit
+def _fix_kernel(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, fix_ptr, nfix, meta_ptr, prog_table_ptr, dyn_ptr,
+                T, lr, eps, CLASSES: tl.constexpr, Q: tl.constexpr, ADAGRAD: tl.constexpr):
+    k = tl.program_id(0)
+    p0 = tl.load(fix_ptr + k)  # fix: [p0 x nfix, p1 x nfix, row x nfix]
+    p1 = tl.load(fix_ptr + nfix + k)
+    key = tl.load(fix_ptr + 2 * nfix + k)
+    t = tl.load(prog_table_ptr + p0)
+    cls = tl.load(meta_ptr + t)
+    D = tl.load(meta_ptr + T + t)
+    w_off = tl.load(meta_ptr + 2 * T + t)
+    row_start = tl.load(meta_ptr + 4 * T + t)
+    pfirst = tl.load(dyn_ptr + t)
+    slot_base = tl.load(dyn_ptr + 3 * T + t)
+    if CLASSES & 1:
+        if cls == 0:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, True, Q, ADAGRAD)
+    if CLASSES & 2:
+        if cls == 1:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, True, Q, ADAGRAD)
+    if CLASSES & 4:
+        if cls == 2:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, True, Q, ADAGRAD)
+    if CLASSES & 8:
+        if cls == 3:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, True, Q, ADAGRAD)
+    if CLASSES & 16:
+        if cls == 4:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, True, Q, ADAGRAD)
+    if CLASSES & 32:
+        if cls == 5:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, True, Q, ADAGRAD)
+    if CLASSES & 64:
+        if cls == 6:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, True, Q, ADAGRAD)
+    if CLASSES & 128:
+        if cls == 7:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, False, Q, ADAGRAD)
+    if CLASSES & 256:
+        if cls == 8:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, False, Q, ADAGRAD)
+    if CLASSES & 512:
+        if cls == 9:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, False, Q, ADAGRAD)
+    if CLASSES & 1024:
+        if cls == 10:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, False, Q, ADAGRAD)
+    if CLASSES & 2048:
+        if cls == 11:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, False, Q, ADAGRAD)
+    if CLASSES & 4096:
+        if cls == 12:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, False, Q, ADAGRAD)
+    if CLASSES & 8192:
+        if cls == 13:
+            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, False, Q, ADAGRAD)
+
+
+# ------------------------------------------------------------------------------------------------
+# the TBE
+# ------------------------------------------------------------------------------------------------
+
+
+class TritonTBE(TBE):
+    kernel = "triton"
+
+    def __init__(self, rows: Sequence[int], dims: Sequence[int], precision: str = "fp16", optimizer: str = "sgd",
+                 lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cuda", seed: int = 0,
+                 fwd_lanes: int = FWD_LANES, fwd_unroll: int = FWD_UNROLL, fwd_warps: int = FWD_WARPS,
+                 bwd_lanes: int = BWD_LANES, bwd_pmin: int = BWD_PMIN, bwd_warps: int = BWD_WARPS) -> None:
+        super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
+        self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
+        self.bwd_lanes, self.bwd_pmin, self.bwd_warps = int(bwd_lanes), int(bwd_pmin), int(bwd_warps)
+        for name in ("fwd_lanes", "bwd_lanes", "bwd_pmin"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two, got {v}")
+        T = self.num_tables
+        self._w_off, self._row_start = [], [0]
+        off = 0
+        for r, d in zip(self.rows, self.dims):
+            self._w_off.append(off)
+            off += -(-r * d // ALIGN) * ALIGN
+            self._row_start.append(self._row_start[-1] + r)
+        self._flat = torch.empty(max(off, 1), dtype=self.dtype, device=self.device)
+        for t in range(T):
+            init_table_(self._table_view(t), self.seed, t)
+        total_rows = self._row_start[-1]
+        self._key_dtype = torch.int32 if total_rows < 2**31 - 1 else torch.int64
+        self._state = torch.zeros(total_rows, dtype=torch.float32, device=self.device) if self.optimizer == "rowwise_adagrad" else None
+        self._cls = [_dim_class(d) for d in self.dims]
+        # Branches compiled into the kernels: every power-of-two class, plus every other-dim class if the
+        # shard has any other dim. Two compiled variants per dtype/optimizer serve every shard (a
+        # compile of the backward costs seconds; one per class subset would recompile per shard).
+        self._classes = (1 << NUM_DP) - 1
+        if any(c >= NUM_DP for c in self._cls):
+            self._classes = (1 << (2 * NUM_DP)) - 1
+        meta = torch.tensor([self._cls, self.dims, self._w_off, self.col_offsets[:-1], self._row_start[:-1]], dtype=torch.int64)
+        self._meta = meta.to(self.device).contiguous()
+        self._row_start_dev = torch.tensor(self._row_start[:-1], dtype=torch.int64, device=self.device)
+        self._vec = 16 // self._flat.element_size()  # elements per 16-byte vector
+        self._fwd_grid_cache: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._bwd_p = [_bwd_slice(d, self.bwd_lanes, self.bwd_pmin) for d in self.dims]
+        self._saved = None
+        self.last_backward_stats: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- weights
+    def _table_view(self, t: int) -> torch.Tensor:
+        o = self._w_off[t]
+        return self._flat[o:o + self.rows[t] * self.dims[t]].view(self.rows[t], self.dims[t])
+
+    def weights(self, t: int) -> torch.Tensor:
+        self._check_table(t)
+        return self._table_view(t)
+
+    def set_weights(self, t: int, w: torch.Tensor) -> None:
+        self._check_weights(t, w)
+        self._table_view(t).copy_(w)
+
+    # ---------------------------------------------------------------- forward
+    def _fwd_grid(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        g = self._fwd_grid_cache.get(batch)
+        if g is None:
+            counts = [-(-batch // _fwd_bags(d, self.fwd_lanes)) for d in self.dims]
+            pfirst = [0]
+            for c in counts:
+                pfirst.append(pfirst[-1] + c)
+            prog_table = torch.repeat_interleave(
+                torch.arange(self.num_tables, dtype=torch.int32, device=self.device), torch.tensor(counts, device=self.device), output_size=pfirst[-1]
+            )
+            g = (prog_table, torch.tensor(pfirst[:-1], dtype=torch.int64, device=self.device), pfirst[-1])
+            self._fwd_grid_cache[batch] = g
+        return g
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        batch = self._check_inputs(indices, offsets)
+        indices = indices.contiguous()
+        offsets = offsets.contiguous()
+        out = self._new_output(batch)
+        self._saved = (indices, offsets, batch)
+        if batch == 0:
+            return out
+        prog_table, pfirst, nprog = self._fwd_grid(batch)
+        _fwd_kernel[(nprog,)](
+            indices, offsets, self._flat, out, self._meta, prog_table, pfirst, self.num_tables, batch, self.total_dim,
+            CLASSES=self._classes, LANES=self.fwd_lanes, UNROLL=self.fwd_unroll, VEC=self._vec, num_warps=self.fwd_warps,
+        )
+        return out
+
+    # ---------------------------------------------------------------- backward
+    def backward(self, grad_output: torch.Tensor) -> None:
+        if self._saved is None:
+            raise RuntimeError("backward() needs a forward() first")
+        indices, offsets, batch = self._saved
+        self._check_grad(grad_output, batch)
+        n = indices.numel()
+        if batch == 0 or n == 0:
+            return
+        T, dev = self.num_tables, self.device
+        grad = grad_output.to(self.dtype).contiguous()
+        # 1. global row and bag of every lookup
+        keys = torch.empty(n, dtype=self._key_dtype, device=dev)
+        segid = torch.empty(n, dtype=torch.int32, device=dev)
+        _keys_kernel[(triton.cdiv(batch, KEYS_BAGS), T)](indices, offsets, self._row_start_dev, keys, segid, batch, KB=KEYS_BAGS, num_warps=4)
+        # 2. group by row
+        keys_sorted, perm = torch.sort(keys, stable=True)
+        # 3. slices of the sorted lookups, per table
+        bounds_dev = offsets[::batch].to(torch.int64)  # [T+1] lookup range of each table
+        bounds = bounds_dev.tolist()
+        counts = [-(-(bounds[t + 1] - bounds[t]) // self._bwd_p[t]) for t in range(T)]
+        pfirst, slot_base = [0], [0]
+        for t in range(T):
+            pfirst.append(pfirst[-1] + counts[t])
+            slot_base.append(slot_base[-1] + counts[t] * self.dims[t])
+        nprog = pfirst[-1]
+        dyn_host = torch.tensor([pfirst[:-1], bounds[:-1], bounds[1:], slot_base[:-1], counts], dtype=torch.int64)
+        dyn = dyn_host.to(dev, non_blocking=True).contiguous()
+        prog_table = torch.repeat_interleave(torch.arange(T, dtype=torch.int32, device=dev), dyn[4], output_size=nprog)
+        slot_first = torch.empty(max(slot_base[-1], 1), dtype=torch.float32, device=dev)
+        slot_last = torch.empty(max(slot_base[-1], 1), dtype=torch.float32, device=dev)
+        flags = torch.empty(nprog, dtype=torch.int8, device=dev)
+        adagrad = self.optimizer == "rowwise_adagrad"
+        state = self._state if adagrad else self._flat  # unused pointer when SGD
+        _bwd_kernel[(nprog,)](
+            keys_sorted, perm, segid, grad, self._flat, state, slot_first, slot_last, flags,
+            self._meta, prog_table, dyn, T, n, batch, self.total_dim, self.lr, self.eps,
+            CLASSES=self._classes, LANES=self.bwd_lanes, PMIN=self.bwd_pmin, ADAGRAD=adagrad, VEC=self._vec,
+            num_warps=self.bwd_warps,
+        )
+        # 4. rows whose run crosses slices: p0 = slice where the run starts, p1 = slice where it ends
+        f = flags.to(torch.int32)
+        cross, single, head = (f & 1) != 0, (f & 2) != 0, (f & 4) != 0
+        row_begins = cross & ~(head & single)
+        p0 = torch.nonzero(row_begins).flatten()
+        nfix = p0.numel()
+        self.last_backward_stats = {"lookups": n, "slices": nprog, "crossing_rows": nfix}
+        if nfix == 0:
+            return
+        stops = torch.nonzero(~(cross & single)).flatten()  # slices where a crossing run can end
+        p1 = stops[torch.searchsorted(stops, p0 + 1)]
+        # the run's row: key of the last lookup of slice p0
+        t0 = prog_table[p0].long()
+        p_of_t = torch.tensor(self._bwd_p, dtype=torch.int64, device=dev)[t0]
+        s_p0 = dyn[1][t0] + (p0 - dyn[0][t0]) * p_of_t
+        last = torch.minimum(s_p0 + p_of_t, dyn[2][t0]) - 1
+        fix = torch.stack([p0, p1, keys_sorted[last].long()]).contiguous()
+        _fix_kernel[(nfix,)](
+            keys_sorted, self._flat, state, slot_first, slot_last, fix, nfix, self._meta, prog_table, dyn, T, self.lr, self.eps,
+            CLASSES=self._classes, Q=FIX_Q, ADAGRAD=adagrad, num_warps=4,
+        )

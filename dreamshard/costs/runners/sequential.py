@@ -1,0 +1,141 @@
+"""The sequential runner: one device measures every shard's compute in turn; comm is modelled.
+
+Compute is exact this way: a device's forward and backward compute depend only on the tables
+placed on it (DESIGN.md §4). Each shard gets the distributed runner's protocol — its TBE built
+and checked, ``input_sets`` distinct batches used in turn, ``warmup`` untimed steps, then
+``iters`` timed forward and backward passes (CUDA events on GPU, ``perf_counter`` on CPU), medians.
+The all-to-alls are not run: their times come from a ``CommModel`` fitted to real all-to-alls
+(``dreamshard calibrate comm``), and the report says so (``comm_modelled=True``, the model file in
+``details``).
+
+On CPU each shard runs with the threads one distributed-runner process would get (cores / D), so
+the two runners measure the same compute.
+"""
+
+from __future__ import annotations
+
+import time
+from statistics import median
+from typing import Sequence
+
+from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
+from dreamshard.costs.comm import CommModel, load_comm_model
+from dreamshard.tables import PRECISION_BYTES, TableSpec
+
+
+class SequentialRunner(CostBackend):
+    """Real compute on one device, modelled all-to-all. See the module docstring."""
+
+    def __init__(self, kernel: str, comm_model: CommModel | str | None = None, device: str = "cpu", warmup: int = 3, iters: int = 10,
+                 input_sets: int = 3, seed: int = 0) -> None:
+        import torch
+
+        if iters < 1 or warmup < 0:
+            raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters} warmup={warmup}")
+        if input_sets < 2:
+            raise ValueError(f"need at least 2 input sets to rotate, got {input_sets}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", 0)
+        self.kernel = kernel
+        # a model is needed only for D >= 2, but a bad file should fail before any measuring
+        self._comm = load_comm_model(comm_model, self.device.type) if comm_model is not None else None
+        self.warmup, self.iters, self.input_sets, self.seed = warmup, iters, input_sets, seed
+        self.name = f"{kernel}/sequential"
+
+    @property
+    def comm_model(self) -> CommModel:
+        if self._comm is None:
+            self._comm = load_comm_model(None, self.device.type)
+        return self._comm
+
+    def _measure_shard(self, tables: Sequence[TableSpec], batch_size: int, precision: str, optimizer: str) -> tuple[list[float], list[float]]:
+        import torch
+
+        from dreamshard.costs.runners.distributed import _Clock, build_checked_tbe
+        from dreamshard.streams import shard_batch
+
+        device, clock = self.device, _Clock(self.device)
+        tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, device, self.seed)
+        inputs = [shard_batch(tables, batch_size, step=i, device=device) for i in range(self.input_sets)]
+        g = torch.Generator(device=device)
+        g.manual_seed(1234)
+        grad = (torch.rand(batch_size, tbe.total_dim, generator=g, device=device) * 2e-3 - 1e-3).to(tbe.dtype)
+        fwd, bwd = [], []
+        for i in range(self.warmup + self.iters):
+            ix, off = inputs[i % len(inputs)]
+            clock.sync()
+            a = clock.mark()
+            tbe.forward(ix, off)
+            b = clock.mark()
+            clock.sync()
+            c = clock.mark()
+            tbe.backward(grad)
+            d = clock.mark()
+            clock.sync()
+            if i >= self.warmup:
+                fwd.append(clock.ms(a, b))
+                bwd.append(clock.ms(c, d))
+        del tbe, inputs, grad
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return fwd, bwd
+
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
+        import torch
+
+        from dreamshard.costs.hardware import cpu_cores, describe_hardware, software_versions
+
+        D = len(shards)
+        if D < 1:
+            raise ValueError("a placement needs at least one device")
+        if batch_size < 1:
+            raise ValueError(f"batch size must be positive, got {batch_size}")
+        if precision not in PRECISION_BYTES:
+            raise ValueError(f"precision must be fp16 or fp32, got {precision!r}")
+        if D > 1:
+            self.comm_model  # noqa: B018 - no model for this device kind: fail before measuring
+        start = time.monotonic()
+        threads_before = torch.get_num_threads()
+        threads = max(1, cpu_cores() // D) if self.device.type == "cpu" else None
+        comp: list[tuple[float, float]] = []
+        try:
+            if threads:
+                torch.set_num_threads(threads)
+            for shard in shards:
+                if not shard:
+                    comp.append((0.0, 0.0))
+                    continue
+                fwd, bwd = self._measure_shard(shard, batch_size, precision, optimizer)
+                comp.append((median(fwd), median(bwd)))
+        finally:
+            torch.set_num_threads(threads_before)
+        dim_sums = [sum(t.dim for t in s) for s in shards]
+        if D > 1:
+            m = self.comm_model
+            fwd_comm, bwd_comm = m.placement_ms(dim_sums, batch_size, PRECISION_BYTES[precision])
+            comm_info = {"comm_model": m.path or "(in memory)", "comm_model_fit": m.describe()}
+        else:
+            fwd_comm = bwd_comm = [0.0]
+            comm_info = {"comm_model": "none: one device, no all-to-all"}
+        devices = [DeviceCost(f, fc, bc, b) for (f, b), fc, bc in zip(comp, fwd_comm, bwd_comm)]
+        details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets,
+                   "timing": "CUDA events" if self.device.type == "cuda" else "perf_counter", "device": str(self.device),
+                   "threads": threads, "wall_s": round(time.monotonic() - start, 2), "dim_sums": dim_sums,
+                   "tables_per_device": [len(s) for s in shards], "statistic": "median over timed iterations",
+                   **comm_info, "versions": software_versions()}
+        return CostReport(devices=devices, backend=self.kernel, runner="sequential", hardware=describe_hardware(self.device.type, 1),
+                          batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=None, comm_modelled=True, details=details)
+
+
+def measure_sequential(plan, kernel: str, batch_size: int, comm_model: CommModel | str | None = None, device: str | None = None,
+                       warmup: int = 3, iters: int = 10, precision: str | None = None, input_sets: int = 3) -> CostReport:
+    """Measure ``plan``'s compute shard by shard on ``device``; comm from ``comm_model``
+    (a CommModel, a file, or None for the model shipped for this kind of device). ``device`` None:
+    the kernel decides (``runners.default_device``)."""
+    if device is None:
+        from dreamshard.costs.runners import default_device
+
+        device = default_device(kernel)
+    runner = SequentialRunner(kernel, comm_model, device, warmup, iters, input_sets)
+    return runner.evaluate(plan.shards(), batch_size, precision or plan.task.precision, plan.task.optimizer)

@@ -1,0 +1,224 @@
+"""Cost measurement runners and the all-to-all model, for real on CPU (gloo, 2 processes)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dreamshard.costs.base import CostReport
+from dreamshard.costs.comm import CommModel, alltoall_bytes, design_patterns, parse_sizes
+from dreamshard.costs.kernels import available_kernels
+from dreamshard.costs.runners import measure_distributed, measure_sequential
+from dreamshard.costs.runners.distributed import FAULT_ENV
+from dreamshard.plan import Plan, save_plans
+from dreamshard.tables import TableSpec
+from dreamshard.tasks import Task
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = "fbgemm" if "fbgemm" in available_kernels("cpu") else "torch"
+B = 256
+
+TABLES = [
+    TableSpec(f"t{i}", rows=r, dim=d, pooling_factor=pf, distribution=f"zipf:{a}", seed=i)
+    for i, (r, d, pf, a) in enumerate([(5000, 16, 4.0, 1.1), (20000, 32, 8.0, 0.9), (1000, 8, 0.0, 1.0), (30000, 64, 2.0, 1.2), (800, 4, 12.0, 0.7)])
+]
+
+
+def small_plan(devices=2, placement=(0, 1, 1, 0, 1)) -> Plan:
+    return Plan(Task(list(TABLES), devices, 10**9), list(placement), "manual")
+
+
+def check_report(r: CostReport, devices: int) -> None:
+    assert len(r.devices) == devices
+    assert r.overall_ms == max(d.total_ms for d in r.devices)
+    for d in r.devices:
+        for v in (d.fwd_comp_ms, d.fwd_comm_ms, d.bwd_comm_ms, d.bwd_comp_ms):
+            assert math.isfinite(v) and v > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Real measurements
+# --------------------------------------------------------------------------------------------
+
+
+def test_distributed_cpu_real_kernels():
+    r = measure_distributed(small_plan(), KERNEL, B, warmup=2, iters=10, timeout_s=120)
+    check_report(r, 2)
+    assert r.runner == "distributed" and r.backend == KERNEL and not r.comm_modelled
+    assert r.e2e_ms is not None and math.isfinite(r.e2e_ms) and r.e2e_ms > 0
+    assert r.hardware.startswith("CPU") and r.details["process_group"] == "gloo"
+    assert r.details["dim_sums"] == [80, 44] and r.details["iters"] == 10
+    assert "distributed runner" in r.source
+    # the JSON round trip keeps every number
+    again = CostReport.from_json(json.loads(json.dumps(r.to_json())))
+    assert again.overall_ms == r.overall_ms and again.e2e_ms == r.e2e_ms
+
+
+def test_distributed_empty_shard_and_batch_check():
+    plan = small_plan(3, (0, 0, 0, 2, 2))  # device 1 holds no table: zero-width outputs
+    with pytest.raises(ValueError, match="multiple of the 3 devices"):
+        measure_distributed(plan, KERNEL, 256)
+    r = measure_distributed(plan, KERNEL, 255, warmup=1, iters=10, timeout_s=120)
+    assert r.details["dim_sums"] == [56, 0, 68]
+    empty = r.devices[1]
+    assert empty.fwd_comp_ms < 0.5 and empty.bwd_comp_ms < 0.5  # nothing to compute
+    assert empty.fwd_comm_ms > 0 and empty.bwd_comm_ms > 0  # but it takes part in the all-to-alls
+    assert r.overall_ms == max(d.total_ms for d in r.devices)
+
+
+def test_sequential_with_comm_model(tmp_path):
+    model = CommModel(latency_ms=0.05, bandwidth_GBps=2.0, hardware="test", date="today", process_group="gloo")
+    model.save(tmp_path / "comm.json")
+    r = measure_sequential(small_plan(), KERNEL, B, comm_model=str(tmp_path / "comm.json"), warmup=1, iters=10)
+    check_report(r, 2)
+    assert r.comm_modelled and r.runner == "sequential" and r.e2e_ms is None
+    assert r.details["comm_model"] == str(tmp_path / "comm.json")
+    assert "comm modelled" in r.source
+    send, recv = alltoall_bytes([80, 44], B, 2)
+    assert [d.fwd_comm_ms for d in r.devices] == pytest.approx(model.predict(send, recv))
+    assert [d.bwd_comm_ms for d in r.devices] == pytest.approx(model.predict(recv, send))
+    # one device: no all-to-all at all, and no comm model needed
+    one = measure_sequential(small_plan(1, (0,) * 5), "torch", B, warmup=1, iters=10)
+    assert one.devices[0].fwd_comm_ms == 0 and one.devices[0].bwd_comm_ms == 0 and one.devices[0].fwd_comp_ms > 0
+
+
+def test_sequential_uses_shipped_cpu_model():
+    r = measure_sequential(small_plan(), "torch", 64, warmup=1, iters=10)
+    assert r.details["comm_model"].endswith("cpu_gloo.json")
+    shipped = CommModel.load(r.details["comm_model"])
+    assert shipped.hardware and shipped.date and shipped.process_group == "gloo" and shipped.measurements
+
+
+# --------------------------------------------------------------------------------------------
+# Failures: a clear error, quickly, never a hang
+# --------------------------------------------------------------------------------------------
+
+
+def test_worker_that_raises(monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "raise:1")
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker 1 of 2 raised RuntimeError: injected fault in worker 1"):
+        measure_distributed(small_plan(), KERNEL, B, warmup=1, iters=10, timeout_s=120)
+    assert time.monotonic() - t < 60
+
+
+def test_worker_that_dies(monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "exit:0")
+    with pytest.raises(RuntimeError, match="worker 0 of 2 died with exit code 3"):
+        measure_distributed(small_plan(), KERNEL, B, warmup=1, iters=10, timeout_s=120)
+
+
+def test_worker_that_hangs(monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "hang:1")
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"measurement timed out after 8 s"):
+        measure_distributed(small_plan(), KERNEL, B, warmup=1, iters=10, timeout_s=8)
+    assert 8 <= time.monotonic() - t < 30
+
+
+# --------------------------------------------------------------------------------------------
+# The all-to-all model
+# --------------------------------------------------------------------------------------------
+
+
+def test_alltoall_bytes():
+    send, recv = alltoall_bytes([100, 0, 60, 40], 1024, 2)
+    assert send[0] == 1024 * 100 * 2 * 3 / 4 and recv[0] == 256 * (0 + 60 + 40) * 2
+    assert send[1] == 0 and recv[1] == 256 * 200 * 2
+    assert sum(send) == pytest.approx(sum(recv))  # every byte sent is received once
+    assert alltoall_bytes([64], 1024, 2) == ([0.0], [0.0])
+
+
+@pytest.mark.parametrize("serial", [0.0, 0.5, 1.0])
+def test_comm_fit_recovers_known_model(serial):
+    truth = CommModel(latency_ms=0.03, bandwidth_GBps=150.0, serial_fraction=serial)
+    rng = np.random.default_rng(0)
+    pts = []
+    for chunks in design_patterns(4, [2**k for k in range(10, 28, 2)]):
+        for d in range(4):
+            s = chunks[d] * 3 * 2  # to each of the 3 others, 2-byte elements
+            r = (sum(chunks) - chunks[d]) * 2
+            pts.append((s, r, truth.predict(s, r)))
+    exact = CommModel.fit(pts)
+    assert exact.latency_ms == pytest.approx(0.03, rel=1e-6)
+    assert exact.bandwidth_GBps == pytest.approx(150.0, rel=1e-6)
+    assert exact.serial_fraction == serial
+    noisy = CommModel.fit([(s, r, t * rng.lognormal(0, 0.03)) for s, r, t in pts])
+    assert noisy.latency_ms == pytest.approx(0.03, rel=0.1)
+    assert noisy.bandwidth_GBps == pytest.approx(150.0, rel=0.1)
+    assert noisy.fit_details["median_rel_error"] < 0.05
+
+
+def test_comm_model_files(tmp_path):
+    m = CommModel.fit([(1e3, 1e3, 0.1), (1e6, 1e6, 0.2), (1e7, 1e7, 1.1)], hardware="h", date="d", process_group="gloo")
+    m.save(tmp_path / "m.json")
+    again = CommModel.load(tmp_path / "m.json")
+    assert again.predict(5e5, 2e5) == pytest.approx(m.predict(5e5, 2e5))
+    assert again.path == str(tmp_path / "m.json") and not list(tmp_path.glob("*.tmp"))
+    (tmp_path / "bad.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not a dreamshard.comm/1 file"):
+        CommModel.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="at least 2"):
+        CommModel.fit([(1, 1, 1.0)])
+    assert parse_sizes("256,4KB,1MB") == [256, 4096, 1 << 20]
+    with pytest.raises(ValueError):
+        parse_sizes("12XB")
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def cli(*args, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "dreamshard.cli", *map(str, args)], capture_output=True, text=True, env=env, timeout=240)
+
+
+def test_measure_json_cli(tmp_path):
+    save_plans([small_plan()], tmp_path / "p.json")
+    out = tmp_path / "report.json"
+    r = cli("measure", tmp_path / "p.json", "--backend", KERNEL, "--runner", "distributed", "--batch-size", B, "--iters", 10, "--warmup", 1, "--json", "--out", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)  # nothing but the JSON on stdout
+    saved = json.loads(out.read_text())  # the file is complete JSON
+    assert report["overall_ms"] == saved["overall_ms"] == max(d["total_ms"] for d in report["devices"])
+    assert report["runner"] == "distributed" and report["backend"] == KERNEL and report["e2e_ms"] > 0
+    assert report["batch_size"] == B and report["precision"] == "fp16" and report["hardware"].startswith("CPU")
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def invoke(*args):
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli as dreamshard_cli
+
+    return CliRunner().invoke(dreamshard_cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_measure_cli_table_and_errors(tmp_path, monkeypatch):
+    save_plans([small_plan()], tmp_path / "p.json")
+    r = invoke("measure", tmp_path / "p.json", "--backend", "torch", "--runner", "sequential", "--batch-size", 128, "--iters", 10, "--warmup", 1)
+    assert r.exit_code == 0, r.output
+    assert "overall" in r.stdout and "comm modelled" in r.stdout and "fwd" in r.stdout
+    assert json.loads((tmp_path / "p.cost-torch-sequential.json").read_text())["comm_modelled"] is True
+    r = invoke("measure", tmp_path / "p.json", "--backend", "torch", "--batch-size", 127)
+    assert r.exit_code == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
+    monkeypatch.setenv(FAULT_ENV, "raise:0")
+    r = invoke("measure", tmp_path / "p.json", "--backend", "torch", "--batch-size", 128, "--iters", 10, "--timeout", 60)
+    assert r.exit_code == 1 and "injected fault" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.cost-torch-distributed.json").exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_calibrate_comm_cli(tmp_path):
+    r = invoke("calibrate", "comm", "--out", tmp_path / "c.json", "--sizes", "256,64KB,1MB", "--iters", 5, "--warmup", 1)
+    assert r.exit_code == 0, r.output
+    m = CommModel.load(tmp_path / "c.json")
+    assert m.bandwidth_GBps > 0 and m.latency_ms >= 0 and m.process_group == "gloo" and m.devices == 2
+    assert len(m.measurements) == 3 * 2 * 2 * 2  # sizes × (balanced, skewed) × (fwd, bwd) × ranks
