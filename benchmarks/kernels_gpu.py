@@ -17,6 +17,7 @@ Writes kernels_gpu.json and kernels_gpu.md under --out and prints the table last
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -45,13 +46,13 @@ def log(*a):
 # ------------------------------------------------------------------------------------------------
 
 
-def synth_tables(n: int, seed: int, min_dim: int):
+def synth_tables(n: int, seed: int, min_dim: int, max_rows: int = 10_000_000):
     """[(rows, dim, pooling, alpha or spec)], from dreamshard.synth when it is there."""
     try:
         from dreamshard.synth import PoolConfig, synth_pool
 
         pool = synth_pool(PoolConfig(tables=max(4 * n, 200), seed=seed))
-        pool = [t for t in pool if 1_000 <= t.rows <= 10_000_000 and t.dim >= min_dim]
+        pool = [t for t in pool if 1_000 <= t.rows <= max_rows and t.dim >= min_dim]
         if len(pool) >= n:
             return pool[:n], "dreamshard.synth"
     except Exception as e:  # noqa: BLE001
@@ -59,7 +60,7 @@ def synth_tables(n: int, seed: int, min_dim: int):
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        rows = int(10 ** rng.uniform(3, 7))
+        rows = int(10 ** rng.uniform(3, math.log10(max_rows)))
         dim = int(rng.choice([d for d in DIMS if d >= min_dim]))
         pf = float(rng.lognormal(0, 1.2))
         out.append(dict(rows=rows, dim=dim, pooling_factor=pf, alpha=float(rng.uniform(0.6, 1.35)), seed=seed * 1000 + i))
@@ -137,9 +138,10 @@ def check_shard(tri, ref, indices, offsets, grad) -> dict:
     ref.backward(grad)
     num = den = 0.0
     for t in range(tri.num_tables):
-        w0 = init_table_(torch.empty_like(ref.weights(t)), ref.seed, t).double()
-        d_ref = ref.weights(t).double() - w0
-        num += (tri.weights(t).double() - ref.weights(t).double()).norm().item() ** 2
+        # fp16 values and their differences are exact in fp32
+        w0 = init_table_(torch.empty_like(ref.weights(t)), ref.seed, t).float()
+        d_ref = ref.weights(t).float() - w0
+        num += (tri.weights(t).float() - ref.weights(t).float()).norm().item() ** 2
         den += d_ref.norm().item() ** 2
         del w0, d_ref
     return {"fwd_rel_err": fwd_err, "update_rel_err": math.sqrt(num) / max(math.sqrt(den), 1e-30)}
@@ -185,6 +187,8 @@ def run_shard(name, tables, source, device, bw, args, results, tri_kwargs=None):
     log(f"[{name}] triton fwd {r['triton_fwd_ms']:.3f} ms ({100 * r['fwd_frac_of_copy_bw']:.0f}% of copy bw; floor {r['floor_ms']:.3f}) "
         f"bwd {r['triton_bwd_ms']:.3f} (sort alone {r['sort_ms']:.3f}) | torch fwd {r['torch_fwd_ms']:.3f} bwd {r['torch_bwd_ms']:.3f} | "
         f"speedup fwd+bwd {r['speedup_fwd_bwd']:.1f}x")
+    if args.profile and name in args.profile.split(","):
+        r["profile"] = profile_bwd(tri, indices, offsets, grad, args.out, name)
     if args.sweep and name in args.sweep_fwd.split(","):
         r["sweep_fwd"] = sweep(rows, dims, indices, offsets, grad, device, floor, bw, FWD_VARIANTS)
     if args.sweep and name in args.sweep_bwd.split(","):
@@ -195,9 +199,34 @@ def run_shard(name, tables, source, device, bw, args, results, tri_kwargs=None):
         torch.cuda.empty_cache()
 
 
+def profile_bwd(tri, indices, offsets, grad, out_dir, name) -> str:
+    """Per-kernel device time of the triton forward + backward (torch.profiler), printed and saved."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tri.forward(indices, offsets)
+    tri.backward(grad)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            tri.forward(indices, offsets)
+            tri.backward(grad)
+        torch.cuda.synchronize()
+    ka = prof.key_averages()
+    try:
+        table = ka.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60)
+    except Exception:  # noqa: BLE001  (older name of the column)
+        table = ka.table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
+    log(f"[{name}] profile of 3 x (triton fwd + bwd):\n{table}")
+    with open(os.path.join(out_dir, "profile.txt"), "a") as f:
+        f.write(f"== {name}\n{table}\n")
+    return table
+
+
 FWD_VARIANTS = [dict(fwd_lanes=l, fwd_unroll=u, fwd_warps=w) for l, u, w in
                 [(512, 4, 4), (1024, 2, 4), (1024, 8, 4), (2048, 4, 4), (2048, 4, 8), (4096, 4, 8)]]
-BWD_VARIANTS = [dict(bwd_lanes=l, bwd_pmin=p, bwd_warps=w) for l, p, w in [(1024, 16, 4), (4096, 16, 8), (2048, 32, 4)]]
+BWD_VARIANTS = [dict(bwd_reduce=r, bwd_lanes=l, bwd_pmin=16, bwd_pmax=px, bwd_warps=w) for r, l, px, w in
+                [("scan", 2048, 1 << 20, 4), ("dot", 2048, 32, 4), ("dot", 2048, 64, 2), ("dot", 4096, 64, 4), ("dot", 4096, 128, 8),
+                 ("dot", 8192, 128, 8)]]
 
 
 def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants):
@@ -221,11 +250,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="runs/kernels_gpu")
     ap.add_argument("--sweep", action="store_true", help="also time tile/unroll/warp variants of the triton kernel")
-    ap.add_argument("--sweep-fwd", default="25t-dim>=32", help="shards whose forward variants --sweep times")
-    ap.add_argument("--sweep-bwd", default="25t-mixed", help="shards whose backward variants --sweep times")
+    ap.add_argument("--sweep-fwd", default="", help="shards whose forward variants --sweep times")
+    ap.add_argument("--sweep-bwd", default="25t-mixed,25t-dim>=32", help="shards whose backward variants --sweep times")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions of the slow torch path")
-    ap.add_argument("--shards", default="10,25,50,d32-10,d32-25")
+    ap.add_argument("--profile", default="", help="shards (comma-separated names) whose triton fwd+bwd is profiled per kernel")
+    ap.add_argument("--shards", default="10,25,50,d32-10,d32-25,d32u-25")
     ap.add_argument("--batch", type=int, default=65_536)
+    ap.add_argument("--max-rows", type=int, default=10_000_000, help="rows are log-uniform in [1e3, this]")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script under TRITON_INTERPRET=1")
     args = ap.parse_args()
     B = args.batch
@@ -245,14 +276,21 @@ def main() -> None:
     log(f"device copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)")
     results = []
     for s in args.shards.split(","):
-        min_dim = 32 if s.startswith("d32-") else 4
+        # "25": dims from {4..128}; "d32-25": dims >= 32; "d32u-25": dims >= 32 and uniform row popularity
+        # (no reuse: every gathered row comes from DRAM, the honest test of the forward's bytes floor)
+        kind = s.split("-")[0] if "-" in s else ""
+        min_dim = 32 if kind.startswith("d32") else 4
+        uniform = kind.endswith("u")
         n = int(s.split("-")[-1])
         t0 = time.time()
-        tables, source = synth_tables(n, seed=n + min_dim, min_dim=min_dim)
+        tables, source = synth_tables(n, seed=n + min_dim, min_dim=min_dim, max_rows=args.max_rows)
+        if uniform:
+            tables = [dataclasses.replace(t, distribution="uniform") if not isinstance(t, dict) else {**t, "alpha": 1e-9} for t in tables]
         log(f"shard {s}: {n} tables from {source} ({time.time() - t0:.1f}s)")
-        run_shard(f"{n}t" + ("-dim>=32" if min_dim == 32 else "-mixed"), tables, source, device, bw, args, results)
+        name = f"{n}t" + ("-dim>=32" if min_dim == 32 else "-mixed") + ("-uniform" if uniform else "")
+        run_shard(name, tables, source, device, bw, args, results)
     summary = {"hardware": hw, "batch": B, "precision": "fp16", "optimizer": "sgd", "source": source, "results": results,
-               "command": "PYTHONPATH=. python3 benchmarks/kernels_gpu.py --out $OUT " + " ".join(sys.argv[1:]).replace(args.out, "$OUT")}
+               "command": "PYTHONPATH=. python3 benchmarks/kernels_gpu.py " + " ".join(sys.argv[1:]).replace(args.out, "$OUT")}
     with open(os.path.join(args.out, "kernels_gpu.json"), "w") as f:
         json.dump(summary, f, indent=1)
     lines = [

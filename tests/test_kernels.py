@@ -8,6 +8,7 @@ precisions, both optimizers, two training steps (so Adagrad's state carries over
 
 from __future__ import annotations
 
+import importlib
 import os
 import zlib
 
@@ -120,9 +121,6 @@ def check_kernel(kernel: str, precision: str, optimizer: str, seed: int, device:
     batch = batch or int(rng.integers(1, 48))
     lr, eps = 0.05, 1e-8
     if kernel_kwargs:  # tuning knobs of one kernel class (small tiles make every code path run on small data)
-        from dreamshard.costs.kernels import KERNELS
-        import importlib
-
         spec = KERNELS[kernel]
         cls = getattr(importlib.import_module(spec.module), spec.cls)
         tbe = cls(rows, dims, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=device, seed=seed, **kernel_kwargs)
@@ -176,7 +174,6 @@ def test_kernel_matches_reference(kernel, precision, optimizer, seed):
 def test_torch_and_fbgemm_agree_on_a_larger_batch():
     if "fbgemm" not in CPU_KERNELS:
         pytest.skip("fbgemm_gpu does not load here")
-    rng = np.random.default_rng(7)
     rows, dims = [5000, 300, 70_000, 40], [64, 12, 128, 4]
     outs, weights = [], []
     for kernel in ("torch", "fbgemm"):
@@ -191,7 +188,6 @@ def test_torch_and_fbgemm_agree_on_a_larger_batch():
     assert rel(outs[1], outs[0]) < 2e-3
     for a, b in zip(*weights):
         assert rel(b, a) < 2e-3
-    del rng
 
 
 def test_same_seed_same_initial_weights():
@@ -247,7 +243,11 @@ def test_fbgemm_unavailable_is_explained(monkeypatch):
 def test_triton_interpreter(precision, optimizer):
     pytest.importorskip("triton")
     check_kernel("triton", precision, optimizer, seed=5, max_tables=4, max_rows=60, batch=12)
-    # tiny tiles: many bag blocks per table and hot rows whose lookups span many backward slices
+    # tiny tiles: many bag blocks per table and hot rows whose lookups span many backward slices,
+    # with each way of summing a slice's runs
     stats = check_kernel("triton", precision, optimizer, seed=6, max_tables=4, max_rows=20, batch=12,
-                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=8, bwd_pmin=2)
+                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=8, bwd_pmin=2, bwd_reduce="scan")
+    assert stats["crossing_rows"] > 0
+    stats = check_kernel("triton", precision, optimizer, seed=7, max_tables=4, max_rows=10, batch=16,
+                         bwd_lanes=16, bwd_pmin=16, bwd_pmax=16, bwd_reduce="dot")
     assert stats["crossing_rows"] > 0

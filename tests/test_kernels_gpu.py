@@ -46,8 +46,18 @@ def test_triton_hot_rows(precision, optimizer):
 def test_triton_small_tiles(precision, optimizer):
     # tiny tiles: many bag blocks per table, and runs spanning many slices on small data
     stats = check_kernel("triton", precision, optimizer, seed=78, device="cuda", max_rows=30, batch=64,
-                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=8, bwd_pmin=2)
+                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=8, bwd_pmin=2, bwd_reduce="scan")
     assert stats["crossing_rows"] > 0
+    stats = check_kernel("triton", precision, optimizer, seed=79, device="cuda", max_rows=30, batch=64,
+                         bwd_lanes=16, bwd_pmin=16, bwd_pmax=16, bwd_reduce="dot")
+    assert stats["crossing_rows"] > 0
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_triton_scan_reduction(optimizer):
+    # the other way of summing runs (kept as an option): same checks
+    for seed in (81, 82):
+        check_kernel("triton", "fp16", optimizer, seed=seed, device="cuda", bwd_reduce="scan")
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])

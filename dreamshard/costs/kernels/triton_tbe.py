@@ -7,19 +7,23 @@ Layout: all tables live in one flat weight buffer (table t at element ``w_off[t]
 forward - ONE launch over every table of the shard. The grid is a flat list of programs, each a
 (table, block of bags) pair; a program handles ``BAGS = FWD_LANES // DP`` bags of one table as a
 ``[BAGS, DP]`` tile (``DP`` = dim rounded up to a power of two), walks the bags' lookups in step
-(unrolled), gathers the rows with vector loads and accumulates in fp32. Mixed dims share the launch
-through a branch on the table's dim class: each branch is compiled with its own tile shape, and
-the classes absent from the shard are pruned at compile time.
+(unrolled), gathers the rows with 16-byte vector loads and accumulates in fp32. Mixed dims share
+the launch through a branch on the table's dim class, each branch compiled with its own tile
+shape (all power-of-two classes are compiled in, plus the other-dim classes if the shard has any).
 
 backward - no atomics on the weights:
-  1. one launch writes, per lookup, its global row (``row_start[t] + index``) and its bag;
-  2. ``torch.sort`` (stable radix sort) groups the lookups by global row;
-  3. ONE launch over fixed-size slices of the sorted lookups (per table, so one dim per slice):
-     gathers the output-gradient rows of the slice's lookups as a ``[P, DP]`` tile, reduces each
-     run of equal rows with a segmented scan in fp32, and applies the optimizer to every row whose
-     run lies inside the slice (one read-modify-write of the row);
+  1. one launch writes, per lookup, its global row (``row_start[t] + index``) and its bag
+     (lookup-parallel, coalesced; the bag comes from a binary search over ``offsets``);
+  2. ``torch.sort`` (stable radix sort, int32 keys) groups the lookups by global row;
+  3. fixed-size slices of the sorted lookups, per table (one launch per dim class, so each is
+     compiled for one tile shape and its register count): a program gathers the output-gradient
+     rows of its slice's lookups as a ``[P, TW]`` tile, sums each run of equal rows in fp32 (by
+     default a 0/1 ``[P, P]`` "same run" matrix times the tile, on the tensor cores for fp16 -
+     exact products, fp32 accumulation; ``bwd_reduce="scan"``: a segmented scan) and applies the
+     optimizer to every row whose run lies inside the slice (one read-modify-write of the row);
   4. rows whose run crosses slice boundaries (hot rows) were left as fp32 partial sums, one per
-     slice: a second small launch sums them and updates those rows once.
+     slice: a fix-up launch per class starts from the slices where such runs begin, sums the
+     partials along the run and updates the row once.
 Every row is updated exactly once, with a fixed summation order (deterministic).
 """
 
@@ -41,11 +45,14 @@ ALIGN = 16  # table starts in the flat buffer are multiples of this many element
 FWD_LANES = 1024  # elements of one forward tile: BAGS = FWD_LANES // DP
 FWD_UNROLL = 4  # lookups per bag issued together
 FWD_WARPS = 4
-BWD_LANES = 2048  # elements of one backward tile: P = max(BWD_LANES // DP, BWD_PMIN)
+BWD_LANES = 2048  # elements of one backward tile: P = min(max(BWD_LANES // DP, BWD_PMIN), BWD_PMAX) lookups
 BWD_PMIN = 16
+BWD_PMAX = 64
+BWD_REDUCE = "dot"  # how a slice's runs are summed: "dot" (0/1 matrix product) or "scan" (segmented scan)
 BWD_WARPS = 4
-KEYS_BAGS = 256  # bags per program of the key-building launch
-FIX_Q = 16  # slices summed per step by the fix-up launch
+KEYS_BLOCK = 1024  # lookups per program of the key-building launch
+FIX_QLANES = 2048  # elements per step of the fix-up launch: Q = min(max(FIX_QLANES // DP, 16), 256) slices
+FIX_WARPS = 2
 
 
 def _dp(dim: int) -> int:
@@ -62,8 +69,8 @@ def _fwd_bags(dim: int, lanes: int) -> int:
     return max(1, lanes // _dp(dim))
 
 
-def _bwd_slice(dim: int, lanes: int, pmin: int) -> int:
-    return max(lanes // _dp(dim), pmin)
+def _bwd_slice(dim: int, lanes: int, pmin: int, pmax: int) -> int:
+    return min(max(lanes // _dp(dim), pmin), pmax)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,23 +176,32 @@ def _fwd_kernel(indices_ptr, offsets_ptr, w_ptr, out_ptr, meta_ptr, prog_table_p
 
 
 @triton.jit
-def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, keys_ptr, segid_ptr, B, KB: tl.constexpr):
-    """keys[i] = row_start[t] + indices[i] (global row), segid[i] = t*B + b, for lookup i of bag (t, b)."""
-    blk = tl.program_id(0)
-    t = tl.program_id(1)
-    bag = blk * KB + tl.arange(0, KB)
-    bmask = bag < B
-    seg = t.to(tl.int64) * B + bag
-    start = tl.load(offsets_ptr + seg, mask=bmask, other=0)
-    end = tl.load(offsets_ptr + seg + 1, mask=bmask, other=0)
-    length = end - start
-    maxlen = tl.max(length, axis=0)
-    rs = tl.load(row_start_ptr + t)
-    for j in range(0, maxlen):
-        lm = j < length
-        idx = tl.load(indices_ptr + start + j, mask=lm, other=0)
-        tl.store(keys_ptr + start + j, (rs + idx).to(keys_ptr.dtype.element_ty), mask=lm)
-        tl.store(segid_ptr + start + j, seg.to(tl.int32), mask=lm)
+def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, segid_ptr, N, B, BLOCK: tl.constexpr):
+    """For lookup i of bag (t, b): keys[i] = row_start[t] + indices[i] (its global row), segid[i] = t*B + b.
+
+    One program per BLOCK consecutive lookups (coalesced reads and writes). The bag of each lookup is
+    found by a vectorised binary search over offsets, inside the bag range [bstart[pid], bstart[pid+1]]
+    that a torch.searchsorted found for the block's first lookups."""
+    pid = tl.program_id(0)
+    i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    lo0 = tl.load(bstart_ptr + pid)
+    hi0 = tl.load(bstart_ptr + pid + 1) + 1  # invariant: offsets[lo] <= i < offsets[hi]
+    steps = 0
+    while (hi0 - lo0) > (1 << steps):
+        steps += 1
+    lo = tl.zeros((BLOCK,), dtype=tl.int64) + lo0
+    hi = tl.zeros((BLOCK,), dtype=tl.int64) + hi0
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        below = tl.load(offsets_ptr + mid, mask=m, other=0) <= i
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid)
+    t = lo // B
+    idx = tl.load(indices_ptr + i, mask=m, other=0)
+    rs = tl.load(row_start_ptr + t, mask=m, other=0)
+    tl.store(keys_ptr + i, (rs + idx).to(keys_ptr.dtype.element_ty), mask=m)
+    tl.store(segid_ptr + i, lo.to(tl.int32), mask=m)
 
 
 @triton.jit
@@ -194,30 +210,33 @@ def _seg_add(f1, v1, f2, v2):
 
 
 @triton.jit
-def _apply_rows(w_ptr, state_ptr, key, waddr, g, wmask2, rmask, D, lr, eps, ADAGRAD: tl.constexpr):
-    """Optimizer update of rows (one per tile row) given their fp32 gradient sums g [R, DP]."""
-    w = tl.load(w_ptr + waddr, mask=wmask2, other=0.0).to(tl.float32)
+def _apply_rows(w_ptr, state_ptr, key, waddr, w, st, g, wmask2, rmask, D, lr, eps, ADAGRAD: tl.constexpr):
+    """Optimizer update of rows (one per tile row): fp32 gradient sums g [R, DP], current rows w
+    (loaded by the caller, any dtype) and, for Adagrad, their states st [R]."""
     if ADAGRAD:
-        gsq = tl.sum(g * g, axis=1) / D.to(tl.float32)
-        st = tl.load(state_ptr + key, mask=rmask, other=0.0) + gsq
+        st = st + tl.sum(g * g, axis=1) / D.to(tl.float32)
         tl.store(state_ptr + key, st, mask=rmask)
         upd = tl.div_rn(g, (tl.sqrt_rn(st) + eps)[:, None] + tl.zeros_like(g))
     else:
         upd = g
-    tl.store(w_ptr + waddr, (w - lr * upd).to(w_ptr.dtype.element_ty), mask=wmask2)
+    tl.store(w_ptr + waddr, (w.to(tl.float32) - lr * upd).to(w_ptr.dtype.element_ty), mask=wmask2)
 
 
 @triton.jit
 def _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr,
               pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps,
-              DP: tl.constexpr, EXACT: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr,
-              ADAGRAD: tl.constexpr, VEC: tl.constexpr):
-    P: tl.constexpr = max(LANES // DP, PMIN)
+              DP: tl.constexpr, EXACT: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr, PMAX: tl.constexpr,
+              MINW: tl.constexpr, ADAGRAD: tl.constexpr, VEC: tl.constexpr):
+    # MINW = 16: reduce runs with a matrix product (tile width padded to 16); MINW = 1: segmented scan
+    P: tl.constexpr = min(max(LANES // DP, PMIN), PMAX)
+    TW: tl.constexpr = max(DP, MINW)
+    FULL: tl.constexpr = EXACT and TW == DP
     s = s0 + slice_no.to(tl.int64) * P
     n = tl.minimum(send - s, P)
     lane = tl.arange(0, P)
     m = lane < n
     pos = s + lane
+    lookup = tl.load(perm_ptr + pos, mask=m, other=0)
     key = tl.load(keys_ptr + pos, mask=m, other=-1)
     key_prev = tl.load(keys_ptr + pos - 1, mask=m & (pos > 0), other=-2)
     key_next = tl.load(keys_ptr + pos + 1, mask=m & (pos + 1 < N), other=-3)
@@ -228,28 +247,40 @@ def _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_fi
     nseg = tl.max(tl.where(m, seg_no, 0), axis=0)
     head_p = tl.max(tl.where((lane == 0) & m & (key == key_prev), 1, 0), axis=0)
     tail_p = tl.max(tl.where(last_lane & m & (key == key_next), 1, 0), axis=0)
-    # gather the output gradient of each lookup's bag
-    lookup = tl.load(perm_ptr + pos, mask=m, other=0)
-    seg = tl.load(segid_ptr + lookup, mask=m, other=0)
-    b = (seg - t * B).to(tl.int64)
-    col = tl.arange(0, DP)
-    if EXACT:
-        cmask = col < DP
-    else:
-        cmask = col < D
-    gaddr = tl.multiple_of(b * sumD + col_off, 4)
-    g = tl.load(grad_ptr + gaddr[:, None] + col[None, :], mask=m[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-    flags = tl.broadcast_to(is_start.to(tl.int32)[:, None], (P, DP))
-    _, acc = tl.associative_scan((flags, g), 0, _seg_add)
-    # rows whose whole run lies in this slice: update now
+    # rows whose whole run lies in this slice are updated here: issue their loads now, so they
+    # overlap the gradient gather below
     complete = is_end & ((head_p == 0) | (seg_no != 1)) & ((tail_p == 0) | (lane != n - 1))
     local = (key - row_start).to(tl.int64)
-    if EXACT:
+    col = tl.arange(0, TW)
+    if FULL:
+        cmask = col < TW
         waddr = tl.multiple_of(w_off + local * DP, VEC)[:, None] + col[None, :]
-        _apply_rows(w_ptr, state_ptr, key, waddr, acc, complete[:, None], complete, D, lr, eps, ADAGRAD)
+        wmask = tl.broadcast_to(complete[:, None], (P, TW))
     else:
+        cmask = col < D
         waddr = tl.multiple_of(w_off + local * D, 4)[:, None] + col[None, :]
-        _apply_rows(w_ptr, state_ptr, key, waddr, acc, complete[:, None] & cmask[None, :], complete, D, lr, eps, ADAGRAD)
+        wmask = complete[:, None] & cmask[None, :]
+    w = tl.load(w_ptr + waddr, mask=wmask, other=0.0)
+    if ADAGRAD:
+        st = tl.load(state_ptr + key, mask=complete, other=0.0)
+    else:
+        st = tl.zeros((P,), dtype=tl.float32)
+    # gather the output gradient of each lookup's bag
+    seg = tl.load(segid_ptr + lookup, mask=m, other=0)
+    b = (seg - t * B).to(tl.int64)
+    gaddr = tl.multiple_of(b * sumD + col_off, 4)
+    g = tl.load(grad_ptr + gaddr[:, None] + col[None, :], mask=m[:, None] & cmask[None, :], other=0.0)
+    if MINW >= 16:
+        # acc[i] = sum of g[k] over the lookups k of i's run: a 0/1 [P, P] matrix times g, fp32 accumulation
+        same = seg_no[:, None] == seg_no[None, :]
+        if g.dtype == tl.float16:
+            acc = tl.dot(same.to(tl.float16), g, out_dtype=tl.float32)
+        else:
+            acc = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
+    else:
+        flags = tl.broadcast_to(is_start.to(tl.int32)[:, None], (P, TW))
+        _, acc = tl.associative_scan((flags, g.to(tl.float32)), 0, _seg_add)
+    _apply_rows(w_ptr, state_ptr, key, waddr, w, st, acc, wmask, complete, D, lr, eps, ADAGRAD)
     # runs that cross the slice's boundaries: leave fp32 partial sums for the fix-up launch
     first_partial = (head_p != 0) | ((tail_p != 0) & (nseg == 1))
     wr_first = is_end & (seg_no == 1) & first_partial
@@ -257,16 +288,19 @@ def _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_fi
     sl = tl.multiple_of(slot + tl.zeros((P,), dtype=tl.int64), 4)
     tl.store(slot_first_ptr + sl[:, None] + col[None, :], acc, mask=wr_first[:, None] & cmask[None, :])
     tl.store(slot_last_ptr + sl[:, None] + col[None, :], acc, mask=wr_last[:, None] & cmask[None, :])
-    # bit 0: run crosses into the next slice; bit 1: one run only; bit 2: run comes from the previous slice
-    tl.store(flags_ptr + pid, (tail_p + 2 * (nseg == 1).to(tl.int32) + 4 * head_p).to(tl.int8))
+    # bit 0: a run crosses into the next slice; bit 1: one run only; bit 2: a run comes from the previous
+    # slice; bit 3: a crossing run begins here (the fix-up launch starts from these slices)
+    single = (nseg == 1).to(tl.int32)
+    begins = tail_p * (1 - head_p * single)
+    tl.store(flags_ptr + pid, (tail_p + 2 * single + 4 * head_p + 8 * begins).to(tl.int8))
 
 
 @triton.jit
 def _bwd_kernel(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr,
-                meta_ptr, prog_table_ptr, dyn_ptr, T, N, B, sumD, lr, eps,
-                CLASSES: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr, ADAGRAD: tl.constexpr,
-                VEC: tl.constexpr):
-    pid = tl.program_id(0)
+                meta_ptr, prog_table_ptr, dyn_ptr, pid_base, T, N, B, sumD, lr, eps,
+                CLASSES: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr, PMAX: tl.constexpr, MINW: tl.constexpr,
+                ADAGRAD: tl.constexpr, VEC: tl.constexpr):
+    pid = tl.program_id(0) + pid_base
     t = tl.load(prog_table_ptr + pid)
     cls = tl.load(meta_ptr + t)
     D = tl.load(meta_ptr + T + t)
@@ -279,125 +313,146 @@ def _bwd_kernel(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_
     slot = tl.load(dyn_ptr + 3 * T + t) + slice_no.to(tl.int64) * D
     if CLASSES & 1:
         if cls == 0:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, True, LANES, PMIN, ADAGRAD, min(VEC, 4))
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, True, LANES, PMIN, PMAX, MINW, ADAGRAD, min(VEC, 4))
     if CLASSES & 2:
         if cls == 1:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, True, LANES, PMIN, ADAGRAD, min(VEC, 8))
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, True, LANES, PMIN, PMAX, MINW, ADAGRAD, min(VEC, 8))
     if CLASSES & 4:
         if cls == 2:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, True, LANES, PMIN, ADAGRAD, VEC)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
     if CLASSES & 8:
         if cls == 3:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, True, LANES, PMIN, ADAGRAD, VEC)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
     if CLASSES & 16:
         if cls == 4:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, True, LANES, PMIN, ADAGRAD, VEC)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
     if CLASSES & 32:
         if cls == 5:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, True, LANES, PMIN, ADAGRAD, VEC)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
     if CLASSES & 64:
         if cls == 6:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, True, LANES, PMIN, ADAGRAD, VEC)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
     if CLASSES & 128:
         if cls == 7:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, False, LANES, PMIN, ADAGRAD, 4)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
     if CLASSES & 256:
         if cls == 8:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, False, LANES, PMIN, ADAGRAD, 4)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
     if CLASSES & 512:
         if cls == 9:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, False, LANES, PMIN, ADAGRAD, 4)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
     if CLASSES & 1024:
         if cls == 10:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, False, LANES, PMIN, ADAGRAD, 4)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
     if CLASSES & 2048:
         if cls == 11:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, False, LANES, PMIN, ADAGRAD, 4)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
     if CLASSES & 4096:
         if cls == 12:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, False, LANES, PMIN, ADAGRAD, 4)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
     if CLASSES & 8192:
         if cls == 13:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, False, LANES, PMIN, ADAGRAD, 4)
+            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
 
 
 @triton.jit
-def _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps,
-             DP: tl.constexpr, EXACT: tl.constexpr, Q: tl.constexpr, ADAGRAD: tl.constexpr):
+def _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst,
+             D, w_off, row_start, lr, eps, DP: tl.constexpr, EXACT: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr,
+             PMAX: tl.constexpr, QLANES: tl.constexpr, ADAGRAD: tl.constexpr):
+    """The run that begins (crossing) in slice p0: its row is the key of p0's last lookup; it continues
+    through the slices whose flags say 'one run, crossing' and ends in the first slice that is not.
+    Sum p0's tail partial and the head partials of the slices after it, then update the row."""
+    P: tl.constexpr = min(max(LANES // DP, PMIN), PMAX)  # the backward launch's slice length
+    Q: tl.constexpr = min(max(QLANES // DP, 16), 256)
     col = tl.arange(0, DP)
     if EXACT:
         cmask = col < DP
     else:
         cmask = col < D
+    last = tl.minimum(s0 + (p0 - pfirst + 1) * P, send) - 1
+    key = tl.load(keys_ptr + last).to(tl.int64)
     acc = tl.load(slot_last_ptr + slot_base + (p0 - pfirst) * D + col, mask=cmask, other=0.0)
     acc2 = tl.zeros((Q, DP), dtype=tl.float32)
-    for q0 in range(p0 + 1, p1 + 1, Q):
+    q0 = p0 + 1
+    more = p0 >= 0
+    while more:
         q = q0 + tl.arange(0, Q)
+        f = tl.load(flags_ptr + q, mask=q < nprog, other=0).to(tl.int32)
+        through = (f & 3) == 3  # one run, crossing into the next slice
+        stop = tl.min(tl.where(through, nprog, q), axis=0)  # the slice where the run ends
         qa = slot_base + (q - pfirst) * D
-        acc2 += tl.load(slot_first_ptr + qa[:, None] + col[None, :], mask=(q <= p1)[:, None] & cmask[None, :], other=0.0)
+        acc2 += tl.load(slot_first_ptr + qa[:, None] + col[None, :], mask=(q <= stop)[:, None] & cmask[None, :], other=0.0)
+        more = stop >= q0 + Q
+        q0 += Q
     g = (acc + tl.sum(acc2, axis=0))[None, :]
     waddr = (w_off + (key - row_start) * D + col)[None, :]
     keys = key + tl.zeros((1,), dtype=tl.int64)
     rmask = keys >= 0
-    _apply_rows(w_ptr, state_ptr, keys, waddr, g, rmask[:, None] & cmask[None, :], rmask, D, lr, eps, ADAGRAD)
+    wmask = rmask[:, None] & cmask[None, :]
+    w = tl.load(w_ptr + waddr, mask=wmask, other=0.0)
+    if ADAGRAD:
+        st = tl.load(state_ptr + keys, mask=rmask, other=0.0)
+    else:
+        st = tl.zeros((1,), dtype=tl.float32)
+    _apply_rows(w_ptr, state_ptr, keys, waddr, w, st, g, wmask, rmask, D, lr, eps, ADAGRAD)
 
 
 @triton.jit
-def _fix_kernel(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, fix_ptr, nfix, meta_ptr, prog_table_ptr, dyn_ptr,
-                T, lr, eps, CLASSES: tl.constexpr, Q: tl.constexpr, ADAGRAD: tl.constexpr):
-    k = tl.program_id(0)
-    p0 = tl.load(fix_ptr + k)  # fix: [p0 x nfix, p1 x nfix, row x nfix]
-    p1 = tl.load(fix_ptr + nfix + k)
-    key = tl.load(fix_ptr + 2 * nfix + k)
+def _fix_kernel(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, begins_ptr, k_base, meta_ptr, prog_table_ptr,
+                dyn_ptr, T, nprog, lr, eps, CLASSES: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr,
+                PMAX: tl.constexpr, QLANES: tl.constexpr, ADAGRAD: tl.constexpr):
+    p0 = tl.load(begins_ptr + tl.program_id(0) + k_base)
     t = tl.load(prog_table_ptr + p0)
     cls = tl.load(meta_ptr + t)
     D = tl.load(meta_ptr + T + t)
     w_off = tl.load(meta_ptr + 2 * T + t)
     row_start = tl.load(meta_ptr + 4 * T + t)
     pfirst = tl.load(dyn_ptr + t)
+    s0 = tl.load(dyn_ptr + T + t)
+    send = tl.load(dyn_ptr + 2 * T + t)
     slot_base = tl.load(dyn_ptr + 3 * T + t)
     if CLASSES & 1:
         if cls == 0:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, True, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 2:
         if cls == 1:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, True, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 4:
         if cls == 2:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, True, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 8:
         if cls == 3:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, True, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 16:
         if cls == 4:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, True, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 32:
         if cls == 5:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, True, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 64:
         if cls == 6:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, True, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 128:
         if cls == 7:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, False, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 256:
         if cls == 8:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, False, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 512:
         if cls == 9:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, False, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 1024:
         if cls == 10:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, False, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 2048:
         if cls == 11:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, False, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 4096:
         if cls == 12:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, False, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
     if CLASSES & 8192:
         if cls == 13:
-            _fix_row(w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, key, p0, p1, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, False, Q, ADAGRAD)
+            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,11 +466,18 @@ class TritonTBE(TBE):
     def __init__(self, rows: Sequence[int], dims: Sequence[int], precision: str = "fp16", optimizer: str = "sgd",
                  lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cuda", seed: int = 0,
                  fwd_lanes: int = FWD_LANES, fwd_unroll: int = FWD_UNROLL, fwd_warps: int = FWD_WARPS,
-                 bwd_lanes: int = BWD_LANES, bwd_pmin: int = BWD_PMIN, bwd_warps: int = BWD_WARPS) -> None:
+                 bwd_lanes: int = BWD_LANES, bwd_pmin: int = BWD_PMIN, bwd_warps: int = BWD_WARPS,
+                 bwd_reduce: str = BWD_REDUCE, bwd_pmax: int | None = None) -> None:
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
         self.bwd_lanes, self.bwd_pmin, self.bwd_warps = int(bwd_lanes), int(bwd_pmin), int(bwd_warps)
-        for name in ("fwd_lanes", "bwd_lanes", "bwd_pmin"):
+        if bwd_reduce not in ("dot", "scan"):
+            raise ValueError(f"bwd_reduce must be 'dot' or 'scan', got {bwd_reduce!r}")
+        self.bwd_reduce = bwd_reduce
+        self.bwd_pmax = int(bwd_pmax if bwd_pmax is not None else (BWD_PMAX if bwd_reduce == "dot" else 1 << 30))
+        if bwd_reduce == "dot" and (self.bwd_pmin < 16 or self.bwd_pmax < 16):
+            raise ValueError("bwd_reduce='dot' needs bwd_pmin and bwd_pmax >= 16 (tl.dot's smallest tile)")
+        for name in ("fwd_lanes", "bwd_lanes", "bwd_pmin", "bwd_pmax"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two, got {v}")
@@ -444,7 +506,9 @@ class TritonTBE(TBE):
         self._row_start_dev = torch.tensor(self._row_start[:-1], dtype=torch.int64, device=self.device)
         self._vec = 16 // self._flat.element_size()  # elements per 16-byte vector
         self._fwd_grid_cache: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
-        self._bwd_p = [_bwd_slice(d, self.bwd_lanes, self.bwd_pmin) for d in self.dims]
+        self._bwd_order = sorted(range(T), key=lambda t: (self._cls[t], t))
+        self._bwd_order_dev = torch.tensor(self._bwd_order, dtype=torch.int32, device=self.device)
+        self._bwd_p = [_bwd_slice(d, self.bwd_lanes, self.bwd_pmin, self.bwd_pmax) for d in self.dims]
         self._saved = None
         self.last_backward_stats: dict[str, int] = {}
 
@@ -505,50 +569,61 @@ class TritonTBE(TBE):
         # 1. global row and bag of every lookup
         keys = torch.empty(n, dtype=self._key_dtype, device=dev)
         segid = torch.empty(n, dtype=torch.int32, device=dev)
-        _keys_kernel[(triton.cdiv(batch, KEYS_BAGS), T)](indices, offsets, self._row_start_dev, keys, segid, batch, KB=KEYS_BAGS, num_warps=4)
+        nblk = triton.cdiv(n, KEYS_BLOCK)
+        first = torch.arange(0, nblk * KEYS_BLOCK, KEYS_BLOCK, device=dev, dtype=offsets.dtype)
+        bstart = torch.searchsorted(offsets, first, right=True) - 1  # bag of each block's first lookup
+        bstart = torch.cat([bstart, torch.full((1,), offsets.numel() - 2, dtype=bstart.dtype, device=dev)])
+        _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, n, batch, BLOCK=KEYS_BLOCK, num_warps=4)
         # 2. group by row
         keys_sorted, perm = torch.sort(keys, stable=True)
         # 3. slices of the sorted lookups, per table
         bounds_dev = offsets[::batch].to(torch.int64)  # [T+1] lookup range of each table
         bounds = bounds_dev.tolist()
         counts = [-(-(bounds[t + 1] - bounds[t]) // self._bwd_p[t]) for t in range(T)]
-        pfirst, slot_base = [0], [0]
-        for t in range(T):
-            pfirst.append(pfirst[-1] + counts[t])
-            slot_base.append(slot_base[-1] + counts[t] * self.dims[t])
-        nprog = pfirst[-1]
-        dyn_host = torch.tensor([pfirst[:-1], bounds[:-1], bounds[1:], slot_base[:-1], counts], dtype=torch.int64)
+        # slices are numbered table by table, tables grouped by dim class: one launch per class, each
+        # compiled for its own tile shape (registers are sized for the largest branch of a kernel)
+        pfirst, slot_base = [0] * T, [0] * T
+        nprog = nslot = 0
+        launches = []
+        for t in self._bwd_order:
+            if launches and launches[-1][0] == self._cls[t]:
+                launches[-1][2] += counts[t]
+            else:
+                launches.append([self._cls[t], nprog, counts[t]])
+            pfirst[t], slot_base[t] = nprog, nslot
+            nprog += counts[t]
+            nslot += counts[t] * self.dims[t]
+        dyn_host = torch.tensor([pfirst, bounds[:-1], bounds[1:], slot_base, [counts[t] for t in self._bwd_order]], dtype=torch.int64)
         dyn = dyn_host.to(dev, non_blocking=True).contiguous()
-        prog_table = torch.repeat_interleave(torch.arange(T, dtype=torch.int32, device=dev), dyn[4], output_size=nprog)
-        slot_first = torch.empty(max(slot_base[-1], 1), dtype=torch.float32, device=dev)
-        slot_last = torch.empty(max(slot_base[-1], 1), dtype=torch.float32, device=dev)
+        prog_table = torch.repeat_interleave(self._bwd_order_dev, dyn[4], output_size=nprog)
+        slot_first = torch.empty(max(nslot, 1), dtype=torch.float32, device=dev)
+        slot_last = torch.empty(max(nslot, 1), dtype=torch.float32, device=dev)
         flags = torch.empty(nprog, dtype=torch.int8, device=dev)
         adagrad = self.optimizer == "rowwise_adagrad"
         state = self._state if adagrad else self._flat  # unused pointer when SGD
-        _bwd_kernel[(nprog,)](
-            keys_sorted, perm, segid, grad, self._flat, state, slot_first, slot_last, flags,
-            self._meta, prog_table, dyn, T, n, batch, self.total_dim, self.lr, self.eps,
-            CLASSES=self._classes, LANES=self.bwd_lanes, PMIN=self.bwd_pmin, ADAGRAD=adagrad, VEC=self._vec,
-            num_warps=self.bwd_warps,
-        )
-        # 4. rows whose run crosses slices: p0 = slice where the run starts, p1 = slice where it ends
-        f = flags.to(torch.int32)
-        cross, single, head = (f & 1) != 0, (f & 2) != 0, (f & 4) != 0
-        row_begins = cross & ~(head & single)
-        p0 = torch.nonzero(row_begins).flatten()
-        nfix = p0.numel()
+        for cls, first, count in launches:
+            if count == 0:
+                continue
+            _bwd_kernel[(count,)](
+                keys_sorted, perm, segid, grad, self._flat, state, slot_first, slot_last, flags,
+                self._meta, prog_table, dyn, first, T, n, batch, self.total_dim, self.lr, self.eps,
+                CLASSES=1 << cls, LANES=self.bwd_lanes, PMIN=self.bwd_pmin, PMAX=self.bwd_pmax,
+                MINW=16 if self.bwd_reduce == "dot" else 1, ADAGRAD=adagrad, VEC=self._vec,
+                num_warps=self.bwd_warps,
+            )
+        # 4. rows whose run crosses slices: one fix-up program per slice where such a run begins
+        begins = torch.nonzero(flags >= 8).flatten()
+        nfix = begins.numel()
         self.last_backward_stats = {"lookups": n, "slices": nprog, "crossing_rows": nfix}
         if nfix == 0:
             return
-        stops = torch.nonzero(~(cross & single)).flatten()  # slices where a crossing run can end
-        p1 = stops[torch.searchsorted(stops, p0 + 1)]
-        # the run's row: key of the last lookup of slice p0
-        t0 = prog_table[p0].long()
-        p_of_t = torch.tensor(self._bwd_p, dtype=torch.int64, device=dev)[t0]
-        s_p0 = dyn[1][t0] + (p0 - dyn[0][t0]) * p_of_t
-        last = torch.minimum(s_p0 + p_of_t, dyn[2][t0]) - 1
-        fix = torch.stack([p0, p1, keys_sorted[last].long()]).contiguous()
-        _fix_kernel[(nfix,)](
-            keys_sorted, self._flat, state, slot_first, slot_last, fix, nfix, self._meta, prog_table, dyn, T, self.lr, self.eps,
-            CLASSES=self._classes, Q=FIX_Q, ADAGRAD=adagrad, num_warps=4,
-        )
+        # slices are ordered by dim class, so are the begins: one launch per class, like the backward's
+        firsts = torch.tensor([first for _, first, _ in launches], dtype=begins.dtype).to(dev, non_blocking=True)
+        cuts = torch.searchsorted(begins, firsts).tolist() + [nfix]
+        for i, (cls, _, _) in enumerate(launches):
+            if cuts[i + 1] > cuts[i]:
+                _fix_kernel[(cuts[i + 1] - cuts[i],)](
+                    keys_sorted, self._flat, state, slot_first, slot_last, flags, begins, cuts[i], self._meta, prog_table, dyn,
+                    T, nprog, self.lr, self.eps, CLASSES=1 << cls, LANES=self.bwd_lanes, PMIN=self.bwd_pmin, PMAX=self.bwd_pmax,
+                    QLANES=FIX_QLANES, ADAGRAD=adagrad, num_warps=FIX_WARPS if DP_CLASSES[cls % NUM_DP] < 128 else 4,
+                )
