@@ -491,7 +491,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
         return
     comm = load_comm_model(comm_model, dev)
     comm_info = {"latency_ms": comm.latency_ms, "bandwidth_GBps": comm.bandwidth_GBps, "serial_fraction": comm.serial_fraction,
-                 "source": f"{comm.process_group} all-to-all measured on {comm.devices} × {comm.hardware}, {comm.date}"}
+                 "source": f"{comm.process_group} all-to-all measured on {comm.hardware}, {comm.date}"}
     fitted = cal.fit(measured, kernel, comm_info)
     fitted.save(out)
     console.print(f"fitted on {fitted.fit['shards']} shards: forward MAPE {fitted.fit['fwd_mape']:.1f}%, backward {fitted.fit['bwd_mape']:.1f}%, "

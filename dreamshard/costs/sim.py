@@ -2,7 +2,8 @@
 
 What drives a fused table-batched embedding op, and the term that models it:
   - one launch (plus set-up) per shard, shared by all its tables → `launch`: fusion makes a
-    shard's cost sub-additive in its tables;
+    shard's cost sub-additive in its tables; the backward's fixed part (sort, host syncs, a few
+    launches) is paid only by a shard that has lookups at all → `active`;
   - a little scheduling work per table → `tables`;
   - per lookup: an index read and a loop trip → `lookups`;
   - gathered row bytes, in 32-byte sectors (a 4-dim fp16 row still moves 32 bytes: small dims
@@ -12,7 +13,8 @@ What drives a fused table-batched embedding op, and the term that models it:
   - pooled output written (`out_bytes`);
   - backward: gradient rows read once per lookup (`grad_bytes`), then one read-modify-write of
     each touched row and its optimizer state (`update_bytes`); sorting lookups by row scales with
-    `lookups`.
+    `lookups`; reduction of repeated rows (`warm_bytes`, `hot_bytes`: rows hit by many lookups
+    are reduced across slices and fixed up).
 Each component is a non-negative linear combination of these terms, fitted per hardware and
 kernel by `dreamshard calibrate` (NNLS on relative error). A shard too small to fill the GPU is
 bounded below by `launch`. The all-to-all is t = latency + max(sent, received) / bandwidth per
@@ -35,8 +37,8 @@ from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.tables import NUM_BINS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
-BWD_TERMS = ("launch", "tables", "lookups", "grad_bytes", "update_bytes", "out_bytes")
-TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes")
+BWD_TERMS = ("active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
+TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes")
 SECTOR = 32  # bytes per DRAM/L2 transaction
 DEFAULT_CALIBRATION = "h200_triton.json"
 
@@ -87,7 +89,7 @@ class Calibration:
 
 
 def table_terms(tables: Sequence[TableSpec], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
-    """[T, len(TERMS)] per-table terms; a shard's terms are their sum (launch: 1 per non-empty shard)."""
+    """[T, len(TERMS)] per-table terms; a shard's terms are their sum (launch, active: set per shard)."""
     n = len(tables)
     out = np.zeros((n, len(TERMS)))
     if n == 0:
@@ -173,6 +175,7 @@ class SimBackend(CostBackend):
             shard[:, j] = np.bincount(flat, weights=np.broadcast_to(P[:, j], (N, T)).ravel(), minlength=N * devices)
         nonempty = shard[:, TERMS.index("tables")] > 0
         shard[:, TERMS.index("launch")] = nonempty
+        shard[:, TERMS.index("active")] = shard[:, TERMS.index("lookups")] > 0
         fwd = np.where(nonempty, shard @ self._fwd, 0.0)
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
         dims = np.array([t.dim for t in tables], dtype=np.float64)
@@ -225,9 +228,10 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> dict
 
 
 def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
-    """[S, len(TERMS)]: each shard's summed terms (launch = 1)."""
+    """[S, len(TERMS)]: each shard's summed terms (launch = 1, active = has lookups)."""
     X = np.array([table_terms(s, batch_size, precision, optimizer).sum(axis=0) for s in shards])
     X[:, TERMS.index("launch")] = 1.0
+    X[:, TERMS.index("active")] = X[:, TERMS.index("lookups")] > 0
     return X
 
 
