@@ -51,19 +51,29 @@ DEFAULT_CHUNKS = {
 SKEW = 4  # skewed exchange: rank 0's chunks are SKEW × the others'
 
 
+def alltoall_bytes_array(dim_sums: np.ndarray, batch_size: int, elt: int) -> tuple[np.ndarray, np.ndarray]:
+    """(send, recv) bytes of the forward all-to-all for dim sums of shape [..., D] (batched).
+
+    Own slices are excluded, so one device moves nothing. The simulator costs thousands of
+    placements at once through this; ``alltoall_bytes`` is the one-placement view of it.
+    """
+    dim_sums = np.asarray(dim_sums, dtype=np.float64)
+    D = dim_sums.shape[-1]
+    send = batch_size * dim_sums * elt * (D - 1) / D
+    recv = (batch_size / D) * (dim_sums.sum(axis=-1, keepdims=True) - dim_sums) * elt
+    return send, recv
+
+
 def alltoall_bytes(dim_sums: Sequence[int], batch_size: int, elt: int) -> tuple[list[float], list[float]]:
     """(send[D], recv[D]) bytes of the *forward* all-to-all of pooled outputs; backward = reversed.
 
     ``dim_sums[d]`` is the sum of the dims of the tables on device d, ``elt`` the bytes per
     element of the outputs (2 for fp16). Own slices are excluded.
     """
-    D = len(dim_sums)
-    if D == 0:
+    if len(dim_sums) == 0:
         return [], []
-    total = float(sum(dim_sums))
-    send = [batch_size * s * elt * (D - 1) / D for s in dim_sums]
-    recv = [batch_size / D * (total - s) * elt for s in dim_sums]
-    return send, recv
+    send, recv = alltoall_bytes_array(np.array(dim_sums), batch_size, elt)
+    return send.tolist(), recv.tolist()
 
 
 @dataclass

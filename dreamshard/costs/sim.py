@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
+from dreamshard.costs.comm import alltoall_bytes_array
 from dreamshard.tables import NUM_BINS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
@@ -131,21 +132,6 @@ def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
     return fwd, bwd
 
 
-def alltoall_bytes(dim_sums: np.ndarray, batch_size: int, elt: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-device bytes sent and received in the forward all-to-all ([..., D] dim sums).
-
-    Device d sends its pooled columns of the other devices' samples, B·Σdim(d)·elt·(D−1)/D,
-    and receives its B/D samples' columns of every other device's tables. The backward
-    all-to-all moves the same bytes the other way (sent ↔ received).
-    """
-    D = dim_sums.shape[-1]
-    if D == 1:
-        return np.zeros_like(dim_sums, dtype=np.float64), np.zeros_like(dim_sums, dtype=np.float64)
-    sent = batch_size * dim_sums * elt * (D - 1) / D
-    recv = (batch_size / D) * (dim_sums.sum(axis=-1, keepdims=True) - dim_sums) * elt
-    return sent.astype(np.float64), recv.astype(np.float64)
-
-
 class SimBackend(CostBackend):
     """Analytic cost surface fitted to real measurements; answers in microseconds."""
 
@@ -180,7 +166,7 @@ class SimBackend(CostBackend):
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
         dims = np.array([t.dim for t in tables], dtype=np.float64)
         dim_sums = np.bincount(flat, weights=np.broadcast_to(dims, (N, T)).ravel(), minlength=N * devices).reshape(N, devices)
-        sent, recv = alltoall_bytes(dim_sums, batch_size, PRECISION_BYTES[precision])
+        sent, recv = alltoall_bytes_array(dim_sums, batch_size, PRECISION_BYTES[precision])
         out = np.empty((N, devices, 4))
         out[..., 0] = fwd.reshape(N, devices)
         out[..., 1] = self._comm(sent, recv)
