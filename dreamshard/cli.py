@@ -567,7 +567,7 @@ def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
 @click.option("--devices", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--tables", "n_tables", default=80, show_default=True, type=click.IntRange(1), help="tables per task")
 def demo(workdir: str, devices: int, n_tables: int) -> None:
-    """Synthesize the DLRM-like pool, draw a task, plan it with every heuristic, compare."""
+    """Synthesize the DLRM-like pool, draw a held-out task, plan it with every planner, compare."""
     from dreamshard.planners import get_planner
     from dreamshard.synth import PoolConfig, load_pool, synth_pool, write_pool
     from dreamshard.tasks import sample_tasks, split_pool
@@ -587,8 +587,8 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
 
     sim = SimBackend()
     results = []
-    for name in ("random", "size", "dim", "lookup", "size_lookup"):
-        plan = get_planner(name).plan(task)
+    for name in ("random", "size", "dim", "lookup", "size_lookup", "dreamshard"):
+        plan = get_planner(name).plan(task)  # dreamshard: the shipped model, trained on the pool's train tables
         report = sim.evaluate(plan.shards(), 65_536, task.precision, task.optimizer)
         results.append((name, report))
         console.print(device_summary(plan, f"planner {name}: cost {report.overall_ms:.3f} ms", report))

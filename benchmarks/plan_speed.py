@@ -1,0 +1,74 @@
+"""How long `--planner dreamshard` takes to plan 200 tables on 8 devices, on one CPU core.
+
+    python benchmarks/plan_speed.py [--model MODEL.pt] [--pool DIR] [--repeats 30]
+
+The whole `planner.plan(task)` call is timed (features, table order, the greedy and sampled
+episodes, picking the best, the Plan with its predictions), after warm-up runs. One core: the
+process is pinned to one CPU where the OS allows it, and torch and the BLAS libraries are held to
+one thread. Target (issue 5): ≤ 50 ms.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before numpy/torch load: their thread pools read these once.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="model file (default: the shipped H200 model)")
+    ap.add_argument("--pool", help="pool directory with tables.csv (default: synthesize 200 tables, seed 0)")
+    ap.add_argument("--tables", type=int, default=200)
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=30)
+    args = ap.parse_args()
+    try:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        pinned = "pinned to one core"
+    except (AttributeError, OSError):
+        pinned = "not pinned"
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    from dreamshard.costs.hardware import cpu_model
+    from dreamshard.planners.dreamshard import DreamShardPlanner
+    from dreamshard.tasks import Task
+
+    if args.pool:
+        from dreamshard.synth import load_pool
+
+        pool = load_pool(args.pool)
+    else:
+        from dreamshard.synth import PoolConfig, synth_pool
+
+        pool = synth_pool(PoolConfig(tables=args.tables, seed=0))
+    rng = np.random.default_rng(0)
+    tables = [pool[i] for i in sorted(rng.choice(len(pool), args.tables, replace=False))]
+    task = Task(tables, args.devices, 80 * 10**9)
+    print(f"{args.tables} tables on {args.devices} devices; CPU: {cpu_model()} ({pinned}, 1 thread); torch {torch.__version__}, Python {platform.python_version()}")
+    for best_of in (None, 1):
+        planner = DreamShardPlanner(args.model, best_of=best_of)
+        for _ in range(3):
+            planner.plan(task)
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            plan = planner.plan(task)
+            times.append((time.perf_counter() - t0) * 1000)
+        times.sort()
+        label = f"best of {planner.best_of}" + (" (the model's setting)" if best_of is None else " (greedy)")
+        verdict = "OK" if statistics.median(times) <= 50 else "OVER 50 ms"
+        print(f"{label:>32}: median {statistics.median(times):6.1f} ms, min {times[0]:6.1f}, p90 {times[int(0.9 * len(times)) - 1]:6.1f}  [{verdict}]  predicted {plan.predicted['max_device_ms']:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

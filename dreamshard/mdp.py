@@ -1,0 +1,300 @@
+"""The estimated MDP (DESIGN.md §2), batched over many episodes at once.
+
+An episode places the tables of one task one at a time, in descending order of the cost net's
+predicted single-table cost (fwd + bwd + comm of a shard holding only that table). The state is
+the shards so far; an action is a device that still has memory for the table; the only reward is
+at the end: minus the cost net's predicted overall cost. No cost backend is touched.
+
+All E episodes of a batch advance together: step k places the k-th table of every episode with a
+handful of tensor operations, so the Python loop runs T times (tables), never E × T. Episodes of
+different tasks are padded to the largest table and device counts: padding tables come last in
+the order and are skipped; padding devices are never legal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from dreamshard.nets import CostNet, PolicyNet, table_features
+from dreamshard.tasks import Task
+
+
+@dataclass
+class Prepared:
+    """What the MDP needs of one task, computed once: features, bytes, devices, memory cap."""
+
+    x: np.ndarray  # [T, F] float32
+    sizes: np.ndarray  # [T] int64 bytes on a device
+    devices: int
+    cap: int
+
+
+def prepare(task: Task, normalization: str, linear_features: bool = False) -> Prepared:
+    sizes = np.array([t.bytes(task.precision, task.optimizer) for t in task.tables], np.int64)
+    return Prepared(table_features(task.tables, normalization, linear_features, task.precision), sizes, task.devices, task.max_memory_bytes)
+
+
+@dataclass
+class EpisodeBatch:
+    x: torch.Tensor  # [E, T, F]
+    sizes: torch.Tensor  # [E, T] int64
+    table_mask: torch.Tensor  # [E, T] bool: a real table
+    device_mask: torch.Tensor  # [E, D] bool: a real device
+    cap: torch.Tensor  # [E] int64
+
+    @staticmethod
+    def of(items: list[Prepared]) -> "EpisodeBatch":
+        E, T, D = len(items), max(len(p.sizes) for p in items), max(p.devices for p in items)
+        x = np.zeros((E, T, items[0].x.shape[1]), np.float32)
+        sizes = np.zeros((E, T), np.int64)
+        tmask = np.zeros((E, T), bool)
+        dmask = np.zeros((E, D), bool)
+        for i, p in enumerate(items):
+            n = len(p.sizes)
+            x[i, :n], sizes[i, :n], tmask[i, :n], dmask[i, : p.devices] = p.x, p.sizes, True, True
+        cap = torch.tensor([p.cap for p in items], dtype=torch.int64)
+        return EpisodeBatch(torch.from_numpy(x), torch.from_numpy(sizes), torch.from_numpy(tmask), torch.from_numpy(dmask), cap)
+
+
+@dataclass
+class Rollout:
+    placement: torch.Tensor  # [E, T] device per table (task order); -1 for padding / unplaced
+    log_prob: torch.Tensor  # [E, T] log π(action) per step (placement order); 0 where no decision
+    entropy: torch.Tensor  # [E, T] entropy of π per step
+    decided: torch.Tensor  # [E, T] bool: this step placed a real table
+    stuck: torch.Tensor  # [E] bool: a table found no device with room (episode incomplete)
+    device_costs: torch.Tensor  # [E, D, 3] predicted (fwd_comp, bwd_comp, comm), units
+    overall: torch.Tensor  # [E] predicted overall cost, units (reward = -overall)
+
+
+def table_order(cost_net: CostNet, cenc: torch.Tensor, table_mask: torch.Tensor) -> torch.Tensor:
+    """[E, T] table indices, most expensive first by predicted single-table cost; padding last."""
+    single = cost_net.shard_costs(cenc).sum(-1).masked_fill(~table_mask, float("-inf"))
+    return torch.argsort(single, dim=1, descending=True, stable=True)
+
+
+def remaining_max(sizes_o: torch.Tensor) -> torch.Tensor:
+    """[E, T] → [E, T]: the largest table still to come after each step (0 after the last)."""
+    after = torch.cat([sizes_o[:, 1:], torch.zeros_like(sizes_o[:, :1])], dim=1)
+    return after.flip(1).cummax(1).values.flip(1)
+
+
+def keeps_room(free: torch.Tensor, size: torch.Tensor, fits: torch.Tensor, largest_next: torch.Tensor) -> torch.Tensor:
+    """Of the devices that fit the table, those after which the largest table still to come
+    fits somewhere. Where none qualifies, every fitting device stays legal.
+
+    free [E, D] (-1 on padding devices), size / largest_next [E], fits [E, D] → [E, D] bool.
+    """
+    top = free.topk(min(2, free.shape[1]), dim=1)
+    first = top.values[:, 0:1]
+    second = top.values[:, 1:2] if free.shape[1] > 1 else torch.full_like(first, -1)
+    # the most free memory on the *other* devices: the runner-up for the device that has the most
+    others = torch.where(torch.arange(free.shape[1]).unsqueeze(0) == top.indices[:, 0:1], second, first)
+    ok = fits & (torch.maximum(others, free - size.unsqueeze(1)) >= largest_next.unsqueeze(1))
+    return torch.where(ok.any(1, keepdim=True), ok, fits)
+
+
+def rollout(
+    cost_net: CostNet,
+    policy: PolicyNet,
+    batch: EpisodeBatch,
+    greedy: bool | torch.Tensor = False,
+    generator: torch.Generator | None = None,
+    keep_room: bool = False,
+) -> Rollout:
+    """Play every episode of `batch` to the end with `policy` on the cost net's MDP.
+
+    `greedy` (bool or [E] bool): argmax instead of sampling. Gradients flow into the policy only
+    (log-probs, entropy); everything the cost net computes is detached, as in the reference.
+    `keep_room` (our change): a device is legal only if, after the table, the largest table
+    still to come fits somewhere (`keeps_room`) — the reference's memory check alone lets a
+    policy fill every device and strand a big table, and the episode has no valid end.
+    """
+    E, T = batch.sizes.shape
+    D = batch.device_mask.shape[1]
+    greedy = torch.as_tensor(greedy, dtype=torch.bool).expand(E)
+    with torch.no_grad():
+        cenc = cost_net.encode(batch.x)  # [E, T, H]
+        order = table_order(cost_net, cenc, batch.table_mask)
+    penc = policy.encode(batch.x)
+
+    def in_order(t: torch.Tensor) -> torch.Tensor:
+        idx = order if t.dim() == 2 else order.unsqueeze(-1).expand(-1, -1, t.shape[-1])
+        return t.gather(1, idx)
+
+    cenc_o, penc_o, sizes_o, valid_o = in_order(cenc), in_order(penc), in_order(batch.sizes), in_order(batch.table_mask)
+    largest_next = remaining_max(sizes_o)
+    used = torch.zeros(E, D, dtype=torch.int64)  # bytes on each device
+    csum = torch.zeros(E, D, cenc.shape[-1])  # cost-net shard vectors (no grad)
+    psum = torch.zeros(E, D, penc.shape[-1])  # policy shard vectors (grad)
+    stuck = torch.zeros(E, dtype=torch.bool)
+    actions, log_probs, entropies, decided = [], [], [], []
+    first_device = F.one_hot(torch.zeros(E, dtype=torch.long), D).bool()
+    for k in range(T):
+        legal = batch.device_mask & (used + sizes_o[:, k : k + 1] <= batch.cap.unsqueeze(1))
+        if keep_room:
+            free = torch.where(batch.device_mask, batch.cap.unsqueeze(1) - used, torch.full_like(used, -1))
+            legal = keeps_room(free, sizes_o[:, k], legal, largest_next[:, k])
+        stuck = stuck | (valid_o[:, k] & ~legal.any(1))
+        active = valid_o[:, k] & ~stuck
+        # Rows with nothing to decide get a dummy legal device so the softmax stays finite.
+        legal = torch.where(active.unsqueeze(1), legal, first_device)
+        with torch.no_grad():
+            costs = cost_net.shard_costs(csum)
+            after = cost_net.shard_costs(csum + cenc_o[:, k].unsqueeze(1)) if policy.sees_table else None
+        logits = policy.logits(psum, costs, after, penc_o[:, k] if policy.sees_table else None)
+        logits = logits.masked_fill(~legal, float("-inf"))
+        logp = torch.log_softmax(logits, dim=1)
+        # Gumbel-max: one draw from softmax(logits) per row, reproducible through `generator`.
+        u = torch.rand(E, D, generator=generator).clamp_(1e-10, 1.0)
+        noisy = torch.where(greedy.unsqueeze(1), logits, logits.detach() - torch.log(-torch.log(u)))
+        a = noisy.argmax(1)
+        p = logp.exp()
+        entropies.append(-(p * logp.masked_fill(~legal, 0.0)).sum(1) * active)
+        log_probs.append(logp.gather(1, a.unsqueeze(1)).squeeze(1) * active)
+        decided.append(active)
+        actions.append(torch.where(active, a, torch.full_like(a, -1)))
+        onehot = F.one_hot(a, D) * active.unsqueeze(1)
+        used = used + onehot * sizes_o[:, k : k + 1]
+        csum = csum + onehot.unsqueeze(-1) * cenc_o[:, k].unsqueeze(1)
+        psum = psum + onehot.unsqueeze(-1) * penc_o[:, k].unsqueeze(1)
+    if T:
+        placed_o = torch.stack(actions, 1)
+        log_prob, entropy, dec = torch.stack(log_probs, 1), torch.stack(entropies, 1), torch.stack(decided, 1)
+    else:
+        placed_o = torch.zeros(E, 0, dtype=torch.long)
+        log_prob = entropy = torch.zeros(E, 0)
+        dec = torch.zeros(E, 0, dtype=torch.bool)
+    placement = torch.full((E, T), -1, dtype=torch.long).scatter(1, order, placed_o)
+    with torch.no_grad():
+        device_costs = cost_net.shard_costs(csum) * batch.device_mask.unsqueeze(-1)
+        overall = cost_net.overall(csum, batch.device_mask)
+    return Rollout(placement, log_prob, entropy, dec, stuck, device_costs, overall)
+
+
+def predict(cost_net: CostNet, batch: EpisodeBatch, placement: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cost net's (per-device costs [E, D, 3], overall [E]) for given placements, in units."""
+    with torch.no_grad():
+        costs, overall = cost_net(batch.x, placement, batch.device_mask)
+    return costs * batch.device_mask.unsqueeze(-1), overall
+
+
+# --------------------------------------------------------------------------------------------
+# Inference: the same MDP in NumPy, incrementally
+# --------------------------------------------------------------------------------------------
+#
+# Planning must take milliseconds (200 tables on 8 devices ≤ 50 ms on one core), and at one
+# episode torch's per-operation overhead dominates: the loop above spends ~0.7 ms per step. The
+# nets' first layers are linear in the shard sums, so their pre-activations can be *accumulated*
+# per device as tables arrive (one row added per step) instead of recomputed, and only the
+# device that just received a table needs its costs recomputed. `tests/test_dreamshard.py`
+# checks this path against `rollout` (same greedy placements and predicted costs).
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(np.float32)
+
+
+
+
+class FastPlayer:
+    """Plays K episodes of one task at once with a frozen cost net and policy, in NumPy."""
+
+    def __init__(self, cost_net: CostNet, policy: PolicyNet, keep_room: bool = False):
+        self.cost_net, self.policy, self.keep_room = cost_net, policy, keep_room
+        heads = cost_net.heads
+        # three heads fused: first layers side by side [H, 3·64], second layers block-diagonal [3·64, 3]
+        self.W1 = np.concatenate([_np(h[0].weight).T for h in heads], axis=1)
+        self.b1 = np.concatenate([_np(h[0].bias) for h in heads])
+        hid = heads[0][0].out_features
+        self.W2 = np.zeros((3 * hid, 3), np.float32)
+        for i, h in enumerate(heads):
+            self.W2[i * hid : (i + 1) * hid, i] = _np(h[2].weight)[0]
+        self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
+        self.W2blk = np.stack([_np(h[2].weight)[0] for h in heads])  # [3, 64]
+        self.ce = [(_np(m.weight).T, _np(m.bias)) for m in policy.cost_encoder if isinstance(m, torch.nn.Linear)]
+        latent = policy.encoder[-2].out_features
+        if policy.sees_table:
+            W = _np(policy.head[0].weight).T  # [3·latent, hidden]: rows for shard, cost latent, table
+            self.Wa, self.Wb, self.Wc = W[:latent], W[latent : 2 * latent], W[2 * latent :]
+            self.bh = _np(policy.head[0].bias)
+            self.wh2, self.bh2 = _np(policy.head[2].weight)[0], float(policy.head[2].bias.detach())
+        else:
+            w = _np(policy.head.weight)[0]
+            self.Wa, self.Wb = w[:latent, None], w[latent:, None]
+            self.bh = float(policy.head.bias.detach())
+        ov = cost_net.overall_head
+        self.Wo1, self.bo1, self.wo2, self.bo2 = _np(ov[0].weight).T, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
+
+    def _costs(self, pre: np.ndarray) -> np.ndarray:
+        """Heads on pre-activations that already include the first-layer bias (block-diagonal
+        second layer as one einsum: a [.., 192] @ [192, 3] matmul is 2-3x slower at these sizes)."""
+        h = np.maximum(pre, 0.0)
+        return np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, self.W2blk.shape[1]), self.W2blk) + self.b2
+
+    def play(self, p: Prepared, greedy: np.ndarray, rng: np.random.Generator | None = None):
+        """(placement [K, T], stuck [K], device costs [K, D, 3] units, overall [K] units)."""
+        K, T, D = len(greedy), len(p.sizes), p.devices
+        # Per-table work in torch (one matmul per layer over all T tables); NumPy's BLAS wakes
+        # its thread pool for matrices this size, which costs more than the maths on a busy CPU.
+        with torch.inference_mode():
+            x = torch.from_numpy(p.x)
+            cenc, penc = self.cost_net.encode(x), self.policy.encode(x)
+            P = cenc @ torch.from_numpy(self.W1)  # [T, 3·64] the cost heads' pre-activations
+            Q = penc @ torch.from_numpy(self.Wa)  # [T, hidden] (or [T, 1]): the policy head's shard term
+            rows = torch.cat([P, cenc, Q], dim=1).numpy()  # what a table adds to its device's state
+            R = (penc @ torch.from_numpy(self.Wc)).numpy() if self.policy.sees_table else None
+        nP, nC = P.shape[1], cenc.shape[1]
+        order = np.argsort(-self._costs(rows[:, :nP] + self.b1).sum(-1), kind="stable")
+        # Per-device state, one array so a placement is one row addition: cost-head
+        # pre-activations (with bias), cost-net shard vector, policy-head shard term (with bias).
+        state = np.zeros((K, D, rows.shape[1]), np.float32)
+        state[..., :nP] = self.b1
+        state[..., nP + nC :] = self.bh
+        S, csum, hq = state[..., :nP], state[..., nP : nP + nC], state[..., nP + nC :]
+        costs = self._costs(S)  # [K, D, 3]: only the device that gets a table changes
+        (w1, b1), (w2, b2) = self.ce
+        w1c, w1a = w1[:3], w1[3:]  # the cost encoder's first layer: current costs | costs after
+        cw = costs @ w1c + b1
+        used = np.zeros((K, D), np.int64)
+        placement = np.full((K, T), -1, np.int64)
+        stuck = np.zeros(K, bool)
+        ks = np.arange(K)
+        sample = ~np.asarray(greedy, bool)
+        noise = np.zeros((T, K, D), np.float32)  # Gumbel-max sampling, all draws at once
+        if sample.any():
+            noise[:, sample] = -np.log(-np.log(np.clip(rng.random((T, int(sample.sum()), D), dtype=np.float32), 1e-10, 1.0)))
+        sizes = p.sizes[order]
+        largest_next = np.maximum.accumulate(np.append(sizes[1:], 0)[::-1])[::-1]
+        for step, t in enumerate(order):
+            legal = used + sizes[step] <= p.cap
+            if self.keep_room and D > 1:  # as `keeps_room`
+                free = p.cap - used
+                top = np.argmax(free, axis=1)
+                part = np.partition(free, D - 2, axis=1)
+                others = np.where(np.arange(D) == top[:, None], part[:, D - 2 : D - 1], part[:, D - 1 :])
+                ok = legal & (np.maximum(others, free - sizes[step]) >= largest_next[step])
+                legal = np.where(ok.any(1, keepdims=True), ok, legal)
+            stuck |= ~legal.any(1)
+            if self.policy.sees_table:
+                after = self._costs(S + rows[t, :nP])
+                c = np.maximum(np.maximum(cw + after @ w1a, 0.0) @ w2 + b2, 0.0)
+                logits = np.maximum(hq + c @ self.Wb + R[t], 0.0) @ self.wh2
+            else:
+                c = np.maximum(np.maximum(cw, 0.0) @ w2 + b2, 0.0)
+                logits = (hq + c @ self.Wb)[..., 0]
+            a = np.where(legal, logits + noise[step], -np.inf).argmax(1)
+            k = ks[~stuck] if stuck.any() else ks
+            a = a[k]
+            placement[k, t] = a
+            used[k, a] += sizes[step]
+            state[k, a] += rows[t]
+            costs[k, a] = self._costs(S[k, a])
+            cw[k, a] = costs[k, a] @ w1c + b1
+        z = csum.max(axis=1)
+        overall = np.maximum(z @ self.Wo1 + self.bo1, 0.0) @ self.wo2 + self.bo2
+        return placement, stuck, costs, overall

@@ -1,0 +1,309 @@
+"""DreamShard: the nets' invariances, the batched MDP, checkpoints, and a short real training run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dreamshard.costs.sim import SimBackend
+from dreamshard.mdp import EpisodeBatch, FastPlayer, prepare, rollout
+from dreamshard.nets import CostNet, DreamShardModel, PolicyNet, plan_cost
+from dreamshard.planners import get_planner
+from dreamshard.synth import PoolConfig, synth_pool
+from dreamshard.tables import NUM_FEATURES, TableSpec
+from dreamshard.tasks import Task, sample_tasks, save_tasks, split_pool
+from dreamshard.training import Config, get_config, measure, train
+
+HEURISTICS = ["random", "size", "dim", "lookup", "size_lookup"]
+
+
+def canonical(placement) -> list[int]:
+    """Devices relabelled in order of first use: empty devices tie exactly, and which of them a
+    float argmax picks may differ with the tensor shapes; the placements are the same up to that."""
+    names: dict[int, int] = {}
+    return [names.setdefault(int(d), len(names)) if d >= 0 else -1 for d in placement]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return synth_pool(PoolConfig(tables=200, seed=0))
+
+
+def small_config(**kw) -> Config:
+    base = dict(iterations=3, measurements_per_iteration=3, cost_steps=10, cost_batch=8, rl_batches=2, rl_tasks_per_batch=2, rl_episodes_per_task=3, best_of=4)
+    return get_config("default", **{**base, **kw})
+
+
+# --------------------------------------------------------------------------------------------
+# nets
+# --------------------------------------------------------------------------------------------
+
+
+def test_cost_net_is_invariant_to_table_order_and_device_labels():
+    torch.manual_seed(0)
+    net = CostNet()
+    E, T, D = 3, 11, 4
+    x = torch.rand(E, T, NUM_FEATURES)
+    placement = torch.randint(0, D, (E, T))
+    mask = torch.ones(E, D, dtype=torch.bool)
+    costs, overall = net(x, placement, mask)
+    perm = torch.randperm(T)
+    costs_t, overall_t = net(x[:, perm], placement[:, perm], mask)
+    assert torch.allclose(costs, costs_t, atol=1e-5) and torch.allclose(overall, overall_t, atol=1e-5)
+    relabel = torch.randperm(D)  # device d becomes relabel[d]
+    costs_d, overall_d = net(x, relabel[placement], mask)
+    assert torch.allclose(costs_d[:, relabel], costs, atol=1e-5) and torch.allclose(overall_d, overall, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,D", [(1, 1), (5, 7), (150, 64)])
+def test_nets_take_any_table_and_device_count_and_ignore_padding(T, D):
+    torch.manual_seed(1)
+    net, policy = CostNet(), PolicyNet(sees_table=True)
+    x = torch.rand(1, T, NUM_FEATURES)
+    placement = torch.randint(0, D, (1, T))
+    costs, overall = net(x, placement, torch.ones(1, D, dtype=torch.bool))
+    assert costs.shape == (1, D, 3) and overall.shape == (1,) and torch.isfinite(costs).all()
+    # the same placement padded with 3 phantom tables (placement -1) and 2 phantom devices
+    xp = torch.cat([x, torch.rand(1, 3, NUM_FEATURES)], 1)
+    pp = torch.cat([placement, torch.full((1, 3), -1)], 1)
+    mp = torch.cat([torch.ones(1, D, dtype=torch.bool), torch.zeros(1, 2, dtype=torch.bool)], 1)
+    costs_p, overall_p = net(xp, pp, mp)
+    assert torch.allclose(costs_p[:, :D], costs, atol=1e-5) and torch.allclose(overall_p, overall, atol=1e-5)
+    z = policy.encode(x).sum(1, keepdim=True).expand(1, D, -1)
+    logits = policy.logits(z, costs, costs, policy.encode(x)[:, 0])
+    assert logits.shape == (1, D)
+
+
+@pytest.mark.parametrize("sees_table", [False, True])
+def test_policy_logits_follow_the_devices(sees_table):
+    torch.manual_seed(2)
+    policy = PolicyNet(sees_table)
+    z, c, a, t = torch.rand(2, 6, 32), torch.rand(2, 6, 3), torch.rand(2, 6, 3), torch.rand(2, 32)
+    perm = torch.randperm(6)
+    logits = policy.logits(z, c, a, t)
+    assert torch.allclose(policy.logits(z[:, perm], c[:, perm], a[:, perm], t), logits[:, perm], atol=1e-6)
+
+
+def test_plan_cost_scores():
+    dev = torch.tensor([[[1.0, 2.0, 0.5], [0.1, 0.1, 0.1]]])
+    assert float(plan_cost(dev, torch.tensor([9.0]), "max_device")[0]) == pytest.approx(3.5)
+    assert float(plan_cost(dev, torch.tensor([9.0]), "overall")[0]) == 9.0
+    assert float(plan_cost(dev.numpy(), np.array([9.0]), "max_device")[0]) == pytest.approx(3.5)
+
+
+# --------------------------------------------------------------------------------------------
+# the estimated MDP
+# --------------------------------------------------------------------------------------------
+
+
+@st.composite
+def small_tasks(draw):
+    n = draw(st.integers(1, 9))
+    tables = [TableSpec(f"t{i}", draw(st.integers(1, 4000)), draw(st.sampled_from([4, 16, 64])), draw(st.floats(0, 30))) for i in range(n)]
+    devices = draw(st.integers(1, 4))
+    total = sum(t.bytes() for t in tables)
+    cap = draw(st.integers(max(max(t.bytes() for t in tables), total // devices), total + 1))
+    return Task(tables, devices, cap)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(small_tasks(), min_size=1, max_size=4), st.integers(0, 2**16), st.booleans())
+def test_mdp_never_exceeds_memory(tasks, seed, keep_room):
+    torch.manual_seed(3)
+    model = DreamShardModel.create(True, "fixed")
+    items = [prepare(t, "fixed") for t in tasks for _ in range(5)]
+    with torch.no_grad():
+        ro = rollout(model.cost_net, model.policy, EpisodeBatch.of(items), generator=torch.Generator().manual_seed(seed), keep_room=keep_room)
+    for e, task in enumerate(t for t in tasks for _ in range(5)):
+        placement = ro.placement[e, : len(task.tables)].numpy()
+        used = np.zeros(task.devices, np.int64)
+        for table, d in zip(task.tables, placement):
+            if d >= 0:
+                assert d < task.devices
+                used[d] += table.bytes()
+        assert (used <= task.max_memory_bytes).all()
+        assert bool(ro.stuck[e]) == bool((placement < 0).any())  # complete unless it ran out of memory
+        assert (ro.placement[e, len(task.tables) :] == -1).all()  # padding tables never placed
+
+
+def test_keep_room_does_not_strand_the_big_table():
+    # 2 devices of 3200 B; four 800 B tables and one of 2400 B: fits only if the small ones
+    # leave 2400 B free on one device. Sampled episodes strand it without the look-ahead.
+    tables = [TableSpec(f"s{i}", 100, 4, 1.0 + i) for i in range(4)] + [TableSpec("big", 300, 4, 0.5)]
+    task = Task(tables, 2, 3200)
+    torch.manual_seed(6)
+    model = DreamShardModel.create(True, "fixed")
+    batch = EpisodeBatch.of([prepare(task, "fixed")] * 200)
+    with torch.no_grad():
+        free = rollout(model.cost_net, model.policy, batch, generator=torch.Generator().manual_seed(0))
+        safe = rollout(model.cost_net, model.policy, batch, generator=torch.Generator().manual_seed(0), keep_room=True)
+    assert free.stuck.any() and not safe.stuck.any()
+
+
+def test_batched_episodes_equal_one_at_a_time(pool):
+    torch.manual_seed(4)
+    model = DreamShardModel.create(True, "fixed")
+    tasks = [Task(pool[:7], 3, 10**12), Task(pool[10:40], 8, 10**12), Task(pool[50:52], 1, 10**12), Task(pool[60:75], 5, 10**12)]
+    items = [prepare(t, "fixed") for t in tasks]
+    with torch.no_grad():
+        together = rollout(model.cost_net, model.policy, EpisodeBatch.of(items), greedy=True)
+        for e, p in enumerate(items):
+            alone = rollout(model.cost_net, model.policy, EpisodeBatch.of([p]), greedy=True)
+            T, D = len(p.sizes), p.devices
+            assert canonical(together.placement[e, :T]) == canonical(alone.placement[0])
+            assert torch.allclose(together.log_prob[e].sum(), alone.log_prob[0].sum(), atol=1e-5)
+            assert torch.allclose(together.overall[e], alone.overall[0], atol=1e-5)
+            assert torch.allclose(together.device_costs[e, :D].sort(0).values, alone.device_costs[0].sort(0).values, atol=1e-5)
+
+
+@pytest.mark.parametrize("sees_table,keep_room", [(False, False), (True, False), (True, True)])
+def test_fast_player_plays_the_same_episodes(pool, sees_table, keep_room):
+    torch.manual_seed(5)
+    model = DreamShardModel.create(sees_table, "fixed")
+    player = FastPlayer(model.cost_net, model.policy, keep_room)
+    for task in (Task(pool[:40], 8, 10**12), Task(pool[100:103], 2, 10**12), Task(pool[40:90], 4, 2 * 10**9), Task(pool[90:120], 3, 10**9)):
+        p = prepare(task, "fixed")
+        with torch.no_grad():
+            ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([p]), greedy=True, keep_room=keep_room)
+        placement, stuck, costs, overall = player.play(p, np.array([True]))
+        assert bool(stuck[0]) == bool(ro.stuck[0])
+        assert canonical(placement[0]) == canonical(ro.placement[0])
+        assert np.allclose(np.sort(costs[0], axis=0), np.sort(ro.device_costs[0].numpy(), axis=0), atol=1e-4)
+        assert overall[0] == pytest.approx(float(ro.overall[0]), abs=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# training loop: checkpoints and resume
+# --------------------------------------------------------------------------------------------
+
+
+def test_resume_after_a_kill_continues_exactly(pool, tmp_path):
+    train_half, _ = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 6, (8, 14), 3, 10**12, seed=0)
+    sim, cfg = SimBackend(), small_config(iterations=3)
+    straight = train(cfg, tasks, sim, tmp_path / "a.pt", log=tmp_path / "a.jsonl", progress=False)
+    # "killed" after 1 iteration, then after 1 more, then finished
+    train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, stop_after=1)
+    assert not (tmp_path / "b.pt").exists() and (tmp_path / "b.pt.ckpt").exists()
+    train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, resume=True, stop_after=1)
+    resumed = train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, resume=True)
+    for a, b in ((straight.cost_net, resumed.cost_net), (straight.policy, resumed.policy)):
+        for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(va, vb), k
+    strip = lambda path: [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in path.read_text().splitlines()]
+    assert strip(tmp_path / "a.jsonl") == strip(tmp_path / "b.jsonl")
+    assert [r["iteration"] for r in strip(tmp_path / "b.jsonl")] == [0, 1, 2]
+    loaded = DreamShardModel.load(tmp_path / "b.pt")
+    assert loaded.meta["measurements"] == 9 and (tmp_path / "b.pt").stat().st_size < 2_000_000
+    with pytest.raises(ValueError, match="options differ"):
+        train(small_config(iterations=4, lr=1e-3), tasks, sim, tmp_path / "b.pt", progress=False, resume=True)
+
+
+def test_advantages_normalise_per_task_and_penalise_stuck_episodes():
+    from dreamshard.training import advantages
+
+    returns = torch.tensor([-1.0, -2.0, -3.0, -10.0, -20.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    ok = torch.tensor([True, True, True, True, True, False])
+    per_task = advantages(returns, groups, ok, "task")
+    assert torch.allclose(per_task[:3], torch.tensor([1.0, 0.0, -1.0]))
+    assert per_task[5] == per_task[4] < per_task[3]  # stuck: its task's worst return
+    whole = advantages(returns, groups, ok, "batch")
+    assert whole[0] > whole[3] > whole[5] and abs(float(whole.mean())) < 1e-6
+
+
+def test_budget_is_spread_over_iterations():
+    cfg = get_config("paper", iterations=4, budget=10)
+    assert [cfg.measurements_at(i) for i in range(4)] == [3, 3, 2, 2]
+    assert get_config("paper").total_budget() == 100
+
+
+# --------------------------------------------------------------------------------------------
+# planner and CLI
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(pool, tmp_path_factory):
+    out = tmp_path_factory.mktemp("model") / "m.pt"
+    train_half, _ = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 4, (6, 10), 2, 10**12, seed=1)
+    train(small_config(iterations=1), tasks, SimBackend(), out, progress=False)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_tasks())
+def test_planner_respects_memory_and_reports_predictions(tiny_model, task):
+    from dreamshard.planners.memory import pack
+
+    if pack(task) is None:
+        return
+    plan = get_planner("dreamshard", model=str(tiny_model)).plan(task)
+    plan.check()
+    pred = plan.predicted
+    assert len(pred["devices"]) == task.devices and set(pred["devices"][0]) == {"fwd_comp_ms", "bwd_comp_ms", "comm_ms", "total_ms"}
+    assert pred["max_device_ms"] == pytest.approx(max(d["total_ms"] for d in pred["devices"]))
+
+
+def test_model_file_errors(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_text("not a model")
+    with pytest.raises(ValueError, match="cannot read model"):
+        DreamShardModel.load(bad)
+    with pytest.raises(FileNotFoundError, match="no such model"):
+        DreamShardModel.load(tmp_path / "none.pt")
+
+
+def test_cli_train_and_plan(pool, tmp_path, tiny_model):
+    from dreamshard.cli import cli
+    from dreamshard.plan import load_plans
+
+    from dreamshard.tables import save_tables
+
+    save_tables(pool, tmp_path / "tables.csv")
+    train_half, test_half = split_pool(pool, 0)
+    save_tasks(sample_tasks(train_half, 3, (5, 8), 2, 10**12, seed=2, pool=str(tmp_path)), tmp_path / "train.jsonl")
+    save_tasks(sample_tasks(test_half, 2, (5, 8), 2, 10**12, seed=3, pool=str(tmp_path)), tmp_path / "test.jsonl")
+    r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "gpu", "--out", str(tmp_path / "m.pt")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--backend" in r.output
+    # a small but complete run through the CLI (the options the config sets are overridden here)
+    r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "m.pt"), "--iterations", "1", "--budget", "2", "--config", "paper", "--log", str(tmp_path / "log.jsonl")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])["measurements"] == 2
+    r = CliRunner().invoke(cli, ["plan", "--tasks", str(tmp_path / "test.jsonl"), "--planner", "dreamshard", "--model", str(tmp_path / "m.pt"), "--out", str(tmp_path / "p.jsonl")])
+    assert r.exit_code == 0, r.output
+    plans = load_plans(tmp_path / "p.jsonl")
+    assert len(plans) == 2 and all(p.planner == "dreamshard" and p.predicted for p in plans)
+    r = CliRunner().invoke(cli, ["plan", "--tasks", str(tmp_path / "test.jsonl"), "--planner", "lookup", "--model", str(tmp_path / "m.pt"), "--out", str(tmp_path / "q.jsonl")])
+    assert r.exit_code == 2 and "--model is for --planner dreamshard" in r.output
+
+
+# --------------------------------------------------------------------------------------------
+# acceptance: a short training run on the simulator beats random and every heuristic
+# --------------------------------------------------------------------------------------------
+
+
+def test_short_training_beats_every_heuristic_on_held_out_tasks(pool, tmp_path):
+    torch.set_num_threads(1)
+    train_half, test_half = split_pool(pool, 0)  # test tables are never seen in training
+    train_tasks = sample_tasks(train_half, 30, (30, 30), 4, 5 * 10**9, seed=10)
+    test_tasks = sample_tasks(test_half, 30, (30, 30), 4, 5 * 10**9, seed=11)
+    sim = SimBackend()
+    cfg = get_config("default", iterations=4, rl_batches=25)
+    train(cfg, train_tasks, sim, tmp_path / "m.pt", progress=False)
+
+    def mean_cost(planner) -> float:
+        plans = [planner.plan(t) for t in test_tasks]
+        return float(np.mean([r.overall_ms for r in measure(sim, test_tasks, [p.placement for p in plans], cfg.batch_size)]))
+
+    ours = mean_cost(get_planner("dreamshard", model=str(tmp_path / "m.pt")))
+    theirs = {name: mean_cost(get_planner(name)) for name in HEURISTICS}
+    print(f"dreamshard {ours:.4f} ms vs {theirs}")
+    assert all(ours < c for c in theirs.values()), f"dreamshard {ours:.4f} ms vs {theirs}"
