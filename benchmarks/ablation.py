@@ -32,7 +32,7 @@ CHANGES: list[tuple[str, dict, dict, bool]] = [
     ("max-device score (vs the overall head)", {"score": "max_device"}, {"score": "overall"}, True),
     ("best of 16 plans (vs greedy only)", {"best_of": 16}, {"best_of": 1}, True),  # inference only
     ("policy sees the table being placed", {"policy_sees_table": True}, {"policy_sees_table": False}, False),
-    ("memory look-ahead: keep room for the largest table to come", {"keep_room": True}, {"keep_room": False}, False),
+    ("memory look-ahead: keep room for the largest table to come", {"keep_room": True}, {"keep_room": False}, True),
     ("RL batch of 4 tasks × 16 episodes, returns normalised per task (vs 1 × 10)", {"advantage": "task", "rl_tasks_per_batch": 4, "rl_episodes_per_task": 16}, {"advantage": "batch", "rl_tasks_per_batch": 1, "rl_episodes_per_task": 10}, False),
 ]
 HEURISTICS = ["random", "size", "dim", "lookup", "size_lookup"]
