@@ -16,8 +16,8 @@ What drives a fused table-batched embedding op, and the term that models it:
     `lookups`; reduction of repeated rows (`warm_bytes`, `hot_bytes`: rows hit by many lookups
     are reduced across slices and fixed up).
 Each component is a non-negative linear combination of these terms, fitted per hardware and
-kernel by `dreamshard calibrate` (NNLS on relative error). A shard too small to fill the GPU is
-bounded below by `launch`. The all-to-all is t = latency + max(sent, received) / bandwidth per
+kernel by `dreamshard calibrate` (NNLS on relative error); the fixed terms are what keeps a tiny
+shard from costing nothing. The all-to-all is t = latency + max(sent, received) / bandwidth per
 device, fitted from real all-to-alls where several devices were measured.
 """
 
