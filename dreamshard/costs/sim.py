@@ -17,8 +17,8 @@ What drives a fused table-batched embedding op, and the term that models it:
     are reduced across slices and fixed up).
 Each component is a non-negative linear combination of these terms, fitted per hardware and
 kernel by `dreamshard calibrate` (NNLS on relative error); the fixed terms are what keeps a tiny
-shard from costing nothing. The all-to-all is t = latency + max(sent, received) / bandwidth per
-device, fitted from real all-to-alls where several devices were measured.
+shard from costing nothing. The all-to-all is the comm model's (costs/comm.py):
+t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
 """
 
 from __future__ import annotations
