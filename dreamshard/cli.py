@@ -283,12 +283,9 @@ def train_cmd(tasks_file, backend, calibration, out, config_name, iterations, bu
 
     if backend != "sim":
         raise ValueError(f"--backend {backend!r}: training supports 'sim' for now (measured backends: plan, then `dreamshard measure`)")
-    if calibration is not None:
-        from dreamshard.costs.sim import SimBackend
+    from dreamshard.costs.sim import SimBackend
 
-        cost_backend = SimBackend(calibration)
-    else:
-        cost_backend = _sim_backend()
+    cost_backend = SimBackend(calibration)  # None: the shipped H200 calibration
     cfg = get_config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed)
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
@@ -367,7 +364,9 @@ def measure_cmd(plan_file, backend, runner, batch_size, iters, warmup, timeout, 
         backend = next(k for k in ("triton", "fbgemm", "torch") if k in have)
     if backend == "sim":
         dev_type = "cuda"
-        make_backend = _sim_backend
+        from dreamshard.costs.sim import SimBackend
+
+        make_backend = SimBackend
     else:
         from dreamshard.costs.kernels import unavailable_reason
         from dreamshard.costs.runners import DistributedRunner, SequentialRunner, default_device
@@ -420,14 +419,6 @@ def measure_cmd(plan_file, backend, runner, batch_size, iters, warmup, timeout, 
 def _wide_console() -> Console:
     """Piped or redirected output has no width: rich would assume 80 and cut the numbers short."""
     return console if console.is_terminal else Console(width=max(console.width, 132))
-
-
-def _sim_backend():
-    try:
-        from dreamshard.costs.sim import SimBackend
-    except ImportError as e:
-        raise RuntimeError(f"the simulator backend is not available in this build ({e})") from None
-    return SimBackend()
 
 
 @cli.group("calibrate", cls=Group, invoke_without_command=True)

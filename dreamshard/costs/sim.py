@@ -174,16 +174,18 @@ class SimBackend(CostBackend):
         out[..., 3] = bwd.reshape(N, devices)
         return out
 
+    def _costs_of_shards(self, shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str, optimizer: str) -> np.ndarray:
+        """[D, 4] costs of one placement given as shards: costs_batch of a batch of one."""
+        tables = [t for s in shards for t in s]
+        placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
+        return self.costs_batch(tables, placement[None, :], len(shards), batch_size, precision, optimizer)[0]
+
     def shard_compute(self, shards: Sequence[Sequence[TableSpec]], batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
         """[S, 2] predicted (fwd, bwd) compute of each shard on its own."""
-        tables = [t for s in shards for t in s]
-        placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
-        return self.costs_batch(tables, placement[None, :], len(shards), batch_size, precision, optimizer)[0][:, [0, 3]]
+        return self._costs_of_shards(shards, batch_size, precision, optimizer)[:, [0, 3]]
 
     def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
-        tables = [t for s in shards for t in s]
-        placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
-        c = self.costs_batch(tables, placement[None, :], len(shards), batch_size, precision, optimizer)[0]
+        c = self._costs_of_shards(shards, batch_size, precision, optimizer)
         return CostReport(
             devices=[DeviceCost(*map(float, row)) for row in c],
             backend=self.name,
