@@ -94,3 +94,22 @@ def test_triton_matches_torch_on_cuda():
     ref.backward(grad)
     for t in range(len(rows)):
         assert rel(tri.weights(t), ref.weights(t)) < 2e-3
+
+
+def test_triton_step_never_waits_for_the_gpu():
+    # A synchronising call in the step would stall the host and idle the GPU in training (and make
+    # timings include host time). The first step builds the cached forward grid; the next must not sync.
+    rng = np.random.default_rng(5)
+    rows, dims = [500, 40, 9000], [64, 12, 128]
+    tbe = make_tbe("triton", rows, dims, optimizer="rowwise_adagrad", device="cuda", seed=1)
+    grad = torch.randn(512, sum(dims), device="cuda").half()
+    for step in range(3):
+        indices, offsets = random_batch(rng, rows, 512, "cuda", empty_table=None)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if step else "default")
+        try:
+            tbe.forward(indices, offsets)
+            tbe.backward(grad)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert tbe.last_backward_stats["lookups"] == indices.numel()

@@ -22,9 +22,12 @@ backward - no atomics on the weights:
      exact products, fp32 accumulation; ``bwd_reduce="scan"``: a segmented scan) and applies the
      optimizer to every row whose run lies inside the slice (one read-modify-write of the row);
   4. rows whose run crosses slice boundaries (hot rows) were left as fp32 partial sums, one per
-     slice: a fix-up launch per class starts from the slices where such runs begin, sums the
-     partials along the run and updates the row once.
-Every row is updated exactly once, with a fixed summation order (deterministic).
+     slice: a fix-up launch per class, whose programs scan the slices' flags for where such runs
+     begin, sums the partials along the run and updates the row once.
+Every row is updated exactly once, with a fixed summation order (deterministic). The backward
+never waits for the GPU: the slice grid needs each table's lookup count, which the forward
+already copied to the host on a side stream, and the fix-up finds its work on the device. So
+the host can enqueue a training step ahead of the GPU, as with FBGEMM's TBE.
 """
 
 from __future__ import annotations
@@ -398,10 +401,10 @@ def _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_pt
 
 
 @triton.jit
-def _fix_kernel(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, begins_ptr, k_base, meta_ptr, prog_table_ptr,
-                dyn_ptr, T, nprog, lr, eps, CLASSES: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr,
-                PMAX: tl.constexpr, QLANES: tl.constexpr, ADAGRAD: tl.constexpr):
-    p0 = tl.load(begins_ptr + tl.program_id(0) + k_base)
+def _fix_at(p0, keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, meta_ptr, prog_table_ptr,
+            dyn_ptr, T, nprog, lr, eps, CLASSES: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr,
+            PMAX: tl.constexpr, QLANES: tl.constexpr, ADAGRAD: tl.constexpr):
+    """Fix up the crossing run that begins in slice p0 (its table's dim class picks the tile)."""
     t = tl.load(prog_table_ptr + p0)
     cls = tl.load(meta_ptr + t)
     D = tl.load(meta_ptr + T + t)
@@ -453,6 +456,19 @@ def _fix_kernel(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags
     if CLASSES & 8192:
         if cls == 13:
             _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
+
+
+@triton.jit
+def _fix_kernel(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, first, meta_ptr, prog_table_ptr,
+                dyn_ptr, T, nprog, lr, eps, CLASSES: tl.constexpr, LANES: tl.constexpr, PMIN: tl.constexpr,
+                PMAX: tl.constexpr, QLANES: tl.constexpr, ADAGRAD: tl.constexpr):
+    """One program per slice of one backward launch: if a crossing run begins in the slice, fix it
+    up. The programs read the flags themselves, so the host never reads them back (no sync); most
+    exit after one load."""
+    p0 = first + tl.program_id(0)
+    if (tl.load(flags_ptr + p0).to(tl.int32) & 8) != 0:
+        _fix_at(p0, keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, meta_ptr, prog_table_ptr,
+                dyn_ptr, T, nprog, lr, eps, CLASSES, LANES, PMIN, PMAX, QLANES, ADAGRAD)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -510,7 +526,12 @@ class TritonTBE(TBE):
         self._bwd_order_dev = torch.tensor(self._bwd_order, dtype=torch.int32, device=self.device)
         self._bwd_p = [_bwd_slice(d, self.bwd_lanes, self.bwd_pmin, self.bwd_pmax) for d in self.dims]
         self._saved = None
-        self.last_backward_stats: dict[str, int] = {}
+        self._last = None  # (lookups, slices, flags) of the last backward, for last_backward_stats
+        # the per-table lookup counts, read back to the host during the forward (see _prefetch_bounds)
+        on_gpu = self.device.type == "cuda"
+        self._bounds_host = torch.empty(T + 1, dtype=torch.int64, pin_memory=on_gpu)
+        self._bounds_ready = torch.cuda.Event() if on_gpu else None
+        self._side = torch.cuda.Stream(self.device) if on_gpu else None
 
     # ---------------------------------------------------------------- weights
     def _table_view(self, t: int) -> torch.Tensor:
@@ -548,12 +569,38 @@ class TritonTBE(TBE):
         self._saved = (indices, offsets, batch)
         if batch == 0:
             return out
+        self._prefetch_bounds(offsets, batch)
         prog_table, pfirst, nprog = self._fwd_grid(batch)
         _fwd_kernel[(nprog,)](
             indices, offsets, self._flat, out, self._meta, prog_table, pfirst, self.num_tables, batch, self.total_dim,
             CLASSES=self._classes, LANES=self.fwd_lanes, UNROLL=self.fwd_unroll, VEC=self._vec, num_warps=self.fwd_warps,
         )
         return out
+
+    def _prefetch_bounds(self, offsets: torch.Tensor, batch: int) -> None:
+        """Copy each table's lookup range (offsets[t * batch]) to the host on a side stream.
+
+        The backward's grid (slices per table) depends on these counts. Reading them back in the
+        backward would stall the host until the GPU drained its queue and leave the GPU idle while
+        the host then launched the backward; read now, they are on the host long before the
+        backward needs them, and the backward never waits for the GPU."""
+        if self._side is None:  # the Triton interpreter runs on CPU tensors
+            self._bounds_host.copy_(offsets[::batch])
+            return
+        main = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(main)  # the offsets are written on the main stream
+        with torch.cuda.stream(self._side):
+            self._bounds_host.copy_(offsets[::batch], non_blocking=True)
+            self._bounds_ready.record(self._side)
+        offsets.record_stream(self._side)
+
+    @property
+    def last_backward_stats(self) -> dict[str, int]:
+        """Lookups, slices and crossing (hot) rows of the last backward; reads the GPU, so only for tests."""
+        if self._last is None:
+            return {}
+        n, nprog, flags = self._last
+        return {"lookups": n, "slices": nprog, "crossing_rows": int(((flags.to(torch.int32) & 8) != 0).sum()) if flags is not None else 0}
 
     # ---------------------------------------------------------------- backward
     def backward(self, grad_output: torch.Tensor) -> None:
@@ -577,8 +624,9 @@ class TritonTBE(TBE):
         # 2. group by row
         keys_sorted, perm = torch.sort(keys, stable=True)
         # 3. slices of the sorted lookups, per table
-        bounds_dev = offsets[::batch].to(torch.int64)  # [T+1] lookup range of each table
-        bounds = bounds_dev.tolist()
+        if self._bounds_ready is not None:
+            self._bounds_ready.synchronize()  # copied during the forward: long done, no GPU stall
+        bounds = self._bounds_host.tolist()  # [T+1] lookup range of each table
         counts = [-(-(bounds[t + 1] - bounds[t]) // self._bwd_p[t]) for t in range(T)]
         # slices are numbered table by table, tables grouped by dim class: one launch per class, each
         # compiled for its own tile shape (registers are sized for the largest branch of a kernel)
@@ -611,19 +659,14 @@ class TritonTBE(TBE):
                 MINW=16 if self.bwd_reduce == "dot" else 1, ADAGRAD=adagrad, VEC=self._vec,
                 num_warps=self.bwd_warps,
             )
-        # 4. rows whose run crosses slices: one fix-up program per slice where such a run begins
-        begins = torch.nonzero(flags >= 8).flatten()
-        nfix = begins.numel()
-        self.last_backward_stats = {"lookups": n, "slices": nprog, "crossing_rows": nfix}
-        if nfix == 0:
-            return
-        # slices are ordered by dim class, so are the begins: one launch per class, like the backward's
-        firsts = torch.tensor([first for _, first, _ in launches], dtype=begins.dtype).to(dev, non_blocking=True)
-        cuts = torch.searchsorted(begins, firsts).tolist() + [nfix]
-        for i, (cls, _, _) in enumerate(launches):
-            if cuts[i + 1] > cuts[i]:
-                _fix_kernel[(cuts[i + 1] - cuts[i],)](
-                    keys_sorted, self._flat, state, slot_first, slot_last, flags, begins, cuts[i], self._meta, prog_table, dyn,
-                    T, nprog, self.lr, self.eps, CLASSES=1 << cls, LANES=self.bwd_lanes, PMIN=self.bwd_pmin, PMAX=self.bwd_pmax,
-                    QLANES=FIX_QLANES, ADAGRAD=adagrad, num_warps=FIX_WARPS if DP_CLASSES[cls % NUM_DP] < 128 else 4,
-                )
+        # 4. rows whose run crosses slices: one fix-up program per slice, which checks the slice's flags
+        # itself (one launch per class, like the backward's; no host read-back)
+        self._last = (n, nprog, flags)
+        for cls, first, count in launches:
+            if count == 0:
+                continue
+            _fix_kernel[(count,)](
+                keys_sorted, self._flat, state, slot_first, slot_last, flags, first, self._meta, prog_table, dyn,
+                T, nprog, self.lr, self.eps, CLASSES=1 << cls, LANES=self.bwd_lanes, PMIN=self.bwd_pmin, PMAX=self.bwd_pmax,
+                QLANES=FIX_QLANES, ADAGRAD=adagrad, num_warps=FIX_WARPS if DP_CLASSES[cls % NUM_DP] < 128 else 4,
+            )

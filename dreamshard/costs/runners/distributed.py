@@ -12,7 +12,8 @@ process holds (the OS picks a free port; nothing to collide with), and runs on e
 Two kinds of timed steps alternate:
 
 - *phased*: a barrier before each phase, so every component is timed on its own (CUDA events on
-  GPU, ``perf_counter`` on CPU, where ops are synchronous). These give the four components;
+  GPU, ``perf_counter`` on CPU, where ops are synchronous). These give the four components; the
+  compute phases time the GPU's work, not the host's launch overhead (``_Clock.start``);
 - *end-to-end*: one barrier, then the four phases back to back; the step latency is the max over
   ranks of each rank's start-to-end time (ranks wait for each other inside the all-to-alls).
 
@@ -179,6 +180,9 @@ def launch(job: dict, world: int, device_type: str, timeout_s: float = DEFAULT_T
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+HOST_SLACK_MS = 4.0  # how long the GPU is kept busy before a timed op, while the host enqueues it
+
+
 class _Clock:
     """Marks on the device timeline: CUDA events on GPU, perf_counter on CPU."""
 
@@ -187,6 +191,22 @@ class _Clock:
 
         self.torch = torch
         self.cuda = device.type == "cuda"
+        self._sleep_cycles = 0
+
+    def start(self):
+        """The mark that starts a timed op. On GPU a sleep kernel first keeps the stream busy while
+        the host enqueues the op, so the interval is the GPU's work alone: in a training step the
+        host runs ahead of the GPU and its launch overhead is hidden (and it differs from host to
+        host, which made small shards' times drift between machines)."""
+        if self.cuda:
+            if not self._sleep_cycles:  # cycles per ms of this GPU's clock, measured once
+                a = self.mark()
+                self.torch.cuda._sleep(1_000_000)
+                b = self.mark()
+                self.sync()
+                self._sleep_cycles = int(1_000_000 * HOST_SLACK_MS / max(self.ms(a, b), 1e-3))
+            self.torch.cuda._sleep(self._sleep_cycles)
+        return self.mark()
 
     def mark(self):
         if self.cuda:
@@ -326,7 +346,7 @@ def _measure_rank(job: dict, rank: int, world: int, device, clock: _Clock, barri
 
     def phased() -> list[float]:
         barrier()
-        a = clock.mark()
+        a = clock.start()
         out = fwd_comp()
         b = clock.mark()
         barrier()
@@ -338,7 +358,7 @@ def _measure_rank(job: dict, rank: int, world: int, device, clock: _Clock, barri
         bwd_comm()
         f = clock.mark()
         barrier()
-        h = clock.mark()
+        h = clock.start()
         bwd_comp()
         k = clock.mark()
         clock.sync()
@@ -439,7 +459,7 @@ class DistributedRunner(CostBackend):
                "seed": self.seed}
         results, info = launch(job, D, self.device_type, self.timeout_s)
         devices, e2e, spread = summarize(results)
-        details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": "CUDA events" if self.device_type == "cuda" else "perf_counter",
+        details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": "CUDA events, GPU work only (host enqueues behind a sleep kernel)" if self.device_type == "cuda" else "perf_counter",
                    "process_group": info["process_group"], "threads_per_rank": info["threads_per_rank"], "wall_s": info["wall_s"],
                    "dim_sums": [r["dim_sum"] for r in results], "tables_per_device": [r["tables"] for r in results],
                    "statistic": "median over timed iterations; e2e = median over iterations of the max over ranks",
