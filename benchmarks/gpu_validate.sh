@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on one H200: validate the shipped simulator calibration on held-out shards (tables from
-# a pool of another seed) and 30 whole placements, measured with the Triton TBE; plus the gpu tests.
+# pools of other seeds: 1, the default, and 2) and 30 whole placements each, measured with the Triton TBE.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-timeout 400 python3 -m dreamshard.cli calibrate --validate dreamshard/data/calibrations/h200_triton.json --device cuda \
-  --shards 200 --placements 30 --records "$OUT/val_records.jsonl" --report "$OUT/validation.json" 2>&1 | tail -40
-timeout 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -3
+for seed in 1 2; do
+  timeout 280 python3 -m dreamshard.cli calibrate --validate dreamshard/data/calibrations/h200_triton.json --device cuda \
+    --shards 200 --placements 30 --seed $seed --records "$OUT/val_records_seed$seed.jsonl" --report "$OUT/validation_seed$seed.json" 2>&1 | tail -30
+done

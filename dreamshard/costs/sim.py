@@ -2,9 +2,9 @@
 
 What drives a fused table-batched embedding op, and the term that models it:
   - one launch (plus set-up) per shard, shared by all its tables → `launch`: fusion makes a
-    shard's cost sub-additive in its tables; the backward's fixed part (sort, host syncs, a few
-    launches) is paid only by a shard that has lookups at all → `active`;
-  - a little scheduling work per table → `tables`;
+    shard's cost sub-additive in its tables; the backward's fixed part (key building, sort, a
+    launch or two per dim class) is paid only by a shard that has lookups at all → `active`;
+  - a little scheduling work per table in the forward → `tables`;
   - per lookup: an index read and a loop trip → `lookups`;
   - gathered row bytes, in 32-byte sectors (a 4-dim fp16 row still moves 32 bytes: small dims
     are inefficient) → split by how often the row is reused in the batch: first touches
@@ -38,7 +38,9 @@ from dreamshard.costs.comm import alltoall_bytes_array
 from dreamshard.tables import NUM_BINS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
-BWD_TERMS = ("active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
+# The backward has no per-table term: its launches are per dim class, not per table, and it never
+# waits for the host (a per-table term fitted mostly the host's work in earlier kernels).
+BWD_TERMS = ("launch", "active", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
 TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes")
 SECTOR = 32  # bytes per DRAM/L2 transaction
 DEFAULT_CALIBRATION = "h200_triton.json"
@@ -127,8 +129,9 @@ def table_terms(tables: Sequence[TableSpec], batch_size: int, precision: str = "
 
 
 def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
-    fwd = np.array([cal.fwd.get(t, 0.0) if t in FWD_TERMS else 0.0 for t in TERMS])
-    bwd = np.array([cal.bwd.get(t, 0.0) if t in BWD_TERMS else 0.0 for t in TERMS])
+    # every term the file was fitted with counts, so a file fitted with other term sets still works
+    fwd = np.array([cal.fwd.get(t, 0.0) for t in TERMS])
+    bwd = np.array([cal.bwd.get(t, 0.0) for t in TERMS])
     return fwd, bwd
 
 
