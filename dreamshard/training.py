@@ -265,8 +265,10 @@ def train(
         start, used = ck["iteration"], ck["measurements"]
     cost_net.train()
     policy.train()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     log_path = Path(log) if log else None
     if log_path:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         # Keep the lines of finished iterations only: a kill between the log write and the
         # checkpoint must not leave a duplicate line once the iteration is redone.
         old = log_path.read_text().splitlines() if (resume and log_path.is_file()) else []
