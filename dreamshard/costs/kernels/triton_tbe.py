@@ -22,8 +22,8 @@ backward - no atomics on the weights:
      exact products, fp32 accumulation; ``bwd_reduce="scan"``: a segmented scan) and applies the
      optimizer to every row whose run lies inside the slice (one read-modify-write of the row);
   4. rows whose run crosses slice boundaries (hot rows) were left as fp32 partial sums, one per
-     slice: a fix-up launch per class, whose programs scan the slices' flags for where such runs
-     begin, sums the partials along the run and updates the row once.
+     slice: a fix-up launch per class, one program per slice, checks whether such a run begins
+     in its slice, sums the partials along the run and updates the row once.
 Every row is updated exactly once, with a fixed summation order (deterministic). The backward
 never waits for the GPU: the slice grid needs each table's lookup count, which the forward
 already copied to the host on a side stream, and the fix-up finds its work on the device. So

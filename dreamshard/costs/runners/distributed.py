@@ -197,7 +197,8 @@ class _Clock:
         """The mark that starts a timed op. On GPU a sleep kernel first keeps the stream busy while
         the host enqueues the op, so the interval is the GPU's work alone: in a training step the
         host runs ahead of the GPU and its launch overhead is hidden (and it differs from host to
-        host, which made small shards' times drift between machines)."""
+        host, which made small shards' times drift between machines). An op that makes the host
+        wait for the GPU still pays the host time after the wait."""
         if self.cuda:
             if not self._sleep_cycles:  # cycles per ms of this GPU's clock, measured once
                 a = self.mark()
@@ -459,7 +460,7 @@ class DistributedRunner(CostBackend):
                "seed": self.seed}
         results, info = launch(job, D, self.device_type, self.timeout_s)
         devices, e2e, spread = summarize(results)
-        details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": "CUDA events, GPU work only (host enqueues behind a sleep kernel)" if self.device_type == "cuda" else "perf_counter",
+        details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": "CUDA events; each op enqueued behind a sleep kernel, so host launch time is excluded unless the op syncs" if self.device_type == "cuda" else "perf_counter",
                    "process_group": info["process_group"], "threads_per_rank": info["threads_per_rank"], "wall_s": info["wall_s"],
                    "dim_sums": [r["dim_sum"] for r in results], "tables_per_device": [r["tables"] for r in results],
                    "statistic": "median over timed iterations; e2e = median over iterations of the max over ranks",

@@ -121,7 +121,7 @@ class SequentialRunner(CostBackend):
             comm_info = {"comm_model": "none: one device, no all-to-all"}
         devices = [DeviceCost(f, fc, bc, b) for (f, b), fc, bc in zip(comp, fwd_comm, bwd_comm)]
         details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets,
-                   "timing": "CUDA events, GPU work only (host enqueues behind a sleep kernel)" if self.device.type == "cuda" else "perf_counter", "device": str(self.device),
+                   "timing": "CUDA events; each op enqueued behind a sleep kernel, so host launch time is excluded unless the op syncs" if self.device.type == "cuda" else "perf_counter", "device": str(self.device),
                    "threads": threads, "wall_s": round(time.monotonic() - start, 2), "dim_sums": dim_sums,
                    "tables_per_device": [len(s) for s in shards], "statistic": "median over timed iterations",
                    **comm_info, "versions": software_versions()}
