@@ -50,7 +50,7 @@ def test_fit_recovers_a_known_calibration(tmp_path):
     truth = Calibration(
         hardware="test", kernel="test", batch_size=65536,
         fwd={t: float(v) for t, v in zip(FWD_TERMS, [0.01, 0.002, 1e-9, 3e-10, 1e-10, 5e-11, 2e-10])},
-        bwd={t: float(v) for t, v in zip(BWD_TERMS, [0.002, 0.03, 8e-9, 1e-10, 4e-10, 2e-10, 1e-10])},
+        bwd={t: float(v) for t, v in zip(BWD_TERMS, [0.002, 0.03, 0.001, 8e-9, 1e-10, 4e-10, 2e-10, 1e-10])},
         comm={"latency_ms": 0.02, "bandwidth_GBps": 100.0, "serial_fraction": 0.0, "source": "test"},
     )
     sim = SimBackend(truth)

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, shard_term_matrix, spearman
+from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
 from dreamshard.tables import TableSpec
 
 MAX_SHARD_BYTES = {"cuda": 16 * 10**9, "cpu": 10**9}  # keep each measured shard well inside memory
@@ -122,25 +122,29 @@ def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: s
 
 
 def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
-    """Fit forward and backward coefficients to measured shards (all at one batch/precision)."""
+    """Fit forward and backward coefficients to measured shards (all at one batch/precision); each
+    component keeps the optional terms only if they lower the cross-validated error (select_terms)."""
     r0 = records[0]
     hardware, versions = r0.hardware or "?", r0.versions
     X = shard_term_matrix([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
     fwd = np.array([r.fwd_ms for r in records])
     bwd = np.array([r.bwd_ms for r in records])
+    fwd_terms, fwd_cv = select_terms(X, fwd, FWD_TERMS)
+    bwd_terms, bwd_cv = select_terms(X, bwd, BWD_TERMS)
     cal = Calibration(
         hardware=hardware,
         kernel=kernel,
         batch_size=r0.batch_size,
-        fwd=fit_coefficients(X, fwd, FWD_TERMS),
-        bwd=fit_coefficients(X, bwd, BWD_TERMS),
+        fwd=fit_coefficients(X, fwd, fwd_terms),
+        bwd=fit_coefficients(X, bwd, bwd_terms),
         comm=comm,
         date=datetime.date.today().isoformat(),
         versions=versions or {},
     )
     pred = SimBackend(cal).shard_compute([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
     cal.fit = {"shards": len(records), "fwd_mape": mape(pred[:, 0], fwd), "bwd_mape": mape(pred[:, 1], bwd),
-               "total_mape": mape(pred.sum(1), fwd + bwd), "precision": r0.precision, "optimizer": r0.optimizer}
+               "total_mape": mape(pred.sum(1), fwd + bwd), "precision": r0.precision, "optimizer": r0.optimizer,
+               "term_selection": {"fwd_cv_mape": fwd_cv, "bwd_cv_mape": bwd_cv}}
     return cal
 
 

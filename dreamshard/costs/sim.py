@@ -38,9 +38,11 @@ from dreamshard.costs.comm import alltoall_bytes_array
 from dreamshard.tables import NUM_BINS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
-# The backward has no per-table term: its launches are per dim class, not per table, and it never
-# waits for the host (a per-table term fitted mostly the host's work in earlier kernels).
-BWD_TERMS = ("launch", "active", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
+BWD_TERMS = ("launch", "active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
+# Terms whose worth depends on the kernel: a fit keeps one only if it lowers the cross-validated
+# error. Per-table work is real in FBGEMM's CPU backward (a loop over tables) but not in our Triton
+# backward, whose launches are per dim class: there the term only chases noise.
+OPTIONAL_TERMS = ("tables",)
 TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes")
 SECTOR = 32  # bytes per DRAM/L2 transaction
 DEFAULT_CALIBRATION = "h200_triton.json"
@@ -216,6 +218,25 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> dict
     scale = np.maximum(np.abs(A).max(axis=0), 1e-30)  # condition the columns
     w, _ = nnls(A / scale, np.ones(len(y)))
     return {n: float(v) for n, v in zip(names, w / scale)}
+
+
+def cross_validated_mape(X: np.ndarray, y: np.ndarray, names: Sequence[str], folds: int = 10, seed: int = 0) -> float:
+    """MAPE of fit_coefficients on held-out folds of the shards (fixed random folds)."""
+    idx = np.random.default_rng(seed).permutation(len(y))
+    pred = np.empty(len(y))
+    for k in range(folds):
+        test = idx[k::folds]
+        train = np.setdiff1d(idx, test)
+        coef = fit_coefficients(X[train], y[train], names)
+        pred[test] = X[test][:, [TERMS.index(n) for n in names]] @ np.array([coef[n] for n in names])
+    return mape(pred, y)
+
+
+def select_terms(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> tuple[tuple[str, ...], dict[str, float]]:
+    """The term set, with or without the optional terms, of lower cross-validated MAPE."""
+    candidates = {"all terms": tuple(names), "without " + ", ".join(OPTIONAL_TERMS): tuple(n for n in names if n not in OPTIONAL_TERMS)}
+    errors = {label: cross_validated_mape(X, y, terms) for label, terms in candidates.items()}
+    return candidates[min(errors, key=errors.get)], errors
 
 
 def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
