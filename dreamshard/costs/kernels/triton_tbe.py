@@ -41,7 +41,8 @@ import triton.language as tl
 from dreamshard.costs.kernels.base import TBE, init_table_
 
 DP_CLASSES = (4, 8, 16, 32, 64, 128, 256)
-NUM_DP = len(DP_CLASSES)
+NUM_DP = len(DP_CLASSES)  # the kernels spell it as the literal 7 (the interpreter can't mix constexpr and int)
+assert NUM_DP == 7
 ALIGN = 16  # table starts in the flat buffer are multiples of this many elements
 
 # Tunables (the defaults were chosen on an H200: docs/kernels.md).
@@ -129,48 +130,16 @@ def _fwd_kernel(indices_ptr, offsets_ptr, w_ptr, out_ptr, meta_ptr, prog_table_p
     D = tl.load(meta_ptr + T + t)
     w_off = tl.multiple_of(tl.load(meta_ptr + 2 * T + t), 16)
     col_off = tl.load(meta_ptr + 3 * T + t)
-    if CLASSES & 1:
-        if cls == 0:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 4, True, LANES, UNROLL, min(VEC, 4))
-    if CLASSES & 2:
-        if cls == 1:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 8, True, LANES, UNROLL, min(VEC, 8))
-    if CLASSES & 4:
-        if cls == 2:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 16, True, LANES, UNROLL, VEC)
-    if CLASSES & 8:
-        if cls == 3:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 32, True, LANES, UNROLL, VEC)
-    if CLASSES & 16:
-        if cls == 4:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 64, True, LANES, UNROLL, VEC)
-    if CLASSES & 32:
-        if cls == 5:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 128, True, LANES, UNROLL, VEC)
-    if CLASSES & 64:
-        if cls == 6:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 256, True, LANES, UNROLL, VEC)
-    if CLASSES & 128:
-        if cls == 7:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 4, False, LANES, UNROLL, 4)
-    if CLASSES & 256:
-        if cls == 8:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 8, False, LANES, UNROLL, 4)
-    if CLASSES & 512:
-        if cls == 9:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 16, False, LANES, UNROLL, 4)
-    if CLASSES & 1024:
-        if cls == 10:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 32, False, LANES, UNROLL, 4)
-    if CLASSES & 2048:
-        if cls == 11:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 64, False, LANES, UNROLL, 4)
-    if CLASSES & 4096:
-        if cls == 12:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 128, False, LANES, UNROLL, 4)
-    if CLASSES & 8192:
-        if cls == 13:
-            _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, 256, False, LANES, UNROLL, 4)
+    # one branch per dim class the shard may have, unrolled at compile time: Triton needs each tile
+    # width as a compile-time constant (classes 0..6 exact power-of-two dims, 7..13 masked)
+    for c in tl.static_range(14):
+        if CLASSES & (1 << c):
+            if cls == c:
+                DP: tl.constexpr = 4 << (c % 7)
+                if c < 7:
+                    _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, DP, True, LANES, UNROLL, min(VEC, DP))
+                else:
+                    _fwd_tile(indices_ptr, offsets_ptr, w_ptr, out_ptr, t, blk, B, D, w_off, col_off, sumD, DP, False, LANES, UNROLL, 4)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,48 +283,14 @@ def _bwd_kernel(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_
     s0 = tl.load(dyn_ptr + T + t)
     send = tl.load(dyn_ptr + 2 * T + t)
     slot = tl.load(dyn_ptr + 3 * T + t) + slice_no.to(tl.int64) * D
-    if CLASSES & 1:
-        if cls == 0:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, True, LANES, PMIN, PMAX, MINW, ADAGRAD, min(VEC, 4))
-    if CLASSES & 2:
-        if cls == 1:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, True, LANES, PMIN, PMAX, MINW, ADAGRAD, min(VEC, 8))
-    if CLASSES & 4:
-        if cls == 2:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
-    if CLASSES & 8:
-        if cls == 3:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
-    if CLASSES & 16:
-        if cls == 4:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
-    if CLASSES & 32:
-        if cls == 5:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
-    if CLASSES & 64:
-        if cls == 6:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, True, LANES, PMIN, PMAX, MINW, ADAGRAD, VEC)
-    if CLASSES & 128:
-        if cls == 7:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 4, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
-    if CLASSES & 256:
-        if cls == 8:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 8, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
-    if CLASSES & 512:
-        if cls == 9:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 16, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
-    if CLASSES & 1024:
-        if cls == 10:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 32, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
-    if CLASSES & 2048:
-        if cls == 11:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 64, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
-    if CLASSES & 4096:
-        if cls == 12:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 128, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
-    if CLASSES & 8192:
-        if cls == 13:
-            _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, 256, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
+    for c in tl.static_range(14):  # as in _fwd_kernel
+        if CLASSES & (1 << c):
+            if cls == c:
+                DP: tl.constexpr = 4 << (c % 7)
+                if c < 7:
+                    _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, DP, True, LANES, PMIN, PMAX, MINW, ADAGRAD, min(VEC, DP))
+                else:
+                    _bwd_tile(keys_ptr, perm_ptr, segid_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, pid, t, slice_no, s0, send, N, B, D, w_off, col_off, row_start, sumD, slot, lr, eps, DP, False, LANES, PMIN, PMAX, MINW, ADAGRAD, 4)
 
 
 @triton.jit
@@ -414,48 +349,10 @@ def _fix_at(p0, keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags
     s0 = tl.load(dyn_ptr + T + t)
     send = tl.load(dyn_ptr + 2 * T + t)
     slot_base = tl.load(dyn_ptr + 3 * T + t)
-    if CLASSES & 1:
-        if cls == 0:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 2:
-        if cls == 1:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 4:
-        if cls == 2:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 8:
-        if cls == 3:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 16:
-        if cls == 4:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 32:
-        if cls == 5:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 64:
-        if cls == 6:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, True, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 128:
-        if cls == 7:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 4, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 256:
-        if cls == 8:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 8, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 512:
-        if cls == 9:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 16, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 1024:
-        if cls == 10:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 32, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 2048:
-        if cls == 11:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 64, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 4096:
-        if cls == 12:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 128, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
-    if CLASSES & 8192:
-        if cls == 13:
-            _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 256, False, LANES, PMIN, PMAX, QLANES, ADAGRAD)
+    for c in tl.static_range(14):  # as in _fwd_kernel
+        if CLASSES & (1 << c):
+            if cls == c:
+                _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, nprog, s0, send, slot_base, pfirst, D, w_off, row_start, lr, eps, 4 << (c % 7), c < 7, LANES, PMIN, PMAX, QLANES, ADAGRAD)
 
 
 @triton.jit
