@@ -500,6 +500,12 @@ def _print_validation(result: dict, calibration) -> None:
         p = result["placements"]
         t.add_row(f"overall cost, {p['count']} placements", f"{p['mape']:.1f}%", f"{p['spearman']:.3f}")
     console.print(t)
+    z = Table(title="total compute by shard size")
+    for col in ("tables", "shards", "MAPE", "mean signed error"):
+        z.add_column(col, justify="right")
+    for b in result["by_size"]:
+        z.add_row(b["tables"], str(b["shards"]), f"{b['mape']:.1f}%", f"{b['mean_signed_error']:+.1f}%")
+    console.print(z)
     w = Table(title="worst shards")
     for col in ("tables", "dims", "lookups/sample", "measured ms", "simulated ms", "error %"):
         w.add_column(col, justify="right")

@@ -66,6 +66,8 @@ def test_fit_recovers_a_known_calibration(tmp_path):
     truth_pred = sim.shard_compute(held_out, 65536)
     report = validation_report(cal, [ShardRecord(s, 65536, "fp16", "sgd", float(f), float(b)) for s, (f, b) in zip(held_out, truth_pred)])
     assert report["total"]["mape"] < 4 and report["total"]["spearman"] > 0.98
+    assert sum(b["shards"] for b in report["by_size"]) == report["shards"] == 40
+    assert all(b["mape"] < 6 for b in report["by_size"])
 
 
 def test_terms_small_dims_move_a_whole_sector():

@@ -21,6 +21,7 @@ import numpy as np
 from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
 from dreamshard.tables import TableSpec
 
+SIZE_BUCKETS = ((1, 2), (3, 8), (9, 20), (21, 10**9))  # table counts the validation report breaks errors down by
 MAX_SHARD_BYTES = {"cuda": 16 * 10**9, "cpu": 10**9}  # keep each measured shard well inside memory
 
 
@@ -158,6 +159,7 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
     bwd = np.array([r.bwd_ms for r in records])
     tot = fwd + bwd
     err = (pred.sum(1) - tot) / tot
+    sizes = np.array([len(r.tables) for r in records])
     worst = np.argsort(-np.abs(err))[:8]
     report = {
         "calibration": {"hardware": cal.hardware, "kernel": cal.kernel, "date": cal.date},
@@ -165,6 +167,10 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
         "fwd": {"mape": mape(pred[:, 0], fwd), "spearman": spearman(pred[:, 0], fwd)},
         "bwd": {"mape": mape(pred[:, 1], bwd), "spearman": spearman(pred[:, 1], bwd)},
         "total": {"mape": mape(pred.sum(1), tot), "spearman": spearman(pred.sum(1), tot)},
+        # total compute by shard size: tiny shards are where fixed costs dominate
+        "by_size": [{"tables": f"{lo}–{hi}" if hi < 10**9 else f"{lo}+", "shards": int(m.sum()), "mape": mape(pred.sum(1)[m], tot[m]),
+                     "mean_signed_error": float(np.mean(err[m]) * 100)}
+                    for lo, hi in SIZE_BUCKETS for m in [(sizes >= lo) & (sizes <= hi)] if m.any()],
         "worst": [{"tables": len(records[i].tables), "dims": sorted({t.dim for t in records[i].tables}),
                    "lookups_per_sample": round(sum(t.pooling_factor for t in records[i].tables), 1),
                    "measured_ms": round(float(tot[i]), 4), "simulated_ms": round(float(pred[i].sum()), 4), "error": round(float(err[i]) * 100, 1)}
