@@ -33,17 +33,46 @@ SETTINGS = [  # (label, tables, devices, memory per device): two of shipped_mode
 ]
 
 
+TIE = 0.01  # plans within 1% of each other count as a tie: the largest table often sets the step for both
+
+
+def markdown(results: dict) -> str:
+    md = []
+    for row in results["settings"]:
+        P = row["planners"]
+        ours = np.array(P["dreamshard"]["measured_ms"])
+        md += [f"**{row['setting']}** ({row['tasks']} held-out tasks; {results['hardware']}; measured: Triton TBE, sequential runner, "
+               f"NCCL model for the all-to-all)", "",
+               "| planner | measured mean ms | simulated mean ms | DreamShard vs this planner (measured means) | DreamShard faster / tie (±1%) / slower |",
+               "|---|---:|---:|---:|---:|"]
+        for name, p in P.items():
+            m, sim = np.array(p["measured_ms"]), np.array(p["simulated_ms"])
+            if name == "dreamshard":
+                md.append(f"| {name} | {m.mean():.3f} | {sim.mean():.3f} | | |")
+                continue
+            r = ours / m - 1
+            md.append(f"| {name} | {m.mean():.3f} | {sim.mean():.3f} | {ours.mean() / m.mean() - 1:+.1%} | "
+                      f"{int(np.sum(r < -TIE))} / {int(np.sum(abs(r) <= TIE))} / {int(np.sum(r > TIE))} |")
+        md.append("")
+    return "\n".join(md)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/gpu_planners")
     ap.add_argument("--tasks", type=int, default=8, help="held-out tasks per setting")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--markdown", metavar="JSON", help="only print the tables of an earlier run's gpu_planners.json")
     args = ap.parse_args()
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)))
+        return
     os.makedirs(args.out, exist_ok=True)
     B = 65_536
     _, test_half = split_pool(synth_pool(PoolConfig(seed=0)), 0)
     runner, sim = SequentialRunner("triton", device=args.device), SimBackend()
-    results, md = {"batch_size": B, "settings": []}, []
+    results = {"batch_size": B, "settings": []}
     t0 = time.time()
     for label, count, devices, cap in SETTINGS:
         tasks = sample_tasks(test_half, args.tasks, (count, count), devices, cap, seed=1)
@@ -55,25 +84,14 @@ def main() -> None:
             row["planners"][name] = {"measured_ms": [r.overall_ms for r in measured], "simulated_ms": [r.overall_ms for r in simulated]}
             print(f"[{time.time() - t0:6.0f}s] {label}, {name}: measured {np.mean(row['planners'][name]['measured_ms']):.3f} ms, "
                   f"simulated {np.mean(row['planners'][name]['simulated_ms']):.3f} ms", flush=True)
-        hardware = measured[0].hardware
         results["settings"].append(row)
-        ours = np.array(row["planners"]["dreamshard"]["measured_ms"])
-        md += [f"**{label}** ({len(tasks)} held-out tasks; {hardware}; measured: Triton TBE, sequential runner, NCCL model for the all-to-all)", "",
-               "| planner | measured mean ms | simulated mean ms | DreamShard vs this planner, measured (mean of per-task ratios) | tasks DreamShard is faster |",
-               "|---|---:|---:|---:|---:|"]
-        for name in PLANNERS:
-            m, s = np.array(row["planners"][name]["measured_ms"]), np.array(row["planners"][name]["simulated_ms"])
-            vs = "" if name == "dreamshard" else f"{np.mean(ours / m - 1):+.2%}"
-            wins = "" if name == "dreamshard" else f"{int(np.sum(ours < m))} of {len(m)}"
-            md.append(f"| {name} | {m.mean():.3f} | {s.mean():.3f} | {vs} | {wins} |")
-        md.append("")
-        results["hardware"] = hardware
+        results["hardware"] = measured[0].hardware
         # written after every setting, so a run cut short keeps what it measured
         with open(os.path.join(args.out, "gpu_planners.json"), "w") as f:
             json.dump(results, f, indent=1)
         with open(os.path.join(args.out, "gpu_planners.md"), "w") as f:
-            f.write("\n".join(md))
-    print("\n".join(md))
+            f.write(markdown(results))
+    print(markdown(results))
 
 
 if __name__ == "__main__":
