@@ -265,27 +265,32 @@ def predicted_table(predicted: dict) -> Table:
 
 @cli.command("train")
 @click.option("--tasks", "tasks_file", required=True, type=click.Path(dir_okay=False), help="training tasks (JSONL, from `dreamshard data tasks`)")
-@click.option("--backend", default="sim", show_default=True, help="cost backend that measures the sampled plans: sim")
+@click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
+              help="what measures the sampled plans: the calibrated simulator, or a kernel on real hardware (auto: as for `measure`)")
 @click.option("--calibration", type=click.Path(dir_okay=False), help="with --backend sim: a calibration file (default: the shipped H200 one)")
+@click.option("--runner", default="sequential", show_default=True, type=click.Choice(["distributed", "sequential"]),
+              help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
+@click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="with --runner sequential: comm model  [default: the one shipped for the device]")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
 @click.option("--config", "config_name", default="default", show_default=True, type=click.Choice(["paper", "default"]), help="paper: the reference code; default: our ablated changes")
 @click.option("--iterations", type=click.IntRange(1), help="collect → fit → RL iterations [config: 10]")
 @click.option("--budget", type=click.IntRange(1), help="real measurements in all, spread over the iterations [config: 10 per iteration]")
-@click.option("--batch-size", type=click.IntRange(1), help="workload batch size the backend measures [65536]")
+@click.option("--batch-size", type=click.IntRange(1), help="workload batch size the backend measures  [65536; 1024 for a kernel on CPU]")
 @click.option("--seed", type=int, help="[0]")
 @click.option("--eval-tasks", type=click.Path(dir_okay=False), help="also measure the planner on these tasks after every iteration (logged)")
 @click.option("--log", "log_file", type=click.Path(dir_okay=False), help="JSONL log, one line of numbers per iteration")
 @click.option("--resume", is_flag=True, help="continue from MODEL.pt.ckpt where a previous run stopped")
-def train_cmd(tasks_file, backend, calibration, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
+def train_cmd(tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
     """Train a DreamShard model: measure sampled plans, fit the cost net, RL on the cost net."""
     from dreamshard.tasks import load_tasks
     from dreamshard.training import get_config, train
 
-    if backend != "sim":
-        raise ValueError(f"--backend {backend!r}: training supports 'sim' for now (measured backends: plan, then `dreamshard measure`)")
-    from dreamshard.costs.sim import SimBackend
-
-    cost_backend = SimBackend(calibration)  # None: the shipped H200 calibration
+    if calibration and backend != "sim":
+        raise ValueError("--calibration is for --backend sim")
+    cost_backend, dev_type = _cost_backend(backend, runner, device, iters=10, warmup=3, timeout=300.0, comm_model=comm_model, calibration=calibration)
+    if batch_size is None and backend != "sim" and dev_type == "cpu":
+        batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     cfg = get_config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed)
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
@@ -332,6 +337,31 @@ def _report_path(plan_path: str, backend: str, runner: str) -> Path:
     return p.with_name(f"{p.stem}.cost-{tag}{suffix}")
 
 
+def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: int, timeout: float, comm_model: str | None, calibration: str | None = None):
+    """(CostBackend, device type) for the --backend/--runner/--device options of `measure` and `train`:
+    the calibrated simulator, or a kernel measured by a runner (auto: triton on CUDA, else fbgemm
+    where it loads, else torch)."""
+    if backend == "sim":
+        from dreamshard.costs.sim import SimBackend
+
+        return SimBackend(calibration), "cuda"  # None: the shipped H200 calibration
+    from dreamshard.costs.kernels import available_kernels, unavailable_reason
+    from dreamshard.costs.runners import DistributedRunner, SequentialRunner, default_device
+
+    if backend == "auto":
+        import torch
+
+        have = available_kernels("cuda" if torch.cuda.is_available() else "cpu")
+        backend = next(k for k in ("triton", "fbgemm", "torch") if k in have)
+    dev_type = default_device(backend) if device == "auto" else device
+    problem = unavailable_reason(backend, dev_type)
+    if problem:
+        raise ValueError(f"the {backend} kernel cannot run on {dev_type} here: {problem}")
+    if runner == "distributed":
+        return DistributedRunner(backend, dev_type, warmup, iters, timeout_s=timeout), dev_type
+    return SequentialRunner(backend, comm_model, dev_type, warmup, iters), dev_type
+
+
 @cli.command("measure")
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(exists=True, dir_okay=False))
 @click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "fbgemm", "triton", "torch", "sim"]),
@@ -354,36 +384,10 @@ def measure_cmd(plan_file, backend, runner, batch_size, iters, warmup, timeout, 
     from dreamshard.plan import load_plans
 
     plans = load_plans(plan_file)
-    if backend == "auto":
-        from dreamshard.costs.kernels import available_kernels
-
-        import torch
-
-        cuda_ok = torch.cuda.is_available()
-        have = available_kernels("cuda" if cuda_ok else "cpu")
-        backend = next(k for k in ("triton", "fbgemm", "torch") if k in have)
-    if backend == "sim":
-        dev_type = "cuda"
-        from dreamshard.costs.sim import SimBackend
-
-        make_backend = SimBackend
-    else:
-        from dreamshard.costs.kernels import unavailable_reason
-        from dreamshard.costs.runners import DistributedRunner, SequentialRunner, default_device
-
-        dev_type = default_device(backend) if device == "auto" else device
-        problem = unavailable_reason(backend, dev_type)
-        if problem:
-            raise ValueError(f"the {backend} kernel cannot run on {dev_type} here: {problem}")
-        if runner == "distributed":
-            def make_backend():
-                return DistributedRunner(backend, dev_type, warmup, iters, timeout_s=timeout)
-        else:
-            def make_backend():
-                return SequentialRunner(backend, comm_model, dev_type, warmup, iters)
+    cost_backend, dev_type = _cost_backend(backend, runner, device, iters, warmup, timeout, comm_model)
+    backend = cost_backend.kernel if backend == "auto" else backend
     if batch_size is None:
         batch_size = 65_536 if dev_type == "cuda" else 1024
-    cost_backend = make_backend()
     reports = []
     quiet = _stdout_to_stderr() if as_json else contextlib.nullcontext()
     with quiet:

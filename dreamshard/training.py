@@ -255,6 +255,8 @@ def train(
             raise ValueError(f"--resume: options differ from the checkpoint's ({', '.join(changed)}); rerun with the same ones")
         if ck["tasks"] != task_ids:
             raise ValueError(f"--resume: the training tasks differ from the checkpoint's ({ckpt_path})")
+        if ck.get("backend", backend.name) != backend.name:  # one replay buffer must not mix two backends' costs
+            raise ValueError(f"--resume: the checkpoint's measurements come from {ck['backend']}, not {backend.name}; rerun with the same backend")
         model = DreamShardModel.from_state(ck["model"])
         cost_net, policy = model.cost_net, model.policy
         optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
@@ -382,6 +384,7 @@ def train(
                 "format": CHECKPOINT_FORMAT,
                 "config": asdict(cfg),
                 "tasks": task_ids,
+                "backend": backend.name,
                 "iteration": it + 1,
                 "measurements": used,
                 "model": model.state(),

@@ -272,7 +272,19 @@ def test_cli_train_and_plan(pool, tmp_path, tiny_model):
     save_tasks(sample_tasks(train_half, 3, (5, 8), 2, 10**12, seed=2, pool=str(tmp_path)), tmp_path / "train.jsonl")
     save_tasks(sample_tasks(test_half, 2, (5, 8), 2, 10**12, seed=3, pool=str(tmp_path)), tmp_path / "test.jsonl")
     r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "gpu", "--out", str(tmp_path / "m.pt")])
-    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--backend" in r.output
+    assert r.exit_code == 2 and "--backend" in r.output
+    r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "torch", "--calibration", "x.json", "--out", str(tmp_path / "m.pt")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--calibration is for --backend sim" in r.output
+    # measured by a real kernel: the torch kernel on CPU, one device's shard at a time
+    r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "torch", "--device", "cpu", "--batch-size", "64",
+                                 "--out", str(tmp_path / "k.pt"), "--iterations", "1", "--budget", "2", "--config", "paper", "--log", str(tmp_path / "klog.jsonl")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "klog.jsonl").read_text().splitlines()[0])["measurements"] == 2
+    assert DreamShardModel.load(tmp_path / "k.pt").meta["backend"] == "torch/sequential"
+    # resuming against another backend would mix two backends' costs in one replay buffer
+    r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "k.pt"), "--iterations", "1", "--budget", "2",
+                                 "--config", "paper", "--batch-size", "64", "--resume"])
+    assert r.exit_code == 2 and "torch/sequential" in r.output
     # a small but complete run through the CLI (the options the config sets are overridden here)
     r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "m.pt"), "--iterations", "1", "--budget", "2", "--config", "paper", "--log", str(tmp_path / "log.jsonl")])
     assert r.exit_code == 0, r.output
