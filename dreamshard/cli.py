@@ -1,4 +1,10 @@
-"""The `dreamshard` command line. Bad input → one line on stderr and exit status 2."""
+"""The `dreamshard` command line.
+
+Bad input (a typed `validation.InputError`, or a click usage error) → one line on stderr, exit
+status 2; a failed measurement (`validation.MeasurementError`) → one line, exit status 1; `--help`
+and `--version` → exit status 0. All of that is decided in one place, `Group.main`. Anything else
+is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -11,36 +17,121 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dreamshard.tables import TableError
+from dreamshard import validation as limits
+from dreamshard.files import atomic_write, check_out_path
+from dreamshard.planners.memory import InfeasibleError
+from dreamshard.validation import InputError, MeasurementError, OptionError, one_line
 
 console = Console()
 err_console = Console(stderr=True)
 
-USER_ERRORS = (TableError, ValueError, FileNotFoundError)
+# InfeasibleError (no placement within memory) is bad input too; it lives in planners/memory.py.
+USER_ERRORS = (InputError, InfeasibleError)
+
+
+def fail(status: int, message: str) -> None:
+    """The one way the CLI ends on an error: one line on stderr."""
+    click.echo(f"error: {one_line(message)}", err=True)
+    sys.exit(status)
 
 
 class Group(click.Group):
-    """A click group that turns our user-facing errors into one line and exit status 2."""
+    """The root group decides every exit: see the module docstring."""
 
     group_class = type  # nested groups are of this class too
 
-    def invoke(self, ctx):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
-            return super().invoke(ctx)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:  # a bare group: its help, as --help would
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        except click.UsageError as e:
+            where = f"{e.ctx.command_path}: " if e.ctx is not None else ""
+            hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            fail(e.exit_code, f"{where}{e.format_message()}{hint}")
+        except click.ClickException as e:
+            fail(e.exit_code, e.format_message())
+        except click.Abort:
+            fail(1, "interrupted")
         except USER_ERRORS as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-        except RuntimeError as e:  # kernels/runners report their failures as RuntimeError
-            click.echo(f"error: {e}", err=True)
-            sys.exit(1)
+            fail(2, str(e))
+        except MeasurementError as e:
+            fail(1, str(e))
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+class Memory(click.ParamType):
+    """A per-device memory cap: 5GB, 5GiB, 512MB or bytes (tasks.parse_memory)."""
+
+    name = "MEMORY"
+
+    def convert(self, value, param, ctx):
+        from dreamshard.tasks import parse_memory
+
+        try:
+            return parse_memory(value)
+        except InputError as e:
+            self.fail(str(e), param, ctx)
+
+
+class OutPath(click.ParamType):
+    """A path to write (a file, or a folder with `directory`), checked before any work is done."""
+
+    def __init__(self, directory: bool = False) -> None:
+        self.directory = directory
+        self.name = "DIR" if directory else "FILE"
+
+    def convert(self, value, param, ctx):
+        try:
+            return str(check_out_path(value, "path", self.directory))
+        except OptionError as e:
+            self.fail(str(e).removeprefix("path "), param, ctx)
+
+
+MEMORY = Memory()
+OUT_FILE = OutPath()
+OUT_DIR = OutPath(directory=True)
+DEVICES = click.IntRange(1, limits.MAX_DEVICES)
+SEED = click.IntRange(0, limits.MAX_SEED)
+BATCH = click.IntRange(1, limits.MAX_BATCH_SIZE)
+ITERS = click.IntRange(1, limits.MAX_ITERS)
+WARMUP = click.IntRange(0, limits.MAX_ITERS)
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan (which every comparison lets through)."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if value != value:
+            self.fail(f"{value} is not a number", param, ctx)
+        return value
+
+
+TIMEOUT = FiniteFloatRange(min=0, max=limits.MAX_TIMEOUT_S, min_open=True)
 
 
 def progress_bar() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
+    """A bar on stderr, on a terminal only (piped stderr keeps to its one line on error)."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True,
+                    disable=not err_console.is_terminal)
+
+
+def given(ctx: click.Context, name: str) -> bool:
+    """Whether the user gave the option `name` (not its default)."""
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def refuse_unused(ctx: click.Context, names: list[str], reason: str) -> None:
+    """OptionError for any of `names` given where it would have no effect (silently ignored options are garbage in)."""
+    for name in names:
+        if given(ctx, name):
+            raise OptionError(f"--{name.replace('_', '-')} has no effect {reason}")
 
 
 def memory_option(f):
-    return click.option("--max-memory", required=True, help="per-device memory cap: 5GB, 5GiB, 512MB or bytes")(f)
+    return click.option("--max-memory", required=True, type=MEMORY, help="per-device memory cap: 5GB, 5GiB, 512MB or bytes")(f)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,9 +151,9 @@ def data() -> None:
 
 
 @data.command("synth")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="directory for tables.csv and pool.json")
-@click.option("--tables", "n_tables", default=856, show_default=True, type=click.IntRange(1), help="number of tables")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", required=True, type=OUT_DIR, help="directory for tables.csv and pool.json")
+@click.option("--tables", "n_tables", default=856, show_default=True, type=click.IntRange(1, limits.MAX_TABLES), help="number of tables")
+@click.option("--seed", default=0, show_default=True, type=SEED)
 def data_synth(out: str, n_tables: int, seed: int) -> None:
     """Write a synthetic DLRM-like table pool (specs + regenerable index streams)."""
     from dreamshard.synth import PoolConfig, synth_pool, write_pool
@@ -88,7 +179,7 @@ def data_stats(pool: str, reference: str) -> None:
     ref = published_stats(reference)
     tables = load_pool(pool)
     if any((t.distribution or "").startswith("dlrm:") for t in tables):
-        raise ValueError(f"{pool}: stats are computed from synthetic stream descriptors; this pool replays DLRM files")
+        raise OptionError(f"{pool}: stats are computed from synthetic stream descriptors; this pool replays DLRM files")
     mine = pool_stats(tables, ref.batch_size)
     t = Table(title=f"{pool} vs {ref.source} (batch {ref.batch_size})")
     t.add_column("statistic")
@@ -116,44 +207,45 @@ def data_stats(pool: str, reference: str) -> None:
 @data.command("tasks")
 @click.option("--pool", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--tables", "count", required=True, help="tables per task: T or LO:HI")
-@click.option("--devices", required=True, type=click.IntRange(1))
+@click.option("--devices", required=True, type=DEVICES)
 @memory_option
-@click.option("--num-train", default=50, show_default=True, type=click.IntRange(0))
-@click.option("--num-test", default=50, show_default=True, type=click.IntRange(0))
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--num-train", default=50, show_default=True, type=click.IntRange(0, limits.MAX_TASKS))
+@click.option("--num-test", default=50, show_default=True, type=click.IntRange(0, limits.MAX_TASKS))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, limits.MAX_SEED - 1))
 @click.option("--precision", default="fp16", type=click.Choice(["fp16", "fp32"]), show_default=True)
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
-@click.option("--out", required=True, type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=OUT_DIR)
 def data_tasks(pool, count, devices, max_memory, num_train, num_test, seed, precision, optimizer, out) -> None:
     """Split the pool 50/50 into train/test tables and draw random tasks from each half."""
     from dreamshard.synth import load_pool
-    from dreamshard.tasks import parse_memory, parse_range, sample_tasks, save_tasks, split_pool
+    from dreamshard.tasks import parse_range, sample_tasks, save_tasks, split_pool
 
-    cap, rng = parse_memory(max_memory), parse_range(count)
+    cap, rng = max_memory, parse_range(count)
     tables = load_pool(pool)
     train, test = split_pool(tables, seed)
     pool_path = str(Path(pool).resolve())
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, half, n, s in (("train", train, num_train, seed), ("test", test, num_test, seed + 1)):
-        tasks = sample_tasks(half, n, rng, devices, cap, s, pool_path, precision, optimizer)
+    drawn = [(name, half, sample_tasks(half, n, rng, devices, cap, s, pool_path, precision, optimizer))
+             for name, half, n, s in (("train", train, num_train, seed), ("test", test, num_test, seed + 1))]
+    for name, half, tasks in drawn:  # nothing is written unless both halves could be drawn
         save_tasks(tasks, out_dir / f"{name}.jsonl")
         console.print(f"wrote {len(tasks)} {name} tasks ({rng[0]}–{rng[1]} of {len(half)} {name} tables, {devices} devices) to {out_dir / f'{name}.jsonl'}")
 
 
 @data.command("dlrm")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="pool directory to write")
-@click.option("--dim", default=64, show_default=True, type=click.IntRange(4), help="embedding dim (the files hold none)")
+@click.option("--out", required=True, type=OUT_DIR, help="pool directory to write")
+@click.option("--dim", default=64, show_default=True, type=click.IntRange(limits.MIN_DIM, limits.MAX_DIM), help="embedding dim (the files hold none)")
 def data_dlrm(file, out, dim) -> None:
     """Turn a DLRM-dataset file ((indices, offsets, lengths), .pt or .pt.gz) into a pool."""
     from dreamshard.streams import tables_from_dlrm
     from dreamshard.tables import save_tables
+    from dreamshard.validation import check_dlrm_file
 
-    if dim % 4:
-        raise ValueError(f"--dim {dim} is not a multiple of 4")
+    if dim % limits.DIM_MULTIPLE:
+        raise OptionError(f"--dim {dim} is not a multiple of {limits.DIM_MULTIPLE}")
+    check_dlrm_file(file)  # integer indices >= 0, consistent offsets: before anything is derived from them
     tables = tables_from_dlrm(file, dim)
-    Path(out).mkdir(parents=True, exist_ok=True)
     save_tables(tables, Path(out) / "tables.csv")
     console.print(f"wrote {len(tables)} tables from {file} to {Path(out) / 'tables.csv'}")
 
@@ -198,39 +290,41 @@ def device_summary(plan, title: str, report=None) -> Table:
 
 
 @cli.command("plan")
-@click.argument("tables_file", required=False, type=click.Path())
-@click.option("--tasks", "tasks_file", type=click.Path(), help="plan every task of a JSONL task file instead")
-@click.option("--devices", type=click.IntRange(1), help="number of devices (with TABLES_FILE)")
-@click.option("--max-memory", help="per-device memory cap (with TABLES_FILE): 5GB, 5GiB, 512MB or bytes")
+@click.argument("tables_file", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--tasks", "tasks_file", type=click.Path(exists=True, dir_okay=False), help="plan every task of a JSONL task file instead")
+@click.option("--devices", type=DEVICES, help="number of devices (with TABLES_FILE)")
+@click.option("--max-memory", type=MEMORY, help="per-device memory cap (with TABLES_FILE): 5GB, 5GiB, 512MB or bytes")
 @click.option("--precision", default="fp16", type=click.Choice(["fp16", "fp32"]), show_default=True)
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
-@click.option("--seed", default=0, show_default=True, type=int, help="for randomized planners")
-@click.option("--model", "model_path", type=click.Path(dir_okay=False), help="with --planner dreamshard: a model from `dreamshard train` (default: the shipped H200 model)")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="PLAN.json, or PLANS.jsonl with --tasks")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="for randomized planners")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="with --planner dreamshard: a model from `dreamshard train` (default: the shipped H200 model)")
+@click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
 def plan_cmd(tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, out) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
     from dreamshard.tables import load_tables
-    from dreamshard.tasks import Task, load_tasks, parse_memory
+    from dreamshard.tasks import Task, load_tasks
 
     if planner_name not in PLANNERS:
-        raise ValueError(f"unknown planner {planner_name!r}; choose from {', '.join(sorted(PLANNERS))}")
+        raise OptionError(f"--planner: unknown planner {planner_name!r}; choose from {', '.join(sorted(PLANNERS))}")
     if (tables_file is None) == (tasks_file is None):
-        raise ValueError("give either TABLES_FILE (with --devices and --max-memory) or --tasks FILE.jsonl")
+        raise OptionError("give either TABLES_FILE (with --devices and --max-memory) or --tasks FILE.jsonl")
+    if model_path is not None and planner_name != "dreamshard":
+        raise OptionError(f"--model is for --planner dreamshard, not {planner_name!r}")
     if tasks_file:
+        if devices is not None or max_memory is not None:
+            raise OptionError("--devices and --max-memory are for TABLES_FILE; a task file gives its own")
         tasks = load_tasks(tasks_file)
     else:
         if devices is None or max_memory is None:
-            raise ValueError("TABLES_FILE needs --devices and --max-memory")
+            raise OptionError("TABLES_FILE needs --devices and --max-memory")
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
-        tasks = [Task(tables, devices, parse_memory(max_memory), precision, optimizer, pool)]
+        tasks = [Task(tables, devices, max_memory, precision, optimizer, pool).validate(str(tables_file), OptionError)]
     kwargs = {"seed": seed} if planner_name in ("random", "dreamshard") else {}
     if model_path is not None:
-        if planner_name != "dreamshard":
-            raise ValueError(f"--model is for --planner dreamshard, not {planner_name!r}")
         kwargs["model"] = model_path
     planner = get_planner(planner_name, **kwargs)
     with progress_bar() as bar:
@@ -264,30 +358,35 @@ def predicted_table(predicted: dict) -> Table:
 
 
 @cli.command("train")
-@click.option("--tasks", "tasks_file", required=True, type=click.Path(dir_okay=False), help="training tasks (JSONL, from `dreamshard data tasks`)")
+@click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="training tasks (JSONL, from `dreamshard data tasks`)")
 @click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="what measures the sampled plans: the calibrated simulator, or a kernel on real hardware (auto: as for `measure`)")
-@click.option("--calibration", type=click.Path(dir_okay=False), help="with --backend sim: a calibration file (default: the shipped H200 one)")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), help="with --backend sim: a calibration file (default: the shipped H200 one)")
 @click.option("--runner", default="sequential", show_default=True, type=click.Choice(["distributed", "sequential"]),
               help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="with --runner sequential: comm model  [default: the one shipped for the device]")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
+@click.option("--out", required=True, type=OUT_FILE, help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
 @click.option("--config", "config_name", default="default", show_default=True, type=click.Choice(["paper", "default"]), help="paper: the reference code; default: our ablated changes")
-@click.option("--iterations", type=click.IntRange(1), help="collect → fit → RL iterations [config: 10]")
-@click.option("--budget", type=click.IntRange(1), help="real measurements in all, spread over the iterations [config: 10 per iteration]")
-@click.option("--batch-size", type=click.IntRange(1), help="workload batch size the backend measures  [65536; 1024 for a kernel on CPU]")
-@click.option("--seed", type=int, help="[0]")
-@click.option("--eval-tasks", type=click.Path(dir_okay=False), help="also measure the planner on these tasks after every iteration (logged)")
-@click.option("--log", "log_file", type=click.Path(dir_okay=False), help="JSONL log, one line of numbers per iteration")
+@click.option("--iterations", type=click.IntRange(1, limits.MAX_ITERS), help="collect → fit → RL iterations [config: 10]")
+@click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET), help="real measurements in all, spread over the iterations [config: 10 per iteration]")
+@click.option("--batch-size", type=BATCH, help="workload batch size the backend measures  [65536; 1024 for a kernel on CPU]")
+@click.option("--seed", type=SEED, help="[0]")
+@click.option("--eval-tasks", type=click.Path(exists=True, dir_okay=False), help="also measure the planner on these tasks after every iteration (logged)")
+@click.option("--log", "log_file", type=OUT_FILE, help="JSONL log, one line of numbers per iteration")
 @click.option("--resume", is_flag=True, help="continue from MODEL.pt.ckpt where a previous run stopped")
-def train_cmd(tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
+@click.pass_context
+def train_cmd(ctx, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
     """Train a DreamShard model: measure sampled plans, fit the cost net, RL on the cost net."""
     from dreamshard.tasks import load_tasks
     from dreamshard.training import get_config, train
 
     if calibration and backend != "sim":
-        raise ValueError("--calibration is for --backend sim")
+        raise OptionError("--calibration is for --backend sim")
+    if backend == "sim":
+        refuse_unused(ctx, ["runner", "device", "comm_model"], "with --backend sim (the simulator measures nothing)")
+    elif runner == "distributed":
+        refuse_unused(ctx, ["comm_model"], "with --runner distributed (its all-to-alls are real)")
     cost_backend, dev_type = _cost_backend(backend, runner, device, iters=10, warmup=3, timeout=300.0, comm_model=comm_model, calibration=calibration)
     if batch_size is None and backend != "sim" and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
@@ -337,6 +436,17 @@ def _report_path(plan_path: str, backend: str, runner: str) -> Path:
     return p.with_name(f"{p.stem}.cost-{tag}{suffix}")
 
 
+def _load_calibration(path: str | None):
+    """The simulator's calibration file (None: the shipped one); DataError if it is not one."""
+    from dreamshard.costs.sim import Calibration
+    from dreamshard.validation import DataError
+
+    try:
+        return Calibration.load(path)
+    except ValueError as e:  # sim.py reports a bad calibration file as ValueError
+        raise DataError(str(e)) from None
+
+
 def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: int, timeout: float, comm_model: str | None, calibration: str | None = None):
     """(CostBackend, device type) for the --backend/--runner/--device options of `measure` and `train`:
     the calibrated simulator, or a kernel measured by a runner (auto: triton on CUDA, else fbgemm
@@ -344,7 +454,7 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: in
     if backend == "sim":
         from dreamshard.costs.sim import SimBackend
 
-        return SimBackend(calibration), "cuda"  # None: the shipped H200 calibration
+        return SimBackend(_load_calibration(calibration)), "cuda"  # None: the shipped H200 calibration
     from dreamshard.costs.kernels import available_kernels, unavailable_reason
     from dreamshard.costs.runners import DistributedRunner, SequentialRunner, default_device
 
@@ -356,7 +466,7 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: in
     dev_type = default_device(backend) if device == "auto" else device
     problem = unavailable_reason(backend, dev_type)
     if problem:
-        raise ValueError(f"the {backend} kernel cannot run on {dev_type} here: {problem}")
+        raise OptionError(f"--backend {backend}: the kernel cannot run on {dev_type} here: {one_line(problem)}")
     if runner == "distributed":
         return DistributedRunner(backend, dev_type, warmup, iters, timeout_s=timeout), dev_type
     return SequentialRunner(backend, comm_model, dev_type, warmup, iters), dev_type
@@ -368,26 +478,35 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: in
               help="kernel to measure with (auto: triton on CUDA, else fbgemm where it loads, else torch), or the calibrated simulator")
 @click.option("--runner", default="distributed", show_default=True, type=click.Choice(["distributed", "sequential"]),
               help="distributed: one process per device, real all-to-all; sequential: one device, comm from a fitted model")
-@click.option("--batch-size", type=click.IntRange(1), help="global batch B  [default: 65536 on GPUs, 1024 on CPU]")
-@click.option("--iters", default=10, show_default=True, type=click.IntRange(1), help="timed iterations (medians are reported)")
-@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0), help="untimed iterations first")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="seconds before the distributed runner kills its workers")
+@click.option("--batch-size", type=BATCH, help="global batch B  [default: 65536 on GPUs, 1024 on CPU]")
+@click.option("--iters", default=10, show_default=True, type=ITERS, help="timed iterations (medians are reported)")
+@click.option("--warmup", default=3, show_default=True, type=WARMUP, help="untimed iterations first")
+@click.option("--timeout", default=300.0, show_default=True, type=TIMEOUT, help="seconds before the distributed runner kills its workers")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="comm model for --runner sequential  [default: the one shipped for the device]")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: the kernel decides")
 @click.option("--precision", type=click.Choice(["fp16", "fp32"]), help="weights/outputs  [default: the plan's, fp16]")
-@click.option("--out", type=click.Path(dir_okay=False), help="report file  [default: PLAN.cost-BACKEND-RUNNER.json next to the plan]")
+@click.option("--out", type=OUT_FILE, help="report file  [default: PLAN.cost-BACKEND-RUNNER.json next to the plan]")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON (top-level overall_ms) to stdout instead of tables")
-def measure_cmd(plan_file, backend, runner, batch_size, iters, warmup, timeout, comm_model, device, precision, out, as_json) -> None:
+@click.pass_context
+def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, timeout, comm_model, device, precision, out, as_json) -> None:
     """Cost of a placement: per device fwd comp, fwd comm, bwd comm, bwd comp; overall = max total."""
     import contextlib
 
     from dreamshard.plan import load_plans
+
+    if backend == "sim":
+        refuse_unused(ctx, ["runner", "iters", "warmup", "timeout", "comm_model", "device"], "with --backend sim (the simulator measures nothing)")
+    elif runner == "distributed":
+        refuse_unused(ctx, ["comm_model"], "with --runner distributed (its all-to-alls are real)")
+    else:
+        refuse_unused(ctx, ["timeout"], "with --runner sequential (no worker processes)")
 
     plans = load_plans(plan_file)
     cost_backend, dev_type = _cost_backend(backend, runner, device, iters, warmup, timeout, comm_model)
     backend = cost_backend.kernel if backend == "auto" else backend
     if batch_size is None:
         batch_size = 65_536 if dev_type == "cuda" else 1024
+    path = Path(out) if out else check_out_path(_report_path(plan_file, backend, runner), "report")
     reports = []
     quiet = _stdout_to_stderr() if as_json else contextlib.nullcontext()
     with quiet:
@@ -396,13 +515,10 @@ def measure_cmd(plan_file, backend, runner, batch_size, iters, warmup, timeout, 
             label = f"plan {i + 1}/{len(plans)}: " if len(plans) > 1 else ""
             with err_console.status(f"{label}measuring {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={batch_size})"):
                 reports.append(cost_backend.evaluate(plan.shards(), batch_size, prec, plan.task.optimizer))
-    path = Path(out) if out else _report_path(plan_file, backend, runner)
     if len(reports) == 1 and path.suffix != ".jsonl":
         reports[0].save(path)
     else:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in reports))
-        tmp.replace(path)
+        atomic_write(path, "".join(json.dumps(r.to_json()) + "\n" for r in reports))
     if as_json:
         for r in reports:
             click.echo(json.dumps(r.to_json(), indent=None if len(reports) > 1 else 1))
@@ -427,33 +543,34 @@ def _wide_console() -> Console:
 
 @cli.group("calibrate", cls=Group, invoke_without_command=True)
 @click.option("--backend", "kernel", type=click.Choice(["triton", "fbgemm", "torch"]), help="kernel whose costs the simulator is fitted to")
-@click.option("--out", type=click.Path(dir_okay=False), help="calibration JSON to write (with --backend)")
+@click.option("--out", type=OUT_FILE, help="calibration JSON to write (with --backend)")
 @click.option("--validate", "validate_file", type=click.Path(exists=True, dir_okay=False), help="calibration to validate on held-out shards and placements")
-@click.option("--shards", default=240, show_default=True, type=click.IntRange(10), help="random shards to measure")
-@click.option("--placements", default=30, show_default=True, type=click.IntRange(0), help="whole placements to measure (--validate)")
-@click.option("--batch-size", type=click.IntRange(1), help="[default: 65536 on GPUs, 2048 on CPU]")
+@click.option("--shards", default=240, show_default=True, type=click.IntRange(10, limits.MAX_TASKS), help="random shards to measure")
+@click.option("--placements", default=30, show_default=True, type=click.IntRange(0, limits.MAX_TASKS), help="whole placements to measure (--validate)")
+@click.option("--batch-size", type=BATCH, help="[default: 65536 on GPUs, 2048 on CPU]")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
-@click.option("--seed", type=int, help="pool seed of the shards  [default: 0 to calibrate, 1 to validate: held-out tables]")
+@click.option("--seed", type=click.IntRange(0, limits.MAX_SEED), help="pool seed of the shards  [default: 0 to calibrate, 1 to validate: held-out tables]")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="all-to-all model to embed  [default: the one shipped for the device]")
-@click.option("--records", type=click.Path(dir_okay=False), help="also write every measurement here (JSON lines)")
+@click.option("--records", type=OUT_FILE, help="also write every measurement here (JSON lines)")
 @click.option("--from-records", type=click.Path(exists=True, dir_okay=False), help="fit or validate these measurements instead of measuring")
-@click.option("--report", type=click.Path(dir_okay=False), help="validation report JSON to write")
-@click.option("--iters", default=10, show_default=True, type=click.IntRange(1))
-@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0))
+@click.option("--report", type=OUT_FILE, help="validation report JSON to write")
+@click.option("--iters", default=10, show_default=True, type=ITERS)
+@click.option("--warmup", default=3, show_default=True, type=WARMUP)
 @click.pass_context
 def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, device, seed, comm_model, records, from_records, report, iters, warmup) -> None:
     """Fit the simulator to real measurements (--backend K --out FILE), or check a fit (--validate FILE)."""
     if ctx.invoked_subcommand is not None:
         return
-    if not validate_file and not (kernel and out):
+    if not validate_file and not kernel and not out:
         click.echo(ctx.get_help())
         return
+    if not validate_file and not (kernel and out):
+        raise OptionError("calibrate needs --backend KERNEL with --out FILE, or --validate FILE")
     from dreamshard.costs import calibrate as cal
     from dreamshard.costs.comm import load_comm_model
     from dreamshard.costs.runners import default_device
-    from dreamshard.costs.sim import Calibration
 
-    calibration = Calibration.load(validate_file) if validate_file else None
+    calibration = _load_calibration(validate_file) if validate_file else None
     kernel = kernel or calibration.kernel
     dev = default_device(kernel) if device == "auto" else device
     batch_size = batch_size or (calibration.batch_size if calibration else 65_536 if dev == "cuda" else 2048)
@@ -482,7 +599,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
         result = cal.validation_report(calibration, measured)
         _print_validation(result, calibration)
         if report:
-            Path(report).write_text(json.dumps(result, indent=1))
+            atomic_write(report, json.dumps(result, indent=1))
         return
     comm = load_comm_model(comm_model, dev)
     comm_info = {"latency_ms": comm.latency_ms, "bandwidth_GBps": comm.bandwidth_GBps, "serial_fraction": comm.serial_fraction,
@@ -519,13 +636,13 @@ def _print_validation(result: dict, calibration) -> None:
 
 
 @calibrate.command("comm")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="comm model JSON to write")
-@click.option("--devices", default=2, show_default=True, type=click.IntRange(2), help="processes (CPU) or GPUs taking part")
+@click.option("--out", required=True, type=OUT_FILE, help="comm model JSON to write")
+@click.option("--devices", default=2, show_default=True, type=click.IntRange(2, limits.MAX_DEVICES), help="processes (CPU) or GPUs taking part")
 @click.option("--sizes", help="bytes each rank sends to each other rank, comma-separated (e.g. 256,4KB,1MB)  [default: 256 B–4 MB on CPU, 1 KB–256 MB on GPUs]")
-@click.option("--iters", default=20, show_default=True, type=click.IntRange(1), help="timed all-to-alls per size (median kept)")
-@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0))
+@click.option("--iters", default=20, show_default=True, type=ITERS, help="timed all-to-alls per size (median kept)")
+@click.option("--warmup", default=3, show_default=True, type=WARMUP)
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: NCCL when CUDA devices >= --devices, else gloo on CPU")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--timeout", default=300.0, show_default=True, type=TIMEOUT)
 def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
     """Measure real all-to-alls (gloo on CPU, NCCL on GPUs) and fit latency + bandwidth."""
     import torch
@@ -564,9 +681,9 @@ def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
 
 
 @cli.command("demo")
-@click.option("--workdir", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
-@click.option("--devices", default=8, show_default=True, type=click.IntRange(1))
-@click.option("--tables", "n_tables", default=80, show_default=True, type=click.IntRange(1), help="tables per task")
+@click.option("--workdir", default="runs/demo", show_default=True, type=OUT_DIR)
+@click.option("--devices", default=8, show_default=True, type=DEVICES)
+@click.option("--tables", "n_tables", default=80, show_default=True, type=click.IntRange(1, limits.MAX_TABLES), help="tables per task")
 def demo(workdir: str, devices: int, n_tables: int) -> None:
     """Synthesize the DLRM-like pool, draw a held-out task, plan it with every planner, compare."""
     from dreamshard.planners import get_planner
@@ -604,6 +721,10 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
 
 
 def main() -> None:
+    import signal
+
+    # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: temporary files are removed, workers killed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     cli(prog_name="dreamshard")
 
 

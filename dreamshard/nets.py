@@ -15,7 +15,6 @@ measurements): the nets then see numbers near 1 whatever the hardware, from a 1 
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -25,7 +24,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dreamshard.files import atomic_write, load_torch_file
 from dreamshard.tables import NUM_BINS, NUM_FEATURES, TableSpec, features
+from dreamshard.validation import ModelError, one_line
 
 COST_COMPONENTS = ("fwd_comp_ms", "bwd_comp_ms", "comm_ms")  # the three per-shard heads, in order
 MODEL_FORMAT = "dreamshard.model/1"
@@ -270,19 +271,40 @@ class DreamShardModel:
 
     @staticmethod
     def from_state(state: dict, where: str = "model") -> "DreamShardModel":
+        """A model from `state()`; ModelError naming `where` and the key for anything else."""
+        from dreamshard.validation import require_keys
+
         if not isinstance(state, dict) or state.get("format") != MODEL_FORMAT:
-            raise ValueError(f"{where}: not a {MODEL_FORMAT} file (train one with `dreamshard train`)")
+            raise ModelError(f"{where}: not a {MODEL_FORMAT} file (train one with `dreamshard train`)")
+        require_keys(state, ("cost_net", "policy", "sees_table", "normalization", "best_of"), where, ModelError)
+        for key, kind in (("sees_table", bool), ("normalization", str), ("best_of", int), ("score", str), ("linear_features", bool), ("keep_room", bool)):
+            if key in state and (not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool))):
+                raise ModelError(f"{where}, key {key!r}: {state[key]!r:.40} is not a {kind.__name__}")
+        if state["normalization"] not in ("fixed", "task"):
+            raise ModelError(f"{where}, key 'normalization': {state['normalization']!r:.40} is not 'fixed' or 'task'")
+        if not 1 <= state["best_of"] <= 10_000:
+            raise ModelError(f"{where}, key 'best_of': {state['best_of']} must be in 1..10000")
+        if state.get("score", "overall") not in SCORES:
+            raise ModelError(f"{where}, key 'score': {state['score']!r:.40} is not one of {', '.join(SCORES)}")
+        meta = state.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise ModelError(f"{where}, key 'meta': expected a dict")
         model = DreamShardModel.create(
-            bool(state["sees_table"]),
-            str(state["normalization"]),
-            int(state["best_of"]),
-            str(state.get("score", "overall")),
-            bool(state.get("linear_features", False)),
-            bool(state.get("keep_room", False)),
+            state["sees_table"],
+            state["normalization"],
+            state["best_of"],
+            state.get("score", "overall"),
+            state.get("linear_features", False),
+            state.get("keep_room", False),
         )
-        model.cost_net.load_state_dict(state["cost_net"])
-        model.policy.load_state_dict(state["policy"])
-        model.meta = dict(state.get("meta") or {})
+        for key, net in (("cost_net", model.cost_net), ("policy", model.policy)):
+            if not isinstance(state[key], dict):
+                raise ModelError(f"{where}, key {key!r}: expected a state dict of tensors")
+            try:
+                net.load_state_dict(state[key])
+            except (RuntimeError, TypeError, KeyError, AttributeError) as e:  # missing/unexpected keys, shapes, non-tensors
+                raise ModelError(f"{where}, key {key!r}: does not fit the network ({one_line(e)[:200]})") from None
+        model.meta = dict(meta or {})
         model.cost_net.eval()
         model.policy.eval()
         return model
@@ -292,20 +314,13 @@ class DreamShardModel:
         path = Path(path) if path is not None else DEFAULT_MODEL
         if not path.is_file():
             hint = " (the shipped model is missing from this install)" if path == DEFAULT_MODEL else ""
-            raise FileNotFoundError(f"{path}: no such model file{hint}")
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unpickling failure means "not our model file"
-            raise ValueError(f"{path}: cannot read model ({type(e).__name__}: {e})") from None
-        return DreamShardModel.from_state(state, str(path))
+            raise ModelError(f"{path}: no such model file{hint}")
+        return DreamShardModel.from_state(load_torch_file(path, "model", ModelError), str(path))
 
 
 def atomic_save(obj, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save through the project's one atomic writer (files.atomic_write)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def now() -> str:

@@ -11,8 +11,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from dreamshard.tables import TableError, TableSpec
+from dreamshard.files import atomic_write
+from dreamshard.tables import TableSpec, table_from_record
 from dreamshard.tasks import Task
+from dreamshard.validation import (
+    MAX_DEVICES,
+    MAX_MEMORY_BYTES,
+    MAX_TABLES,
+    MAX_TASKS,
+    PlanError,
+    TableError,
+    one_line,
+    parse_int,
+    require_dict,
+    require_keys,
+    require_list,
+)
 
 FORMAT = "dreamshard.plan/1"
 
@@ -45,14 +59,14 @@ class Plan:
             used[d] += table.bytes(self.task.precision, self.task.optimizer)
         return used
 
-    def check(self) -> None:
-        """Raise ValueError if a table is off the devices or a device is over its memory."""
+    def check(self, where: str = "plan") -> None:
+        """Raise PlanError if a table is off the devices or a device is over its memory."""
         for t, d in zip(self.task.tables, self.placement):
             if not 0 <= d < self.devices:
-                raise ValueError(f"table {t.name} on device {d}, outside 0..{self.devices - 1}")
+                raise PlanError(f"{where}: table {t.name} on device {d}, outside 0..{self.devices - 1}")
         for d, used in enumerate(self.device_bytes()):
             if used > self.task.max_memory_bytes:
-                raise ValueError(f"device {d} holds {used} bytes, over its {self.task.max_memory_bytes}")
+                raise PlanError(f"{where}: device {d} holds {used:,} bytes, over its max_memory_bytes {self.task.max_memory_bytes:,}")
 
     def to_json(self) -> dict:
         t = self.task
@@ -79,18 +93,41 @@ class Plan:
 
     @staticmethod
     def from_json(d: dict, where: str = "plan") -> "Plan":
+        """A plan from its JSON form, checked as strictly as a table file: every table spec, the
+        task (devices, memory, precision, optimizer, no table twice), every device number and
+        every device's memory. Raises PlanError naming `where` and the key."""
+        require_dict(d, where, f"a {FORMAT} plan", PlanError)
         if d.get("format") != FORMAT:
-            raise TableError(f"{where}: not a {FORMAT} file (format={d.get('format')!r})")
-        try:
-            specs = [TableSpec.from_dict(e["spec"]) for e in d["tables"]]
-            task = Task(specs, int(d["devices"]), int(d["max_memory_bytes"]), d.get("precision", "fp16"), d.get("optimizer", "sgd"), d.get("pool"))
-            plan = Plan(task, [int(e["device"]) for e in d["tables"]], d.get("planner", "?"), d.get("predicted"), d.get("notes", []))
-        except (KeyError, TypeError, ValueError) as e:
-            raise TableError(f"{where}: malformed plan ({type(e).__name__}: {e})") from None
-        try:
-            plan.check()
-        except ValueError as e:
-            raise TableError(f"{where}: {e}") from None
+            raise PlanError(f"{where}: not a {FORMAT} file (format={d.get('format')!r:.40})")
+        require_keys(d, ("devices", "max_memory_bytes", "tables"), where, PlanError)
+        devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, PlanError)
+        cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, PlanError)
+        entries = require_list(d["tables"], where, "key 'tables'", PlanError, MAX_TABLES)
+        specs, placement = [], []
+        for i, e in enumerate(entries):
+            at = f"{where}, table {i}"
+            require_dict(e, at, "a table entry", PlanError)
+            require_keys(e, ("spec", "device"), at, PlanError)
+            try:
+                specs.append(table_from_record(require_dict(e["spec"], f"{at}, key 'spec'", "a table spec", PlanError), f"{at}, spec", "key"))
+            except TableError as err:
+                raise PlanError(str(err)) from None
+            placement.append(parse_int(e["device"], at, "key 'device'", 0, devices - 1, PlanError))
+        planner = d.get("planner", "?")
+        if not isinstance(planner, str):
+            raise PlanError(f"{where}, key 'planner': {planner!r:.40} must be a string")
+        predicted = d.get("predicted")
+        if predicted is not None and not isinstance(predicted, dict):
+            raise PlanError(f"{where}, key 'predicted': expected an object or null")
+        notes = d.get("notes", [])
+        if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
+            raise PlanError(f"{where}, key 'notes': expected a list of strings")
+        pool = d.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            raise PlanError(f"{where}, key 'pool': {pool!r:.40} must be a string")
+        task = Task(specs, devices, cap, d.get("precision", "fp16"), d.get("optimizer", "sgd"), pool).validate(where, PlanError)
+        plan = Plan(task, placement, planner, predicted, notes)
+        plan.check(where)
         return plan
 
 
@@ -101,19 +138,33 @@ def save_plans(plans: Sequence[Plan], path: str | Path) -> None:
         text = json.dumps(plans[0].to_json(), indent=1)
     else:
         text = "".join(json.dumps(p.to_json()) + "\n" for p in plans)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write(path, text)
 
 
 def load_plans(path: str | Path) -> list[Plan]:
+    """Read a plan file (one JSON plan, or JSON lines of plans with a .jsonl name); PlanError on any fault."""
     path = Path(path)
     if not path.is_file():
-        raise TableError(f"{path}: no such file")
-    text = path.read_text()
+        raise PlanError(f"{path}: no such file")
     try:
-        if path.suffix == ".jsonl":
-            return [Plan.from_json(json.loads(line), f"{path}: line {i}") for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-        return [Plan.from_json(json.loads(text), str(path))]
-    except json.JSONDecodeError as e:
-        raise TableError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlanError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
+    if path.suffix == ".jsonl":
+        docs = [(f"{path}: line {i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if len(docs) > MAX_TASKS:
+            raise PlanError(f"{path}: {len(docs):,} plans, over the limit of {MAX_TASKS:,}")
+    else:
+        docs = [(str(path), text)]
+    plans = []
+    for where, doc in docs:
+        try:
+            d = json.loads(doc)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{where}: line {e.lineno}: invalid JSON ({e.msg})" if len(docs) == 1 else f"{where}: invalid JSON ({e.msg})") from None
+        except RecursionError:
+            raise PlanError(f"{where}: JSON nested too deeply") from None
+        plans.append(Plan.from_json(d, where))
+    if not plans:
+        raise PlanError(f"{path}: no plans")
+    return plans

@@ -9,13 +9,31 @@ whose access count in one batch falls in (0,1], (1,2], (2,4], ..., (2^14, 2^15],
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from dreamshard.files import atomic_write
+from dreamshard.validation import (
+    DIM_MULTIPLE,
+    MAX_DIM,
+    MAX_POOLING_FACTOR,
+    MAX_ROWS,
+    MAX_SEED,
+    MAX_TABLES,
+    MAX_ZIPF_ALPHA,
+    MIN_DIM,
+    TableError,
+    one_line,
+    parse_float,
+    parse_int,
+)
 
 NUM_BINS = 17
 BIN_EDGES = [0] + [2**i for i in range(16)]  # lower edges: (0,1], (1,2], (2,4], ... , (2^15, inf)
@@ -25,10 +43,7 @@ FEATURE_NAMES = ["dim", "rows", "pooling_factor", "size"] + [f"bin_{i}" for i in
 PRECISION_BYTES = {"fp16": 2, "fp32": 4}
 OPTIMIZERS = ("sgd", "rowwise_adagrad")
 REFERENCE_BATCH = 65_536  # batch size at which reuse bins are defined (the 2021 DLRM file's)
-
-
-class TableError(ValueError):
-    """A table file or spec is invalid; the message names the place and what to fix."""
+MAX_BIN = 1.0 + 1e-6  # a bin is a fraction; rounding may put it a hair over 1
 
 
 @dataclass(frozen=True)
@@ -48,8 +63,8 @@ class TableSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if len(self.bins) != NUM_BINS:
-            raise TableError(f"table {self.name!r}: expected {NUM_BINS} reuse bins, got {len(self.bins)}")
+        """Specs built in code are held to the file formats' rules (see `check_values`)."""
+        check_values(self.name, self.rows, self.dim, self.pooling_factor, self.bins, self.seed, f"table {self.name!r}", "field")
 
     def bytes(self, precision: str = "fp16", optimizer: str = "sgd") -> int:
         """Device memory of the table: weights, plus one fp32 per row for row-wise Adagrad."""
@@ -70,16 +85,9 @@ class TableSpec:
         return d
 
     @staticmethod
-    def from_dict(d: dict) -> "TableSpec":
-        return TableSpec(
-            name=str(d["name"]),
-            rows=int(d["rows"]),
-            dim=int(d["dim"]),
-            pooling_factor=float(d["pooling_factor"]),
-            bins=tuple(float(b) for b in d.get("bins", (1.0,) + (0.0,) * (NUM_BINS - 1))),
-            distribution=d.get("distribution"),
-            seed=int(d.get("seed", 0)),
-        )
+    def from_dict(d: dict, where: str = "table spec") -> "TableSpec":
+        """A spec from its `to_dict()` form, validated as strictly as a table file's row."""
+        return table_from_record(d, where, label="key")
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,31 +133,32 @@ BIN_COLUMNS = [f"bin_{i}" for i in range(NUM_BINS)]
 REQUIRED_COLUMNS = ["name", "rows", "dim", "pooling_factor"]
 
 
-def _parse_int(text: str, where: str, column: str, minimum: int) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TableError(f"{where}, column {column!r}: {text!r} is not a number") from None
-    if not math.isfinite(value) or value != int(value):
-        raise TableError(f"{where}, column {column!r}: {text!r} is not an integer")
-    if value < minimum:
-        raise TableError(f"{where}, column {column!r}: {text!r} must be >= {minimum}")
-    return int(value)
+def check_values(name: str, rows: int, dim: int, pooling_factor: float, bins: Sequence[float], seed: int, where: str, label: str = "column") -> None:
+    """The rules of a table on parsed values: the one check behind TableSpec (and so behind files,
+    plans and specs built in code). Files are parsed first (`table_from_record`), naming the line."""
+    if not isinstance(name, str) or not name.strip():
+        raise TableError(f"{where}, {label} 'name': {name!r} must be a non-empty string")
+    for key, value in (("rows", rows), ("dim", dim), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TableError(f"{where}, {label} {key!r}: {value!r} is not an integer")
+    if not 1 <= rows <= MAX_ROWS:
+        raise TableError(f"{where}, {label} 'rows': {rows} must be in 1..{MAX_ROWS:,} (the limit)")
+    if dim < MIN_DIM or dim % DIM_MULTIPLE:
+        raise TableError(f"{where}, {label} 'dim': {dim} is not a positive multiple of {DIM_MULTIPLE}")
+    if dim > MAX_DIM:
+        raise TableError(f"{where}, {label} 'dim': {dim} is over the limit of {MAX_DIM}")
+    if isinstance(pooling_factor, bool) or not isinstance(pooling_factor, numbers.Real) or not 0 <= pooling_factor <= MAX_POOLING_FACTOR:
+        raise TableError(f"{where}, {label} 'pooling_factor': {pooling_factor!r} must be a finite number in 0..{MAX_POOLING_FACTOR:g}")
+    if not 0 <= seed <= MAX_SEED:
+        raise TableError(f"{where}, {label} 'seed': {seed} must be in 0..2^63-1")
+    if len(bins) != NUM_BINS:
+        raise TableError(f"{where}: expected {NUM_BINS} reuse bins, got {len(bins)}")
+    for i, b in enumerate(bins):
+        if isinstance(b, bool) or not isinstance(b, numbers.Real) or not 0.0 <= b <= MAX_BIN:
+            raise TableError(f"{where}, {label} 'bin_{i}': {b!r} must be a fraction in [0, 1]")
 
 
-def _parse_float(text: str, where: str, column: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise TableError(f"{where}, column {column!r}: {text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise TableError(f"{where}, column {column!r}: {text!r} is not finite")
-    if value < 0:
-        raise TableError(f"{where}, column {column!r}: {text!r} must be >= 0")
-    return value
-
-
-def validate_distribution(text: str, where: str) -> str:
+def validate_distribution(text: str, where: str, label: str = "column") -> str:
     text = text.strip()
     if text == "uniform":
         return text
@@ -158,47 +167,66 @@ def validate_distribution(text: str, where: str) -> str:
             alpha = float(text[5:])
         except ValueError:
             alpha = float("nan")
-        if not (math.isfinite(alpha) and alpha > 0):
-            raise TableError(f"{where}, column 'distribution': {text!r} needs a positive alpha, e.g. zipf:1.05")
+        if not (math.isfinite(alpha) and 0 < alpha <= MAX_ZIPF_ALPHA):
+            raise TableError(f"{where}, {label} 'distribution': {text!r} needs an alpha in (0, {MAX_ZIPF_ALPHA:g}], e.g. zipf:1.05")
         return text
     if text.startswith("dlrm:") and "#" in text:
-        return text
-    raise TableError(f"{where}, column 'distribution': {text!r} is not 'uniform', 'zipf:<alpha>' or 'dlrm:<file>#<t>'")
+        path, _, t = text[5:].rpartition("#")
+        if path and t.isdigit():
+            return text
+    raise TableError(f"{where}, {label} 'distribution': {text!r} is not 'uniform', 'zipf:<alpha>' or 'dlrm:<file>#<table number>'")
 
 
-def table_from_record(rec: dict, where: str) -> TableSpec:
-    """Validate one record (a CSV row or JSON object) and build its spec, deriving bins if asked."""
+def table_from_record(rec: dict, where: str, label: str = "column") -> TableSpec:
+    """Validate one record (a CSV row, or a JSON object with `label` "key") and build its spec,
+    deriving bins from the distribution if none are given."""
     from dreamshard.streams import reuse_bins  # streams imports this module
 
+    if not isinstance(rec, dict):
+        raise TableError(f"{where}: expected a table (an object with {', '.join(REQUIRED_COLUMNS)}), got {type(rec).__name__} {rec!r:.40}")
     for col in REQUIRED_COLUMNS:
         if rec.get(col) in (None, ""):
-            raise TableError(f"{where}: missing value in column {col!r}")
+            raise TableError(f"{where}: missing value in {label} {col!r}")
+    if not isinstance(rec["name"], (str, int)) or isinstance(rec["name"], bool):
+        raise TableError(f"{where}, {label} 'name': {rec['name']!r:.40} must be a string")
     name = str(rec["name"]).strip()
-    rows = _parse_int(str(rec["rows"]), where, "rows", 1)
-    dim = _parse_int(str(rec["dim"]), where, "dim", 1)
-    if dim % 4:
-        raise TableError(f"{where}, column 'dim': {dim} is not a positive multiple of 4")
-    pf = _parse_float(str(rec["pooling_factor"]), where, "pooling_factor")
-    seed = _parse_int(str(rec.get("seed") or 0), where, "seed", 0)
-    distribution = rec.get("distribution") or None
-    if distribution is not None:
-        distribution = validate_distribution(str(distribution), where)
+    if not name:
+        raise TableError(f"{where}: missing value in {label} 'name'")
+
+    def at(col: str) -> str:
+        return f"{label} {col!r}"
+
+    rows = parse_int(rec["rows"], where, at("rows"), 1, MAX_ROWS, TableError)
+    dim = parse_int(rec["dim"], where, at("dim"), 1, MAX_DIM, TableError)
+    if dim % DIM_MULTIPLE:
+        raise TableError(f"{where}, {at('dim')}: {dim} is not a positive multiple of {DIM_MULTIPLE}")
+    pf = parse_float(rec["pooling_factor"], where, at("pooling_factor"), 0.0, MAX_POOLING_FACTOR, TableError)
+    seed = parse_int(rec.get("seed") if rec.get("seed") not in (None, "") else 0, where, at("seed"), 0, MAX_SEED, TableError)
+    distribution = rec.get("distribution")
+    if distribution in (None, ""):
+        distribution = None
+    elif not isinstance(distribution, str):
+        raise TableError(f"{where}, {at('distribution')}: {distribution!r:.40} must be a string")
+    else:
+        distribution = validate_distribution(distribution, where, label)
     bin_values = [rec.get(c) for c in BIN_COLUMNS]
-    if "bins" in rec and isinstance(rec["bins"], list):
+    if "bins" in rec and rec["bins"] is not None:
+        if not isinstance(rec["bins"], list) or len(rec["bins"]) != NUM_BINS:
+            raise TableError(f"{where}, {at('bins')}: expected a list of {NUM_BINS} fractions")
         bin_values = rec["bins"]
     given = [v not in (None, "") for v in bin_values]
     if any(given):
         if not all(given):
             missing = next(c for c, g in zip(BIN_COLUMNS, given) if not g)
-            raise TableError(f"{where}: missing value in column {missing!r} (give all of bin_0..bin_16 or none)")
-        bins = tuple(_parse_float(str(v), where, c) for v, c in zip(bin_values, BIN_COLUMNS))
+            raise TableError(f"{where}: missing value in {at(missing)} (give all of bin_0..bin_16 or none)")
+        bins = tuple(parse_float(v, where, at(c), 0.0, MAX_BIN, TableError) for v, c in zip(bin_values, BIN_COLUMNS))
         total = sum(bins)
         if pf > 0 and abs(total - 1.0) > 1e-3:
             raise TableError(f"{where}: bin_0..bin_16 sum to {total:.4f}, expected 1")
     elif distribution is not None and not distribution.startswith("dlrm:"):
         bins = tuple(reuse_bins(rows, pf, distribution))
     else:
-        raise TableError(f"{where}: give either bin_0..bin_16 or a 'distribution' column")
+        raise TableError(f"{where}: give either bin_0..bin_16 or a 'distribution' {label}")
     return TableSpec(name=name, rows=rows, dim=dim, pooling_factor=pf, bins=bins, distribution=distribution, seed=seed)
 
 
@@ -215,19 +243,27 @@ def load_tables(path: str | Path) -> list[TableSpec]:
     path = Path(path)
     if not path.is_file():
         raise TableError(f"{path}: no such file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TableError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
     if path.suffix.lower() == ".json":
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise TableError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        except RecursionError:
+            raise TableError(f"{path}: JSON nested too deeply") from None
         records = data["tables"] if isinstance(data, dict) and "tables" in data else data
         if not isinstance(records, list):
             raise TableError(f"{path}: expected a list of tables or {{\"tables\": [...]}}")
-        tables = [table_from_record(r, f"{path}: table {i}") for i, r in enumerate(records)]
+        if len(records) > MAX_TABLES:
+            raise TableError(f"{path}: {len(records):,} tables, over the limit of {MAX_TABLES:,}")
+        tables = [table_from_record(r, f"{path}: table {i}", "key") for i, r in enumerate(records)]
         lines = list(range(len(tables)))
     else:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        try:
             header = reader.fieldnames or []
             missing = [c for c in REQUIRED_COLUMNS if c not in header]
             if missing:
@@ -237,8 +273,12 @@ def load_tables(path: str | Path) -> list[TableSpec]:
                 line = reader.line_num
                 if None in rec:
                     raise TableError(f"{path}: line {line}: more fields than header columns")
+                if len(tables) >= MAX_TABLES:
+                    raise TableError(f"{path}: line {line}: more than {MAX_TABLES:,} tables (the limit)")
                 tables.append(table_from_record(rec, f"{path}: line {line}"))
                 lines.append(line)
+        except csv.Error as e:
+            raise TableError(f"{path}: line {reader.line_num}: not CSV ({one_line(e)})") from None
     if not tables:
         raise TableError(f"{path}: no tables")
     _check_unique(tables, path, lines)
@@ -249,10 +289,11 @@ def save_tables(tables: Iterable[TableSpec], path: str | Path) -> None:
     path = Path(path)
     tables = list(tables)
     if path.suffix.lower() == ".json":
-        path.write_text(json.dumps({"tables": [t.to_dict() for t in tables]}, indent=1))
+        atomic_write(path, json.dumps({"tables": [t.to_dict() for t in tables]}, indent=1))
         return
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(REQUIRED_COLUMNS + ["distribution", "seed"] + BIN_COLUMNS)
-        for t in tables:
-            w.writerow([t.name, t.rows, t.dim, f"{t.pooling_factor:.6g}", t.distribution or "", t.seed] + [f"{b:.6g}" for b in t.bins])
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(REQUIRED_COLUMNS + ["distribution", "seed"] + BIN_COLUMNS)
+    for t in tables:
+        w.writerow([t.name, t.rows, t.dim, f"{t.pooling_factor:.6g}", t.distribution or "", t.seed] + [f"{b:.6g}" for b in t.bins])
+    atomic_write(path, f.getvalue())

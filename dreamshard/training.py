@@ -41,9 +41,11 @@ import numpy as np
 import torch
 
 from dreamshard.costs.base import CostBackend
+from dreamshard.files import atomic_write, load_torch_file
 from dreamshard.mdp import EpisodeBatch, Prepared, prepare, rollout
 from dreamshard.nets import SCORES, DreamShardModel, Measured, ReplayBuffer, atomic_save, collate, now, plan_cost
 from dreamshard.tasks import Task
+from dreamshard.validation import MAX_BUDGET, MAX_ITERS, ModelError, OptionError, TaskError, one_line
 
 CHECKPOINT_FORMAT = "dreamshard.checkpoint/1"
 
@@ -91,16 +93,16 @@ class Config:
 
     def validate(self) -> "Config":
         if self.normalization not in ("fixed", "task"):
-            raise ValueError(f"normalization {self.normalization!r}: use 'fixed' or 'task'")
+            raise OptionError(f"normalization {self.normalization!r}: use 'fixed' or 'task'")
         if self.score not in SCORES:
-            raise ValueError(f"score {self.score!r}: use one of {', '.join(SCORES)}")
+            raise OptionError(f"score {self.score!r}: use one of {', '.join(SCORES)}")
         if self.advantage not in ("batch", "task"):
-            raise ValueError(f"advantage {self.advantage!r}: use 'batch' or 'task'")
+            raise OptionError(f"advantage {self.advantage!r}: use 'batch' or 'task'")
         for f in ("iterations", "measurements_per_iteration", "cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
-                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+                raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.budget is not None and self.budget < 1:
-            raise ValueError(f"budget must be >= 1 real measurement, got {self.budget}")
+            raise OptionError(f"budget must be >= 1 real measurement, got {self.budget}")
         return self
 
 
@@ -127,7 +129,7 @@ CONFIGS: dict[str, Config] = {
 
 def get_config(name: str, **overrides) -> Config:
     if name not in CONFIGS:
-        raise ValueError(f"unknown config {name!r}; choose from {', '.join(CONFIGS)}")
+        raise OptionError(f"unknown config {name!r}; choose from {', '.join(CONFIGS)}")
     return dataclasses.replace(CONFIGS[name], **{k: v for k, v in overrides.items() if v is not None}).validate()
 
 
@@ -179,7 +181,7 @@ def complete(task: Task, placement: np.ndarray, stuck: bool) -> np.ndarray:
 
     packed = pack(task)
     if packed is None:
-        raise ValueError(f"a training task of {len(task.tables)} tables does not fit on {task.devices} devices")
+        raise TaskError(f"a training task of {len(task.tables)} tables does not fit on {task.devices} devices")
     return np.array(packed, np.int64)
 
 
@@ -227,7 +229,7 @@ def train(
     """
     cfg.validate()
     if not tasks:
-        raise ValueError("no training tasks")
+        raise TaskError("no training tasks")
     out = Path(out)
     ckpt_path = out.with_name(out.name + ".ckpt")
     prepared = [prepare(t, cfg.normalization, cfg.linear_features) for t in tasks]
@@ -246,24 +248,25 @@ def train(
     start, used = 0, 0
     if resume:
         if not ckpt_path.is_file():
-            raise ValueError(f"--resume: no checkpoint {ckpt_path} (start without --resume)")
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        if ck.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{ckpt_path}: not a dreamshard checkpoint")
+            raise OptionError(f"--resume: no checkpoint {ckpt_path} (start without --resume)")
+        ck = load_checkpoint(ckpt_path)
         if ck["config"] != asdict(cfg):
             changed = [k for k, v in asdict(cfg).items() if ck["config"].get(k) != v]
-            raise ValueError(f"--resume: options differ from the checkpoint's ({', '.join(changed)}); rerun with the same ones")
+            raise OptionError(f"--resume: options differ from the checkpoint's ({', '.join(changed) or 'unknown keys'}); rerun with the same ones")
         if ck["tasks"] != task_ids:
-            raise ValueError(f"--resume: the training tasks differ from the checkpoint's ({ckpt_path})")
+            raise OptionError(f"--resume: the training tasks differ from the checkpoint's ({ckpt_path})")
         if ck.get("backend", backend.name) != backend.name:  # one replay buffer must not mix two backends' costs
-            raise ValueError(f"--resume: the checkpoint's measurements come from {ck['backend']}, not {backend.name}; rerun with the same backend")
-        model = DreamShardModel.from_state(ck["model"])
+            raise OptionError(f"--resume: the checkpoint's measurements come from {ck['backend']}, not {backend.name}; rerun with the same backend")
+        model = DreamShardModel.from_state(ck["model"], f"{ckpt_path}, key 'model'")
         cost_net, policy = model.cost_net, model.policy
         optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
-        optimizer.load_state_dict(ck["optimizer"])
-        buffer.load_state_dict(ck["buffer"])
-        rng.bit_generator.state = ck["numpy_rng"]
-        gen.set_state(ck["torch_rng"])
+        # the rest of the state restores as it was saved; a tampered value names its key
+        for key, restore in (("optimizer", optimizer.load_state_dict), ("buffer", buffer.load_state_dict), ("torch_rng", gen.set_state),
+                             ("numpy_rng", lambda v: setattr(rng.bit_generator, "state", v))):
+            try:
+                restore(ck[key])
+            except (RuntimeError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+                raise ModelError(f"{ckpt_path}, key {key!r}: cannot be restored ({type(e).__name__}: {one_line(e)[:200]})") from None
         start, used = ck["iteration"], ck["measurements"]
     cost_net.train()
     policy.train()
@@ -273,8 +276,19 @@ def train(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # Keep the lines of finished iterations only: a kill between the log write and the
         # checkpoint must not leave a duplicate line once the iteration is redone.
-        old = log_path.read_text().splitlines() if (resume and log_path.is_file()) else []
-        log_path.write_text("".join(line + "\n" for line in old if line.strip() and json.loads(line).get("iteration", -1) < start))
+        old = log_path.read_text(errors="replace").splitlines() if (resume and log_path.is_file()) else []
+        kept = []
+        for i, line in enumerate(old, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                done = int(row.get("iteration", -1)) < start
+            except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+                raise OptionError(f"--log {log_path}: line {i} is not a log line of `train`; give another --log file") from None
+            if done:
+                kept.append(line + "\n")
+        atomic_write(log_path, "".join(kept))
 
     bar = _progress(progress, cfg.iterations, start)
     done_here = 0
@@ -405,6 +419,25 @@ def train(
     policy.eval()
     model.save(out)
     return model
+
+
+CHECKPOINT_KEYS = {"config": dict, "tasks": list, "backend": str, "iteration": int, "measurements": int, "model": dict,
+                   "optimizer": dict, "buffer": dict, "numpy_rng": dict, "torch_rng": torch.Tensor}
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by `train`, its keys and their types checked; ModelError otherwise."""
+    ck = load_torch_file(path, "checkpoint", ModelError)
+    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
+        raise ModelError(f"{path}: not a dreamshard checkpoint (delete it, or start without --resume)")
+    for key, kind in CHECKPOINT_KEYS.items():
+        if key not in ck:
+            raise ModelError(f"{path}: missing key {key!r} (delete it, or start without --resume)")
+        if not isinstance(ck[key], kind) or (kind is int and isinstance(ck[key], bool)):
+            raise ModelError(f"{path}, key {key!r}: expected a {kind.__name__}, got {type(ck[key]).__name__}")
+    if not 0 <= ck["measurements"] <= MAX_BUDGET or not 0 <= ck["iteration"] <= MAX_ITERS:
+        raise ModelError(f"{path}: iteration {ck['iteration']} / measurements {ck['measurements']} out of range")
+    return ck
 
 
 def _meta(cfg: Config, backend: CostBackend, tasks: Sequence[Task], used: int, iterations: int) -> dict:

@@ -19,6 +19,7 @@ from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.tables import NUM_FEATURES, TableSpec
 from dreamshard.tasks import Task, sample_tasks, save_tasks, split_pool
 from dreamshard.training import Config, get_config, measure, train
+from dreamshard.validation import ModelError
 
 HEURISTICS = ["random", "size", "dim", "lookup", "size_lookup"]
 
@@ -255,9 +256,10 @@ def test_planner_respects_memory_and_reports_predictions(tiny_model, task):
 def test_model_file_errors(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_text("not a model")
-    with pytest.raises(ValueError, match="cannot read model"):
+    with pytest.raises(ModelError, match="cannot read this model file") as e:
         DreamShardModel.load(bad)
-    with pytest.raises(FileNotFoundError, match="no such model"):
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelError, match="no such model"):
         DreamShardModel.load(tmp_path / "none.pt")
 
 
@@ -273,7 +275,8 @@ def test_cli_train_and_plan(pool, tmp_path, tiny_model):
     save_tasks(sample_tasks(test_half, 2, (5, 8), 2, 10**12, seed=3, pool=str(tmp_path)), tmp_path / "test.jsonl")
     r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "gpu", "--out", str(tmp_path / "m.pt")])
     assert r.exit_code == 2 and "--backend" in r.output
-    r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "torch", "--calibration", "x.json", "--out", str(tmp_path / "m.pt")])
+    (tmp_path / "x.json").write_text("{}")
+    r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "torch", "--calibration", str(tmp_path / "x.json"), "--out", str(tmp_path / "m.pt")])
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "--calibration is for --backend sim" in r.output
     # measured by a real kernel: the torch kernel on CPU, one device's shard at a time
     r = CliRunner().invoke(cli, ["train", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "torch", "--device", "cpu", "--batch-size", "64",

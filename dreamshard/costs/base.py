@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
 
 COMPONENTS = ("fwd_comp_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_comp_ms")
@@ -73,10 +74,7 @@ class CostReport:
 
     def save(self, path: str | Path) -> None:
         """Atomic write: a failure never leaves a half-written report."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(self.to_json(), indent=1))
 
 
 class CostBackend(ABC):

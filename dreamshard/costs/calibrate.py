@@ -19,7 +19,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
+from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
+from dreamshard.validation import DataError, InputError, one_line
 
 SIZE_BUCKETS = ((1, 2), (3, 8), (9, 20), (21, 10**9))  # table counts the validation report breaks errors down by
 MAX_SHARD_BYTES = {"cuda": 16 * 10**9, "cpu": 10**9}  # keep each measured shard well inside memory
@@ -50,17 +52,27 @@ class ShardRecord:
 
 
 def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
-    tmp.replace(path)
+    atomic_write(path, "".join(json.dumps(r.to_json()) + "\n" for r in records))
 
 
 def load_records(path: str | Path) -> list[ShardRecord]:
+    """Measurements from `save_records`; DataError naming the line if one is not a record."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such records file")
-    return [ShardRecord.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        raise DataError(f"{path}: no such records file")
+    records = []
+    for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(ShardRecord.from_json(json.loads(line)))
+        except InputError as e:
+            raise DataError(f"{path}: line {i}: {e}") from None
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise DataError(f"{path}: line {i}: not a shard record ({type(e).__name__}: {one_line(e)})") from None
+    if not records:
+        raise DataError(f"{path}: no records")
+    return records
 
 
 def design_shards(n: int, seed: int, max_bytes: int, max_tables: int = 64, precision: str = "fp16") -> list[list[TableSpec]]:

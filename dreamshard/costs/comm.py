@@ -39,6 +39,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from dreamshard.validation import MAX_CHUNK_BYTES, DataError, OptionError, one_line
+
 FORMAT = "dreamshard.comm/1"
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "comm"
 
@@ -167,28 +169,26 @@ class CommModel:
 
     def save(self, path: str | Path) -> None:
         """Atomic write."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
+        from dreamshard.files import atomic_write
+
+        atomic_write(path, json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "CommModel":
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"{path}: no such comm model file")
+            raise DataError(f"{path}: no such comm model file")
         try:
             d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{path}: invalid JSON ({getattr(e, 'msg', e)})") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a {FORMAT} file (make one with `dreamshard calibrate comm --out FILE`)")
+            raise DataError(f"{path}: not a {FORMAT} file (make one with `dreamshard calibrate comm --out FILE`)")
         known = {k: d[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction", "hardware", "date", "versions", "process_group", "devices", "fit_details", "measurements") if k in d}
         try:
             return cls(**known, path=str(path))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from None
+            raise DataError(f"{path}: {one_line(e)}") from None
 
     def describe(self) -> str:
         bytes_ = "max(send, recv)" if self.serial_fraction == 0 else ("send + recv" if self.serial_fraction == 1 else f"(max + {self.serial_fraction:g}·min)(send, recv)")
@@ -222,7 +222,7 @@ def default_model_path(device_type: str) -> Path:
         found = sorted(DATA_DIR.glob("*nccl*.json"))
         if found:
             return found[0]
-    raise ValueError(
+    raise OptionError(
         f"no comm model shipped for {device_type} devices: run `dreamshard calibrate comm --out FILE` "
         f"on a machine with 2 or more of them and pass --comm-model FILE"
     )
@@ -301,7 +301,7 @@ def measure_alltoall(devices: int = 2, chunk_bytes: Sequence[int] | None = None,
     from dreamshard.costs.runners.distributed import launch
 
     if devices < 2:
-        raise ValueError("calibrating the all-to-all needs --devices 2 or more")
+        raise OptionError("calibrating the all-to-all needs --devices 2 or more")
     chunks = list(chunk_bytes) if chunk_bytes else DEFAULT_CHUNKS[device_type]
     job = {"kind": "alltoall", "patterns": design_patterns(devices, chunks), "iters": iters, "warmup": warmup}
     results, info = launch(job, devices, device_type, timeout_s)
@@ -335,8 +335,8 @@ def parse_sizes(text: str) -> list[int]:
         try:
             value = float(num) * units[unit]
         except (ValueError, KeyError):
-            raise ValueError(f"size {part!r}: use bytes with an optional unit, e.g. 256,4KB,1MB") from None
-        if value < 2:
-            raise ValueError(f"size {part!r} must be at least 2 bytes")
+            raise OptionError(f"--sizes: {part!r:.40}: use bytes with an optional unit, e.g. 256,4KB,1MB") from None
+        if not 2 <= value <= MAX_CHUNK_BYTES:  # also rejects nan and inf
+            raise OptionError(f"--sizes: {part!r:.40} must be from 2 bytes to {MAX_CHUNK_BYTES:,} bytes (the limit)")
         out.append(int(value))
     return out

@@ -20,10 +20,10 @@ Two kinds of timed steps alternate:
 Warm-ups first, then ``iters`` timed steps of each kind; reported numbers are medians. Inputs are
 ``input_sets`` (≥ 2) distinct batches, ``shard_batch(..., step=i)``, used in turn so the caches do
 not see one batch over and over. A worker that raises ends the run with its one-line error
-(RuntimeError); one that hangs is killed with all the others when ``timeout_s`` runs out.
+(MeasurementError; a worker killed outright is named before the peers that lost it); one that hangs is killed with all the others when ``timeout_s`` runs out.
 
 Tests inject faults with the environment variable ``DREAMSHARD_TEST_WORKER_FAULT=kind:rank``
-(kind = raise | exit | hang), honoured by the workers after they joined the process group.
+(kind = raise | exit | kill | hang), honoured by the workers after they joined the process group.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ from statistics import median
 from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
+from dreamshard.files import atomic_write
 from dreamshard.tables import PRECISION_BYTES, TableSpec
+from dreamshard.validation import MeasurementError, OptionError
 
 FAULT_ENV = "DREAMSHARD_TEST_WORKER_FAULT"
 DEFAULT_TIMEOUT_S = 300.0
@@ -88,14 +90,18 @@ def _kill(procs: Sequence[subprocess.Popen]) -> None:
             pass
 
 
-def _failure(rank: int, rc: int, workdir: Path) -> tuple[float, str]:
-    """(time of failure, one-line reason) of a worker that exited with ``rc`` != 0."""
+def _failure(rank: int, rc: int, workdir: Path, seen: float) -> tuple[int, float, str]:
+    """(0 if it died without reporting an error of its own else 1, time of failure, one-line
+    reason) of a worker that exited with ``rc`` != 0; ``seen``: when the launcher saw it gone.
+
+    A worker that was killed (or died) without a word is put first: its peers' errors ("connection
+    closed by peer") come from losing it, and may even be stamped before the launcher noticed."""
     err = workdir / f"rank{rank}.err"
     if err.is_file():
         try:
             d = json.loads(err.read_text())
-            return float(d["time"]), str(d["error"])
-        except (ValueError, KeyError):
+            return 1, float(d["time"]), str(d["error"])
+        except (ValueError, KeyError, TypeError):
             pass
     reason = f"died with exit code {rc}"
     if rc < 0:
@@ -107,13 +113,23 @@ def _failure(rank: int, rc: int, workdir: Path) -> tuple[float, str]:
     tail = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
     if tail:
         reason += f" (last output: {tail[-1][:200]})"
-    return time.time(), reason
+    return 0, seen, reason
+
+
+def failure_message(failed: Sequence[tuple[int, int]], world: int, workdir: Path, seen_dead: dict[int, float]) -> str:
+    """One line naming the worker whose failure ended the run (see `_failure`), given the
+    (rank, exit code) of every worker that failed."""
+    reasons = sorted(_failure(r, c, workdir, seen_dead.get(r, time.time())) + (r,) for r, c in failed)
+    _, _, reason, rank = reasons[0]
+    others = f"; {len(reasons) - 1} other worker{'s' if len(reasons) > 2 else ''} failed after it" if len(reasons) > 1 else ""
+    what = reason if reason.startswith(("died", "was killed")) else "raised " + reason
+    return f"measurement failed: worker {rank} of {world} {what}{others} (logs: {workdir})"
 
 
 def launch(job: dict, world: int, device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict], dict]:
     """Run ``job`` on ``world`` worker processes; return (each rank's result, info).
 
-    Raises RuntimeError with the failing worker's one-line error, or after ``timeout_s``.
+    Raises MeasurementError naming the failing worker, with its one-line error, or after ``timeout_s``.
     """
     import torch
     from torch.distributed import TCPStore
@@ -138,6 +154,7 @@ def launch(job: dict, world: int, device_type: str, timeout_s: float = DEFAULT_T
     procs: list[subprocess.Popen] = []
     ok = False
     start = time.monotonic()
+    seen_dead: dict[int, float] = {}  # rank → wall time the launcher first saw it exit non-zero
     try:
         for rank in range(world):
             with open(workdir / f"rank{rank}.log", "wb") as log:
@@ -148,26 +165,28 @@ def launch(job: dict, world: int, device_type: str, timeout_s: float = DEFAULT_T
             codes = [p.poll() for p in procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
+                for r, _ in failed:
+                    seen_dead.setdefault(r, time.time())
                 time.sleep(0.2)  # let a peer that failed at the same moment write its error too
                 codes = [p.poll() for p in procs]
                 failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                for r, _ in failed:
+                    seen_dead.setdefault(r, time.time())
                 _kill(procs)
-                reasons = sorted((_failure(r, c, workdir) + (r,)) for r, c in failed)
-                t, reason, rank = reasons[0]
-                raise RuntimeError(f"measurement failed: worker {rank} of {world} {reason if reason.startswith(('died', 'was killed')) else 'raised ' + reason} (logs: {workdir})")
+                raise MeasurementError(failure_message(failed, world, workdir, seen_dead))
             if all(c == 0 for c in codes):
                 break
             if time.monotonic() > deadline:
                 alive = [r for r, c in enumerate(codes) if c is None]
                 _kill(procs)
-                raise RuntimeError(f"measurement timed out after {timeout_s:g} s (worker{'s' if len(alive) > 1 else ''} "
+                raise MeasurementError(f"measurement timed out after {timeout_s:g} s (worker{'s' if len(alive) > 1 else ''} "
                                    f"{', '.join(map(str, alive))} still running, all killed; logs: {workdir})")
             time.sleep(0.02)
         results = []
         for rank in range(world):
             path = workdir / f"rank{rank}.json"
             if not path.is_file():
-                raise RuntimeError(f"measurement failed: worker {rank} exited without a result (logs: {workdir})")
+                raise MeasurementError(f"measurement failed: worker {rank} exited without a result (logs: {workdir})")
             results.append(json.loads(path.read_text()))
         ok = True
         info = {"process_group": "nccl" if device_type == "cuda" else "gloo", "wall_s": round(time.monotonic() - start, 2),
@@ -235,6 +254,8 @@ def _inject_fault(rank: int) -> None:
         raise RuntimeError(f"injected fault in worker {rank}")
     if kind == "exit":
         os._exit(3)
+    if kind == "kill":  # as the OOM killer or a user's kill -9 would
+        os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
         while True:
             time.sleep(3600)
@@ -246,9 +267,7 @@ def _worker_main() -> None:
     try:
         job = json.loads((workdir / "job.json").read_text())
         result = _run_rank(job, rank)
-        tmp = workdir / f"rank{rank}.json.tmp"
-        tmp.write_text(json.dumps(result))
-        tmp.replace(workdir / f"rank{rank}.json")
+        atomic_write(workdir / f"rank{rank}.json", json.dumps(result))
     except BaseException as e:  # noqa: BLE001 - every failure becomes one line for the parent
         traceback.print_exc()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -406,8 +425,8 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
     except Exception as e:  # noqa: BLE001
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         if precision == "fp16":
-            raise RuntimeError(f"the {kernel} kernel does not run fp16 on {torch_device_type(device)} ({msg}); rerun with --precision fp32") from e
-        raise RuntimeError(f"the {kernel} kernel failed on {torch_device_type(device)}: {msg}") from e
+            raise MeasurementError(f"the {kernel} kernel does not run fp16 on {torch_device_type(device)} ({msg}); rerun with --precision fp32") from e
+        raise MeasurementError(f"the {kernel} kernel failed on {torch_device_type(device)}: {msg}") from e
     return tbe
 
 
@@ -452,7 +471,7 @@ class DistributedRunner(CostBackend):
         if D < 1:
             raise ValueError("a placement needs at least one device")
         if batch_size < 1 or batch_size % D:
-            raise ValueError(f"batch size {batch_size} must be a positive multiple of the {D} devices (each gets B/D samples)")
+            raise OptionError(f"batch size {batch_size} must be a positive multiple of the {D} devices (each gets B/D samples)")
         if precision not in PRECISION_BYTES:
             raise ValueError(f"precision must be fp16 or fp32, got {precision!r}")
         job = {"kind": "measure", "shards": [[t.to_dict() for t in s] for s in shards], "kernel": self.kernel, "batch_size": batch_size,

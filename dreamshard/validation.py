@@ -1,0 +1,237 @@
+"""The one validation layer: typed input errors, the limits on sizes, and the field parsers.
+
+Every boundary (table, task, plan, model, checkpoint and DLRM files, every CLI option) checks its
+input with the parsers below and raises a subclass of `InputError` whose message names the file,
+the place (line, key or option) and what to fix. The CLI catches these in one place
+(`cli.Group.main`): `InputError` → one line on stderr, exit status 2; `MeasurementError` → one
+line, exit status 1. Anything else is a bug and keeps its traceback.
+
+The limits are here and nowhere else (README: "Limits"). They reject absurd sizes up front, with
+the limit named, instead of letting a plan claiming a billion devices run for minutes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+class InputError(ValueError):
+    """Bad input from a user: the message names the file or option, the place, and what to fix."""
+
+
+class TableError(InputError):
+    """A table file or table spec is invalid."""
+
+
+class TaskError(InputError):
+    """A task file (JSON lines) is invalid."""
+
+
+class PlanError(InputError):
+    """A plan file is invalid (a tampered plan is checked as strictly as a table file)."""
+
+
+class ModelError(InputError):
+    """A model file or a training checkpoint cannot be used."""
+
+
+class DataError(InputError):
+    """A data file (DLRM dataset, calibration, comm model, records) is invalid."""
+
+
+class OptionError(InputError):
+    """A command-line option (or a combination of them) is invalid, or an output path is unusable."""
+
+
+class MeasurementError(RuntimeError):
+    """A measurement failed (a worker raised, died or hung): the message names the failing worker."""
+
+
+# --------------------------------------------------------------------------------------------
+# Limits: the one place. Documented in README ("Limits").
+# --------------------------------------------------------------------------------------------
+
+MAX_DEVICES = 1024  # devices of a task or plan
+MAX_TABLES = 100_000  # tables in a table file, a task or a plan
+MAX_ROWS = 10**12  # rows of one table
+MIN_DIM, MAX_DIM, DIM_MULTIPLE = 4, 1024, 4  # embedding dim: a multiple of 4 in [4, 1024] (the kernels')
+MAX_POOLING_FACTOR = 10_000.0  # mean lookups per sample of one table
+MAX_MEMORY_BYTES = 10**15  # per-device memory cap (1 PB)
+MAX_BATCH_SIZE = 2**22  # global batch size B of a measurement or of training
+MAX_SEED = 2**63 - 1  # seeds: 0 .. 2^63 - 1
+MAX_ZIPF_ALPHA = 100.0  # zipf:<alpha> streams
+MAX_TASKS = 100_000  # tasks in a task file or drawn by `data tasks`
+MAX_ITERS = 100_000  # timed iterations / warm-ups of a measurement, training iterations
+MAX_BUDGET = 10_000_000  # real measurements of a training run
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # seconds before a distributed measurement is killed
+MAX_CHUNK_BYTES = 2**32  # bytes one rank sends another in `calibrate comm --sizes`
+
+LIMITS = {
+    "devices": MAX_DEVICES,
+    "tables": MAX_TABLES,
+    "rows": MAX_ROWS,
+    "dim": MAX_DIM,
+    "pooling_factor": MAX_POOLING_FACTOR,
+    "max_memory_bytes": MAX_MEMORY_BYTES,
+    "batch_size": MAX_BATCH_SIZE,
+    "seed": MAX_SEED,
+    "tasks": MAX_TASKS,
+    "iterations": MAX_ITERS,
+    "budget": MAX_BUDGET,
+    "timeout_s": MAX_TIMEOUT_S,
+    "chunk_bytes": MAX_CHUNK_BYTES,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Field parsers. `where` names the file and place ("tables.csv: line 3"), `key` the column,
+# JSON key or option; CSV cells arrive as strings, JSON values as themselves.
+# --------------------------------------------------------------------------------------------
+
+
+def one_line(text: Any) -> str:
+    """A message (an exception's, say) folded onto one line."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _number(value: Any, where: str, key: str, error: type[InputError]) -> int | float:
+    """An int (exact, however large: it is compared with the limits) or a float; CSV strings parsed."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise error(f"{where}, {key}: {_show(value)} is not a number")
+    if isinstance(value, int):
+        return value
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        raise error(f"{where}, {key}: {_show(value)} is not a number") from None
+
+
+def parse_int(value: Any, where: str, key: str, minimum: int, maximum: int | None = None, error: type[InputError] = InputError) -> int:
+    """An integer in [minimum, maximum]: '12', 12 or 12.0; not 2.7, true, 'nan', or 1e30 past the limit."""
+    number = _number(value, where, key, error)
+    if isinstance(number, float):
+        if not math.isfinite(number) or number != int(number):
+            raise error(f"{where}, {key}: {_show(value)} is not an integer")
+        number = int(number)
+    if number < minimum:
+        raise error(f"{where}, {key}: {_show(value)} must be >= {minimum}")
+    if maximum is not None and number > maximum:
+        raise error(f"{where}, {key}: {_show(value)} is over the limit of {maximum:,}")
+    return number
+
+
+def parse_float(value: Any, where: str, key: str, minimum: float = 0.0, maximum: float | None = None, error: type[InputError] = InputError) -> float:
+    """A finite number in [minimum, maximum]."""
+    number = _number(value, where, key, error)
+    try:
+        number = float(number)
+    except OverflowError:  # an int too large for a float
+        raise error(f"{where}, {key}: {_show(value)} is not finite") from None
+    if not math.isfinite(number):
+        raise error(f"{where}, {key}: {_show(value)} is not finite")
+    if number < minimum:
+        raise error(f"{where}, {key}: {_show(value)} must be >= {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise error(f"{where}, {key}: {_show(value)} is over the limit of {maximum:g}")
+    return number
+
+
+def parse_choice(value: Any, where: str, key: str, choices: Iterable[str], error: type[InputError] = InputError) -> str:
+    choices = list(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise error(f"{where}, {key}: {_show(value)} is not one of {', '.join(choices)}")
+    return value
+
+
+def parse_str(value: Any, where: str, key: str, error: type[InputError] = InputError) -> str:
+    """A non-empty string (names, paths)."""
+    if not isinstance(value, str) or not value.strip():
+        raise error(f"{where}, {key}: {_show(value)} must be a non-empty string")
+    return value
+
+
+def require_dict(value: Any, where: str, what: str, error: type[InputError] = InputError) -> dict:
+    if not isinstance(value, dict):
+        raise error(f"{where}: expected {what} (a JSON object), got {_json_kind(value)}")
+    return value
+
+
+def require_list(value: Any, where: str, key: str, error: type[InputError] = InputError, maximum: int | None = None, nonempty: bool = True) -> list:
+    if not isinstance(value, list):
+        raise error(f"{where}, {key}: expected a list, got {_json_kind(value)}")
+    if nonempty and not value:
+        raise error(f"{where}, {key}: the list is empty")
+    if maximum is not None and len(value) > maximum:
+        raise error(f"{where}, {key}: {len(value):,} entries, over the limit of {maximum:,}")
+    return value
+
+
+def require_keys(d: dict, keys: Iterable[str], where: str, error: type[InputError] = InputError) -> None:
+    for key in keys:
+        if key not in d:
+            raise error(f"{where}: missing key {key!r}")
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it (JSON spelling for true/false/null), cut to 40 characters."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# DLRM dataset files (streams.load_dlrm_file reads them; this is what they must hold)
+# --------------------------------------------------------------------------------------------
+
+
+def check_dlrm_file(path) -> None:
+    """DataError unless `path` (.pt or .pt.gz) holds (indices, offsets, lengths) as the DLRM
+    dataset stores them: integer tensors (float indices are refused, not truncated), indices >= 0
+    and below MAX_ROWS, offsets running from 0 to len(indices) without going back, and lengths
+    [tables, batch] equal to the offsets' differences."""
+    import torch
+
+    from dreamshard.files import load_torch_file
+
+    data = load_torch_file(path, "DLRM dataset", DataError)
+    if not (isinstance(data, (tuple, list)) and len(data) == 3 and all(isinstance(x, torch.Tensor) for x in data)):
+        raise DataError(f"{path}: expected a tuple of three tensors (indices, offsets, lengths)")
+    indices, offsets, lengths = data
+    for label, x, dims in (("indices", indices, 1), ("offsets", offsets, 1), ("lengths", lengths, 2)):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise DataError(f"{path}: {label} are {str(x.dtype).removeprefix('torch.')}, not integers (refusing to truncate them)")
+        if x.dim() != dims:
+            raise DataError(f"{path}: {label} must have {dims} dimension{'s' if dims > 1 else ''}, got shape {tuple(x.shape)}")
+    T, B = lengths.shape
+    if not (1 <= T <= MAX_TABLES and B >= 1):
+        raise DataError(f"{path}: lengths has shape {(T, B)}; need 1..{MAX_TABLES:,} tables and a batch of at least 1")
+    if indices.numel():
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0:
+            raise DataError(f"{path}: index {lo} at position {int(torch.argmin(indices))} is negative; indices must be >= 0")
+        if hi >= MAX_ROWS:
+            raise DataError(f"{path}: index {hi} is over the limit of {MAX_ROWS:,} rows")
+    if offsets.numel() != T * B + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != indices.numel():
+        raise DataError(f"{path}: offsets ({offsets.numel()} from {int(offsets[0])} to {int(offsets[-1])}) must run from 0 to "
+                        f"{indices.numel()} (the indices) in {T} tables × {B} samples + 1 entries")
+    steps = offsets[1:] - offsets[:-1]
+    if bool((steps < 0).any()):
+        raise DataError(f"{path}: offsets go back at position {int(torch.nonzero(steps < 0)[0])}; they must not decrease")
+    if not torch.equal(steps.reshape(T, B).to(torch.int64), lengths.to(torch.int64)):
+        raise DataError(f"{path}: lengths differ from the offsets' differences")
+    if float(lengths.double().mean(dim=1).max()) > MAX_POOLING_FACTOR:
+        raise DataError(f"{path}: a table's mean bag length is over the limit of {MAX_POOLING_FACTOR:g} lookups per sample")
