@@ -19,14 +19,17 @@ from rich.table import Table
 
 from dreamshard import validation as limits
 from dreamshard.files import atomic_write, check_out_path
-from dreamshard.planners.memory import InfeasibleError
 from dreamshard.validation import InputError, MeasurementError, OptionError, one_line
 
 console = Console()
 err_console = Console(stderr=True)
 
-# InfeasibleError (no placement within memory) is bad input too; it lives in planners/memory.py.
-USER_ERRORS = (InputError, InfeasibleError)
+
+def is_user_error(e: BaseException) -> bool:
+    """Bad input: an InputError, or planners.memory.InfeasibleError (no placement within memory
+    exists), looked up only if that module was loaded (it pulls in torch; --help should not)."""
+    memory = sys.modules.get("dreamshard.planners.memory")
+    return isinstance(e, InputError) or (memory is not None and isinstance(e, memory.InfeasibleError))
 
 
 def fail(status: int, message: str) -> None:
@@ -56,10 +59,12 @@ class Group(click.Group):
             fail(e.exit_code, e.format_message())
         except click.Abort:
             fail(1, "interrupted")
-        except USER_ERRORS as e:
-            fail(2, str(e))
         except MeasurementError as e:
             fail(1, str(e))
+        except ValueError as e:  # InputError and InfeasibleError are ValueErrors; any other is a bug
+            if not is_user_error(e):
+                raise
+            fail(2, str(e))
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -720,11 +725,15 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     console.print(t)
 
 
-def main() -> None:
+def exit_on_sigterm() -> None:
+    """SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: temporary files are removed, workers killed."""
     import signal
 
-    # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: temporary files are removed, workers killed
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def main() -> None:
+    exit_on_sigterm()
     cli(prog_name="dreamshard")
 
 

@@ -29,6 +29,7 @@ from dreamshard.validation import (
     MAX_TABLES,
     MAX_ZIPF_ALPHA,
     MIN_DIM,
+    MIN_POOLING_FACTOR,
     TableError,
     one_line,
     parse_float,
@@ -201,6 +202,8 @@ def table_from_record(rec: dict, where: str, label: str = "column") -> TableSpec
     if dim % DIM_MULTIPLE:
         raise TableError(f"{where}, {at('dim')}: {dim} is not a positive multiple of {DIM_MULTIPLE}")
     pf = parse_float(rec["pooling_factor"], where, at("pooling_factor"), 0.0, MAX_POOLING_FACTOR, TableError)
+    if 0 < pf < MIN_POOLING_FACTOR:
+        raise TableError(f"{where}, {at('pooling_factor')}: {pf:g} is below {MIN_POOLING_FACTOR:g} (the limit); give 0 for a table that is never looked up")
     seed = parse_int(rec.get("seed") if rec.get("seed") not in (None, "") else 0, where, at("seed"), 0, MAX_SEED, TableError)
     distribution = rec.get("distribution")
     if distribution in (None, ""):
@@ -210,11 +213,11 @@ def table_from_record(rec: dict, where: str, label: str = "column") -> TableSpec
     else:
         distribution = validate_distribution(distribution, where, label)
     bin_values = [rec.get(c) for c in BIN_COLUMNS]
-    if "bins" in rec and rec["bins"] is not None:
+    given = [v not in (None, "") for v in bin_values]
+    if "bins" in rec and rec["bins"] is not None:  # JSON: a list of 17 numbers, every one given
         if not isinstance(rec["bins"], list) or len(rec["bins"]) != NUM_BINS:
             raise TableError(f"{where}, {at('bins')}: expected a list of {NUM_BINS} fractions")
-        bin_values = rec["bins"]
-    given = [v not in (None, "") for v in bin_values]
+        bin_values, given = rec["bins"], [True] * NUM_BINS
     if any(given):
         if not all(given):
             missing = next(c for c, g in zip(BIN_COLUMNS, given) if not g)

@@ -61,6 +61,7 @@ MAX_TABLES = 100_000  # tables in a table file, a task or a plan
 MAX_ROWS = 10**12  # rows of one table
 MIN_DIM, MAX_DIM, DIM_MULTIPLE = 4, 1024, 4  # embedding dim: a multiple of 4 in [4, 1024] (the kernels')
 MAX_POOLING_FACTOR = 10_000.0  # mean lookups per sample of one table
+MIN_POOLING_FACTOR = 1e-9  # ... when not 0: rarer than once in 10^9 samples underflows the reuse bins
 MAX_MEMORY_BYTES = 10**15  # per-device memory cap (1 PB)
 MAX_BATCH_SIZE = 2**22  # global batch size B of a measurement or of training
 MAX_SEED = 2**63 - 1  # seeds: 0 .. 2^63 - 1
@@ -105,6 +106,11 @@ def _number(value: Any, where: str, key: str, error: type[InputError]) -> int | 
         raise error(f"{where}, {key}: {_show(value)} is not a number")
     if isinstance(value, int):
         return value
+    if isinstance(value, str):
+        try:
+            return int(value)  # exact: '9223372036854775807' is not rounded through a float
+        except ValueError:
+            pass
     try:
         return float(value)
     except (ValueError, OverflowError):

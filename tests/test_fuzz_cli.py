@@ -1,0 +1,465 @@
+"""Fuzzing the command line with malformed table, task and plan files and option values (issue 15).
+
+Every case is generated together with whether it is valid: each field is drawn either from values
+that are valid or from values that are not (wrong type, out of range, over a limit, missing,
+duplicated, not finite, garbage text). The case then runs through the real CLI code in-process
+(click's CliRunner) and must end as its validity says:
+
+- valid   → exit status 0 and the output file written (and readable back);
+- invalid → exit status 2, exactly one line on stderr starting with "error:" and naming the file
+  (for file errors), no traceback, and no output file.
+
+A handful run as real subprocesses (`.venv/bin/dreamshard`) for exit statuses and stderr.
+
+Examples per test: DREAMSHARD_FUZZ_EXAMPLES (default 100 for the file fuzzers and the option
+fuzzer, about 400 cases per run; e.g. DREAMSHARD_FUZZ_EXAMPLES=2000 for a long run). Default runs
+are derandomized (the same cases every time); a run with the variable set draws new ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from dreamshard.cli import cli
+from dreamshard.plan import load_plans
+from dreamshard.planners import PLANNERS
+from dreamshard.synth import PoolConfig, synth_pool, write_pool
+from dreamshard.tables import BIN_COLUMNS, NUM_BINS
+from dreamshard.tasks import load_tasks
+from dreamshard.validation import MAX_DEVICES, MAX_MEMORY_BYTES, MAX_ROWS, MAX_SEED
+
+EXAMPLES = int(os.environ.get("DREAMSHARD_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="DREAMSHARD_FUZZ_EXAMPLES" not in os.environ, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+
+ROOT = Path(__file__).resolve().parents[1]
+_script = Path(sys.executable).with_name("dreamshard")
+DREAMSHARD = [str(_script)] if _script.is_file() else [sys.executable, "-m", "dreamshard.cli"]
+BIG_MEMORY = 10**13  # every valid case fits: its failures can only come from bad input
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures and the one check every case ends with
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fuzzpool")
+    write_pool(synth_pool(PoolConfig(tables=8, seed=5)), out, PoolConfig(tables=8, seed=5))
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_plan(pool, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("fuzzplan") / "plan.json"
+    r = invoke("plan", pool / "tables.csv", "--devices", 2, "--max-memory", BIG_MEMORY, "--planner", "size", "--out", out)
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(out.read_text())
+    # at least 3 tables on device 1: two edits cannot empty it, so one device is then always invalid
+    assert sum(e["device"] == 1 for e in plan["tables"]) >= 3 and {e["device"] for e in plan["tables"]} == {0, 1}
+    return plan
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def check(result, valid: bool, outputs: list[Path], names: str | None = None, case=None) -> None:
+    """The CLI ended as the case's validity says (see the module docstring)."""
+    event(f"valid={valid} exit={result.exit_code}")  # shown by pytest --hypothesis-show-statistics
+    context = f"case={case!r}\nexit={result.exit_code}\nstderr={result.stderr!r}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), f"uncaught {result.exception!r}\n{context}"
+    assert "Traceback" not in result.stderr, context
+    if valid:
+        assert result.exit_code == 0, context
+        assert all(p.exists() for p in outputs), context
+    else:
+        assert result.exit_code == 2, context
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), context
+        if names:
+            assert names in lines[0], context
+        assert not any(p.exists() for p in outputs), context
+        leftovers = [p for out in outputs for p in out.parent.glob(out.name + ".tmp*")]
+        assert not leftovers, context
+
+
+class valid_or_not:  # noqa: N801 - reads as a strategy
+    """A field's values: `good` ones and `bad` ones. `pick(draw, clean)` gives (value, ok): always a
+    good one in a clean case (half the cases are drawn clean: every field valid), else a bad one
+    about `p_bad` of the time (one_of picks its branches about evenly: the good one is listed k times)."""
+
+    def __init__(self, good, bad, p_bad: float = 0.3) -> None:
+        k = max(1, round((1 - p_bad) / p_bad))
+        self.good = good.map(lambda v: (v, True))
+        self.mixed = st.one_of(*[self.good] * k, bad.map(lambda v: (v, False)))
+
+    def pick(self, draw, clean: bool):
+        return draw(self.good if clean else self.mixed)
+
+
+def flaw(draw, clean: bool, one_in: int) -> bool:
+    """Whether to add a structural flaw (a missing column, a bad line...): never in a clean case."""
+    return not clean and draw(st.integers(0, one_in - 1)) == 0
+
+
+# Text without a digit is never a valid number (nan and inf, which it may spell, are refused too)
+NOT_NUMBER_TEXT = st.text(alphabet=st.characters(blacklist_categories=["Nd", "No", "Cs"], blacklist_characters="\x00"), min_size=1, max_size=12)
+NOT_DISTRIBUTION_TEXT = NOT_NUMBER_TEXT.filter(lambda s: s.strip() != "uniform" and not s.strip().startswith(("zipf:", "dlrm:")))
+
+
+def onehot(i: int) -> list[float]:
+    return [1.0 if j == i else 0.0 for j in range(NUM_BINS)]
+
+
+# --------------------------------------------------------------------------------------------
+# Table files (CSV and JSON) through `plan TABLES_FILE`
+# --------------------------------------------------------------------------------------------
+
+CSV_ROWS = valid_or_not(st.integers(1, 10**6).map(str) | st.sampled_from(["1e3", "250.0"]),
+                        st.sampled_from(["0", "-1", "1.5", "1e30", str(MAX_ROWS + 1), "nan", "inf", "", " ", "0x10", "1,000", "True"]) | NOT_NUMBER_TEXT)
+CSV_DIM = valid_or_not(st.sampled_from(["4", "8", "16", "64", "128", "1024", "16.0"]),
+                       st.sampled_from(["0", "-4", "6", "2", "1028", "2048", "8.5", "nan", ""]) | NOT_NUMBER_TEXT)
+CSV_POOLING = valid_or_not((st.just(0.0) | st.floats(1e-9, 100)).map(lambda x: f"{x:.6g}"),
+                           st.sampled_from(["-1", "nan", "inf", "-inf", "1e5", "", "1e400", "1e-247"]) | NOT_NUMBER_TEXT)
+CSV_SEED = valid_or_not(st.sampled_from(["", "0", "7", str(MAX_SEED)]), st.sampled_from(["-1", "1.5", str(2**64), "nan"]) | NOT_NUMBER_TEXT)
+CSV_DIST = valid_or_not(st.sampled_from(["uniform", "zipf:1.1", "zipf:0.5"]),
+                        st.sampled_from(["zipf:0", "zipf:-1", "zipf:x", "zipf:1e9", "normal", "dlrm:foo", "dlrm:#x", "zipf:nan"]) | NOT_DISTRIBUTION_TEXT)
+BAD_BIN = st.sampled_from(["-0.5", "nan", "2", "x", "", "inf"])
+
+
+@st.composite
+def csv_table_file(draw):
+    """(text, valid): a CSV table file of 1–4 rows with bins given (fast) or derived from a distribution."""
+    clean = draw(st.booleans())
+    with_bins = draw(st.integers(0, 9)) < 8
+    header = ["name", "rows", "dim", "pooling_factor", "distribution", "seed"] + (BIN_COLUMNS if with_bins else [])
+    dropped = None
+    if flaw(draw, clean, 20):  # a required column missing from the header
+        dropped = draw(st.sampled_from(["name", "rows", "dim", "pooling_factor"]))
+        header.remove(dropped)
+    valid = dropped is None
+    rows, names = [], []
+    for i in range(draw(st.integers(1, 3 if with_bins else 2))):
+        name, ok_name = f"t{i}", True
+        kind = draw(st.integers(0, 29)) if not clean else -1
+        if kind == 0 and names:
+            name, ok_name = names[0], False  # a duplicate name
+        elif kind == 1:
+            name, ok_name = draw(st.sampled_from(["", "   "])), False
+        names.append(name)
+        cells = {"name": (name, ok_name), "rows": CSV_ROWS.pick(draw, clean), "dim": CSV_DIM.pick(draw, clean), "pooling_factor": CSV_POOLING.pick(draw, clean), "seed": CSV_SEED.pick(draw, clean)}
+        if with_bins:
+            cells["distribution"] = draw(st.just(("", True))) if draw(st.booleans()) else CSV_DIST.pick(draw, clean)
+            bins, ok_bins = [f"{b:g}" for b in onehot(draw(st.integers(0, NUM_BINS - 1)))], True
+            if flaw(draw, clean, 10):
+                bins[draw(st.integers(0, NUM_BINS - 1))] = draw(BAD_BIN)
+                ok_bins = False
+            cells.update({c: (b, ok_bins) for c, b in zip(BIN_COLUMNS, bins)})
+        else:
+            cells["distribution"] = CSV_DIST.pick(draw, clean)
+        row = [cells[c][0] for c in header]
+        valid &= all(cells[c][1] for c in header)
+        if flaw(draw, clean, 40):  # more fields than the header
+            row.append("extra")
+            valid = False
+        rows.append(row)
+    f = io.StringIO()
+    w = csv.writer(f)
+    w.writerow(header)
+    w.writerows(rows)
+    return f.getvalue(), valid
+
+
+JSON_GARBAGE = st.sampled_from([None, True, False, [], {}, "abc", [1, 2], {"a": 1}])
+JSON_ROWS = valid_or_not(st.integers(1, 10**6), st.sampled_from([0, -1, 1.5, 1e30, MAX_ROWS + 1, float("nan"), float("inf"), 2**70]) | JSON_GARBAGE)
+JSON_DIM = valid_or_not(st.sampled_from([4, 8, 16, 64, 1024, 32.0]), st.sampled_from([0, -4, 6, 2048, 8.5, float("nan")]) | JSON_GARBAGE)
+JSON_POOLING = valid_or_not(st.just(0.0) | st.floats(1e-9, 100), st.sampled_from([-1, float("nan"), float("inf"), 1e5, 10**400]) | JSON_GARBAGE)
+JSON_SEED = valid_or_not(st.integers(0, 1000), st.sampled_from([-1, 1.5, 2**64, float("nan")]) | JSON_GARBAGE.filter(lambda v: v not in (None,)))
+JSON_DIST = valid_or_not(st.sampled_from(["uniform", "zipf:1.1", None]), st.sampled_from(["zipf:0", "normal", "dlrm:x", 5, True, [], {}]))
+JSON_BINS = valid_or_not(st.integers(0, NUM_BINS - 1).map(onehot),
+                         st.sampled_from([onehot(0)[:16], [-0.1] + [0.0] * 16, [float("nan")] * 17, [1.5] + [0.0] * 16, "x", 5, [None] * 17, [True] + [0.0] * 16]))
+
+
+@st.composite
+def json_table_file(draw):
+    """(text, valid): a JSON table file: {"tables": [...]} or a bare list, of objects or garbage."""
+    tables, valid, clean = [], True, draw(st.booleans())
+    for i in range(draw(st.integers(1, 3))):
+        if flaw(draw, clean, 20):
+            tables.append(draw(JSON_GARBAGE | st.integers() | st.floats(allow_nan=False)))  # not a table at all
+            valid = False
+            continue
+        fields = {"rows": JSON_ROWS.pick(draw, clean), "dim": JSON_DIM.pick(draw, clean), "pooling_factor": JSON_POOLING.pick(draw, clean), "seed": JSON_SEED.pick(draw, clean),
+                  "distribution": JSON_DIST.pick(draw, clean), "bins": JSON_BINS.pick(draw, clean)}
+        t = {"name": f"t{i}", **{k: v for k, (v, _) in fields.items()}}
+        valid &= all(ok for _, ok in fields.values())
+        if flaw(draw, clean, 20):
+            del t[draw(st.sampled_from(["name", "rows", "dim", "pooling_factor"]))]
+            valid = False
+        tables.append(t)
+    doc = draw(st.sampled_from(["object", "list"] + ([] if clean else ["object", "garbage"])))
+    if doc == "garbage":
+        return draw(st.sampled_from(["", "{", "[1, 2", "null", "5", '"tables"', '{"tables": 5}', '{"tables": []}', "[]", "\x00\x01"])), False
+    return json.dumps({"tables": tables} if doc == "object" else tables), valid
+
+
+@FUZZ
+@given(case=st.one_of(csv_table_file().map(lambda c: ("csv",) + c), json_table_file().map(lambda c: ("json",) + c)))
+def test_fuzz_table_files(pool, case):
+    suffix, text, valid = case
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d) / f"tables.{suffix}", Path(d) / "plan.json"
+        src.write_text(text)
+        r = invoke("plan", src, "--devices", 2, "--max-memory", BIG_MEMORY, "--planner", "size", "--out", out)
+        check(r, valid, [out], names=str(src), case=case)
+        if valid:
+            (plan,) = load_plans(out)
+            assert plan.devices == 2 and 1 <= len(plan.task.tables) <= 3
+
+
+# --------------------------------------------------------------------------------------------
+# Task files through `plan --tasks`
+# --------------------------------------------------------------------------------------------
+
+TASK_DEVICES = valid_or_not(st.integers(1, 8), st.sampled_from([0, -1, 2.7, True, False, None, MAX_DEVICES + 1, 10**9, [], "x", 1e30]))
+TASK_MEMORY = valid_or_not(st.sampled_from([BIG_MEMORY, MAX_MEMORY_BYTES]), st.sampled_from([0, -5, 1.5, True, None, MAX_MEMORY_BYTES + 1, "5GB", float("nan")]))
+TASK_PRECISION = valid_or_not(st.sampled_from(["fp16", "fp32"]), st.sampled_from(["fp64", "", "FP16", 16, None]))
+TASK_OPTIMIZER = valid_or_not(st.sampled_from(["sgd", "rowwise_adagrad"]), st.sampled_from(["adam", "", 1, None]))
+
+
+@st.composite
+def task_file(draw, names: list[str], pool_dir: str):
+    """(text, number of tasks, valid): 1–3 task lines, each with its keys drawn valid or not."""
+    lines, valid, clean = [], True, draw(st.booleans())
+    for _ in range(draw(st.integers(1, 3))):
+        if flaw(draw, clean, 30):
+            lines.append(draw(st.sampled_from(["{", "[1, 2]", "5", '"task"', "null", "{'tables': []}"])))
+            valid = False
+            continue
+        chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+        tables, ok_tables = (chosen, True) if clean else draw(st.one_of(
+            st.just((chosen, True)), st.just((chosen, True)), st.just((chosen, True)), st.just((chosen, True)), st.just((chosen, True)),
+            st.just((chosen + chosen[:1], False)), st.just(([], False)), st.just((chosen + ["no_such_table"], False)),
+            st.just((chosen + [5], False)), st.just((chosen[0], False)), st.just((None, False))))
+        keys = {"devices": TASK_DEVICES.pick(draw, clean), "max_memory_bytes": TASK_MEMORY.pick(draw, clean), "precision": TASK_PRECISION.pick(draw, clean), "optimizer": TASK_OPTIMIZER.pick(draw, clean),
+                "pool": valid_or_not(st.just(pool_dir), st.sampled_from(["/no/such/pool", 5, "", None]), 0.1).pick(draw, clean)}
+        task = {"tables": tables, **{k: v for k, (v, _) in keys.items()}}
+        valid &= ok_tables and all(ok for _, ok in keys.values())
+        if flaw(draw, clean, 30):
+            del task[draw(st.sampled_from(["tables", "devices", "max_memory_bytes", "pool"]))]
+            valid = False
+        lines.append(json.dumps(task))
+    return "\n".join(lines) + "\n", len(lines), valid
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_task_files(pool, data):
+    names = [line.split(",")[0] for line in (pool / "tables.csv").read_text().splitlines()[1:]]
+    text, n, valid = data.draw(task_file(names, str(pool)))
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d) / "tasks.jsonl", Path(d) / "plans.jsonl"
+        src.write_text(text)
+        r = invoke("plan", "--tasks", src, "--planner", data.draw(st.sampled_from(["size", "lookup", "random"])), "--out", out)
+        check(r, valid, [out], names=None, case=text)
+        if valid:
+            assert len(load_plans(out)) == n == len(load_tasks(src))
+
+
+# --------------------------------------------------------------------------------------------
+# Plan files, tampered, through `measure --backend sim`
+# --------------------------------------------------------------------------------------------
+
+
+@st.composite
+def tampered_plan(draw, base: dict):
+    """(document, valid): the base plan with 1–3 edits, each valid or not."""
+    plan, valid, clean = copy.deepcopy(base), True, draw(st.booleans())
+    plan["max_memory_bytes"] = BIG_MEMORY
+    edits = draw(st.lists(st.sampled_from(["devices", "memory", "precision", "optimizer", "format", "tables", "device", "rows", "dim",
+                                           "pooling_factor", "bins", "distribution", "seed", "name", "predicted", "notes", "doc"]),
+                           min_size=1, max_size=3, unique=True))  # one edit per key: a later one never undoes an earlier invalid one
+    n = len(plan["tables"])
+    for edit in edits:
+        i = draw(st.integers(0, n - 1)) if isinstance(plan.get("tables"), list) and plan["tables"] and isinstance(plan["tables"][0], dict) else None
+        spec = plan["tables"][i]["spec"] if i is not None and "spec" in plan["tables"][i] else None
+        if edit == "devices":
+            v, ok = valid_or_not(st.integers(2, 8), st.sampled_from([0, 1, -1, 2.5, True, None, [], MAX_DEVICES + 1, 10**6, 10**9]), 0.6).pick(draw, clean)
+            if ok and isinstance(plan.get("devices"), int) and not isinstance(plan["devices"], bool):
+                v = max(v, plan["devices"])  # never fewer devices than a valid table's device needs
+            plan["devices"] = v
+        elif edit == "memory":
+            v, ok = valid_or_not(st.just(BIG_MEMORY * 10), st.sampled_from([0, -1, 1.5, True, None, MAX_MEMORY_BYTES + 1, 1000]), 0.6).pick(draw, clean)
+            plan["max_memory_bytes"] = v
+        elif edit == "precision":
+            v, ok = valid_or_not(st.sampled_from(["fp16", "fp32"]), st.sampled_from(["fp64", "", 16, None]), 0.6).pick(draw, clean)
+            plan["precision"] = v
+        elif edit == "optimizer":
+            v, ok = valid_or_not(st.sampled_from(["sgd", "rowwise_adagrad"]), st.sampled_from(["adam", None, 1]), 0.6).pick(draw, clean)
+            plan["optimizer"] = v
+        elif edit in ("format", "tables", "doc") and clean:
+            ok = True  # these edits are all flaws: none in a clean case
+        elif edit == "format":
+            plan["format"], ok = draw(st.sampled_from(["dreamshard.plan/2", None, 1, ""])), False
+        elif edit == "tables":
+            plan["tables"], ok = draw(st.sampled_from([[], {}, None, 5, [5], [None], ["x"]])), False
+        elif edit == "device" and i is not None:
+            top = plan["devices"] if isinstance(plan.get("devices"), int) and not isinstance(plan["devices"], bool) and plan["devices"] >= 2 else 2
+            v, ok = valid_or_not(st.integers(0, top - 1), st.sampled_from([-1, top, 0.5, True, None, "x", 10**9]), 0.6).pick(draw, clean)
+            plan["tables"][i]["device"] = v
+        elif spec is not None and edit in ("rows", "dim", "pooling_factor", "bins", "distribution", "seed", "name"):
+            good, bad = {
+                "rows": (st.integers(1, 10**5), st.sampled_from([0, -100, 1e30, 2.5, True, None, "x", MAX_ROWS + 1])),
+                "dim": (st.sampled_from([4, 8, 64, 256]), st.sampled_from([6, 0, -4, 2048, 4.5, None, "x"])),
+                "pooling_factor": (st.just(0.0) | st.floats(1e-9, 100), st.sampled_from([-1.0, float("nan"), float("inf"), 1e6, None, "x", True])),
+                "bins": (st.integers(0, NUM_BINS - 1).map(onehot), st.sampled_from([onehot(0)[:16], [-0.1] + [0.0] * 16, [float("nan")] * 17, "x", 5])),
+                "distribution": (st.sampled_from(["uniform", "zipf:1.2"]), st.sampled_from(["zipf:0", "gauss", 5, []])),
+                "seed": (st.integers(0, 100), st.sampled_from([-1, 1.5, 2**64, True])),
+                "name": (st.just(f"renamed{i}"), st.sampled_from([None, "", "   "])),
+            }[edit]
+            v, ok = valid_or_not(good, bad, 0.6).pick(draw, clean)
+            spec[edit] = v
+            if edit == "name" and not ok and draw(st.booleans()) and n > 1:  # (ok is False: not a clean case)
+                spec["name"] = plan["tables"][(i + 1) % n]["spec"]["name"]  # a table listed twice
+        elif edit == "predicted":
+            plan["predicted"], ok = valid_or_not(st.just(None), st.sampled_from([5, "x", []]), 0.6).pick(draw, clean)
+        elif edit == "notes":
+            plan["notes"], ok = valid_or_not(st.just(["a note"]), st.sampled_from(["x", [1], None]), 0.6).pick(draw, clean)
+        elif edit == "doc":
+            return draw(st.sampled_from([[plan], 5, "plan", None])), False
+        else:
+            ok = True
+        valid &= ok
+    return plan, valid
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_plan_files(base_plan, data):
+    doc, valid = data.draw(tampered_plan(base_plan))
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d) / "plan.json", Path(d) / "report.json"
+        cut = not valid and data.draw(st.integers(0, 9)) == 0  # now and then a file cut short
+        src.write_text(json.dumps(doc)[: -3 if cut else None])
+        valid = valid and not cut
+        r = invoke("measure", src, "--backend", "sim", "--out", out)
+        check(r, valid, [out], names=str(src), case=doc)
+        if valid:
+            assert json.loads(out.read_text())["overall_ms"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Option values
+# --------------------------------------------------------------------------------------------
+
+OPT_DEVICES = valid_or_not(st.integers(1, 8).map(str), st.sampled_from(["0", "-1", str(MAX_DEVICES + 1), "2.5", "x", "", "1e9", "nan"]), 0.3)
+OPT_MEMORY = valid_or_not(st.sampled_from(["10TB", "80000GB", str(BIG_MEMORY), "9.5TiB"]),
+                          st.sampled_from(["0", "0.5", "-5GB", "5 parsecs", "", "1e30", "GB", "5000TB", "nan", "inf"]), 0.3)
+OPT_SEED = valid_or_not(st.sampled_from(["0", "1", str(MAX_SEED)]), st.sampled_from(["-1", str(MAX_SEED + 1), "1.5", "x"]), 0.3)
+OPT_PLANNER = valid_or_not(st.sampled_from(sorted(PLANNERS)), st.sampled_from(["nope", "", "SIZE"]), 0.2)
+OPT_BATCH = valid_or_not(st.sampled_from(["1", "1024", "65536"]), st.sampled_from(["0", "-1", str(2**40), "1.5", "x"]), 0.3)
+OPT_TABLE_COUNT = valid_or_not(st.sampled_from(["1", "2", "2:4", "4"]), st.sampled_from(["0", "5:2", "x", "1:2:3", "-1", "100000000", "9"]), 0.3)
+OPT_COUNT = valid_or_not(st.sampled_from(["0", "1", "3"]), st.sampled_from(["-1", "x", str(10**6), "1.5"]), 0.3)
+
+
+@st.composite
+def option_case(draw, pool: Path, plan_file: Path, d: Path):
+    """(args, outputs, valid) for `plan`, `measure` or `data tasks`, with option values valid or not."""
+    regular = d / "regular"
+    clean = draw(st.booleans())
+    out_file = valid_or_not(st.sampled_from([d / "out.json", d / "sub" / "out.json"]), st.sampled_from([regular / "out.json", d]), 0.15)
+    command = draw(st.sampled_from(["plan", "measure", "tasks"]))
+    if command == "plan":
+        opts = {"--devices": OPT_DEVICES.pick(draw, clean), "--max-memory": OPT_MEMORY.pick(draw, clean), "--seed": OPT_SEED.pick(draw, clean), "--planner": OPT_PLANNER.pick(draw, clean)}
+        (out, ok_out) = out_file.pick(draw, clean)
+        args = ["plan", pool / "tables.csv", *[x for k, (v, _) in opts.items() for x in (k, v)], "--out", out]
+        outputs, valid = ([out] if out != d else []), ok_out and all(ok for _, ok in opts.values())
+    elif command == "measure":
+        opts = {"--batch-size": OPT_BATCH.pick(draw, clean), "--precision": valid_or_not(st.sampled_from(["fp16", "fp32"]), st.sampled_from(["fp64", ""]), 0.2).pick(draw, clean)}
+        (out, ok_out) = out_file.pick(draw, clean)
+        unused = flaw(draw, clean, 10)  # an option the simulator would ignore
+        args = ["measure", plan_file, "--backend", "sim", *[x for k, (v, _) in opts.items() for x in (k, v)], "--out", out] + (["--iters", "5"] if unused else [])
+        outputs, valid = ([out] if out != d else []), ok_out and not unused and all(ok for _, ok in opts.values())
+    else:
+        opts = {"--tables": OPT_TABLE_COUNT.pick(draw, clean), "--devices": OPT_DEVICES.pick(draw, clean), "--max-memory": OPT_MEMORY.pick(draw, clean), "--num-train": OPT_COUNT.pick(draw, clean),
+                "--num-test": OPT_COUNT.pick(draw, clean), "--seed": valid_or_not(st.sampled_from(["0", "3"]), st.sampled_from(["-1", "x"]), 0.2).pick(draw, clean)}
+        out, ok_out = valid_or_not(st.just(d / "tasks"), st.sampled_from([regular, regular / "tasks"]), 0.15).pick(draw, clean)
+        args = ["data", "tasks", "--pool", pool, *[x for k, (v, _) in opts.items() for x in (k, v)], "--out", out]
+        outputs, valid = [out / "train.jsonl", out / "test.jsonl"], ok_out and all(ok for _, ok in opts.values())
+    return args, outputs, valid
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_option_values(pool, base_plan, data):
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "regular").write_text("a regular file in the way of a folder")
+        plan_file = d / "plan.json"
+        plan_file.write_text(json.dumps(base_plan))
+        args, outputs, valid = data.draw(option_case(pool, plan_file, d))
+        check(invoke(*args), valid, outputs, case=args)
+
+
+# --------------------------------------------------------------------------------------------
+# A handful through a real subprocess: exit statuses and stderr as a user sees them
+# --------------------------------------------------------------------------------------------
+
+
+def run(*args, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    return subprocess.run([*DREAMSHARD, *map(str, args)], capture_output=True, text=True, env=env, timeout=240)
+
+
+def test_subprocess_help_and_version_exit_0():
+    for args in (["--help"], ["--version"], ["plan", "--help"], ["measure", "--help"], ["data", "dlrm", "--help"], ["calibrate", "comm", "--help"]):
+        p = run(*args)
+        assert p.returncode == 0 and p.stderr == "" and p.stdout, (args, p.stderr)
+
+
+def test_subprocess_bad_input_one_line_exit_2(tmp_path, base_plan):
+    (tmp_path / "big.csv").write_text("name,rows,dim,pooling_factor,distribution\na,1e30,16,1,uniform\n")
+    (tmp_path / "list.json").write_text(json.dumps([base_plan]))
+    torch.save((torch.tensor([1, -18, 3]), torch.tensor([0, 1, 2, 3]), torch.tensor([[1, 1, 1]])), tmp_path / "neg.pt")
+    torch.save((torch.tensor([1.5, 2.7, 3.0]), torch.tensor([0, 1, 2, 3]), torch.tensor([[1, 1, 1]])), tmp_path / "float.pt")
+    cases = [
+        (["plan", tmp_path / "big.csv", "--devices", 2, "--max-memory", "5GB", "--out", tmp_path / "o.json"], "'rows': '1e30' is over the limit"),
+        (["measure", tmp_path / "list.json", "--backend", "sim", "--out", tmp_path / "o.json"], "expected a dreamshard.plan/1 plan"),
+        (["data", "dlrm", tmp_path / "neg.pt", "--out", tmp_path / "pool1"], "index -18 at position 1 is negative"),
+        (["data", "dlrm", tmp_path / "float.pt", "--out", tmp_path / "pool2"], "indices are float32, not integers"),
+        (["plan", "--bogus"], "No such option '--bogus'"),
+    ]
+    for args, needle in cases:
+        p = run(*args)
+        assert p.returncode == 2 and needle in p.stderr and len(p.stderr.splitlines()) == 1 and "Traceback" not in p.stderr, (args, p.stderr)
+    assert not (tmp_path / "o.json").exists() and not (tmp_path / "pool1").exists() and not (tmp_path / "pool2").exists()
+
+
+def test_subprocess_killed_worker_exit_1_names_it(tmp_path, base_plan):
+    """A distributed worker killed outright (SIGKILL): exit 1, one line naming that worker, not a peer that lost it."""
+    from dreamshard.costs.kernels import available_kernels
+    from dreamshard.costs.runners.distributed import FAULT_ENV
+
+    kernel = "fbgemm" if "fbgemm" in available_kernels("cpu") else "torch"
+    (tmp_path / "p.json").write_text(json.dumps(base_plan))
+    p = run("measure", tmp_path / "p.json", "--backend", kernel, "--runner", "distributed", "--batch-size", 64, "--iters", 1, "--warmup", 0,
+            "--precision", "fp32", "--timeout", 120, env_extra={FAULT_ENV: "kill:1"})
+    assert p.returncode == 1 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert "worker 1 of 2 was killed by SIGKILL" in p.stderr
+    assert not list(tmp_path.glob("p.cost-*"))
