@@ -57,8 +57,8 @@ class Group(click.Group):
             fail(e.exit_code, f"{where}{e.format_message()}{hint}")
         except click.ClickException as e:
             fail(e.exit_code, e.format_message())
-        except click.Abort:
-            fail(1, "interrupted")
+        except click.Abort:  # Ctrl-C
+            fail(130, "interrupted")
         except MeasurementError as e:
             fail(1, str(e))
         except ValueError as e:  # InputError and InfeasibleError are ValueErrors; any other is a bug
@@ -305,7 +305,8 @@ def device_summary(plan, title: str, report=None) -> Table:
 @click.option("--seed", default=0, show_default=True, type=SEED, help="for randomized planners")
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="with --planner dreamshard: a model from `dreamshard train` (default: the shipped H200 model)")
 @click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
-def plan_cmd(tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, out) -> None:
+@click.pass_context
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, out) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
@@ -321,6 +322,7 @@ def plan_cmd(tables_file, tasks_file, devices, max_memory, precision, optimizer,
     if tasks_file:
         if devices is not None or max_memory is not None:
             raise OptionError("--devices and --max-memory are for TABLES_FILE; a task file gives its own")
+        refuse_unused(ctx, ["precision", "optimizer"], "with --tasks (each task gives its own)")
         tasks = load_tasks(tasks_file)
     else:
         if devices is None or max_memory is None:

@@ -11,9 +11,10 @@ duplicated, not finite, garbage text). The case then runs through the real CLI c
 
 A handful run as real subprocesses (`.venv/bin/dreamshard`) for exit statuses and stderr.
 
-Examples per test: DREAMSHARD_FUZZ_EXAMPLES (default 100 for the file fuzzers and the option
-fuzzer, about 400 cases per run; e.g. DREAMSHARD_FUZZ_EXAMPLES=2000 for a long run). Default runs
-are derandomized (the same cases every time); a run with the variable set draws new ones.
+Examples per fuzz test: DREAMSHARD_FUZZ_EXAMPLES (default 150: 600 cases over the four fuzz tests,
+a few seconds; e.g. DREAMSHARD_FUZZ_EXAMPLES=3000 for a long run). Half the cases are drawn clean
+(every field valid), half with flaws. Default runs are derandomized (the same cases every time); a
+run with the variable set draws new ones.
 """
 
 from __future__ import annotations

@@ -412,17 +412,17 @@ def _measure_rank(job: dict, rank: int, world: int, device, clock: _Clock, barri
 def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, optimizer: str, device, seed: int = 0):
     """The shard's TBE, checked with one tiny forward/backward so that an unsupported combination
     (fp16 in a CPU kernel, say) fails here, with a message that says what to do."""
-    from dreamshard.costs.kernels import KernelUnavailable, make_tbe
+    from dreamshard.costs.kernels import make_tbe
     from dreamshard.streams import shard_batch
 
-    tbe = make_tbe(kernel, [t.rows for t in tables], [t.dim for t in tables], precision=precision, optimizer=optimizer, device=device, seed=seed)
     try:
+        tbe = make_tbe(kernel, [t.rows for t in tables], [t.dim for t in tables], precision=precision, optimizer=optimizer, device=device, seed=seed)
         ix, off = shard_batch(tables, 4, step=10**6, device=device)
         out = tbe.forward(ix, off)
         tbe.backward(out.new_zeros(out.shape))  # zero gradient: a no-op update for SGD and Adagrad
-    except (KernelUnavailable, ValueError):
+    except ValueError:  # the kernel's own argument checks: the tables were validated, so a bug
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the kernel cannot run this shard here (KernelUnavailable, a CUDA error...)
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         if precision == "fp16":
             raise MeasurementError(f"the {kernel} kernel does not run fp16 on {torch_device_type(device)} ({msg}); rerun with --precision fp32") from e
