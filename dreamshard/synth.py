@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dreamshard.streams import reuse_stats
+from dreamshard.files import atomic_write
 from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec, load_tables, save_tables
 
 DIMS = (4, 8, 16, 32, 64, 128)
@@ -87,9 +88,8 @@ def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None
 
 def write_pool(tables: Sequence[TableSpec], out: str | Path, config: PoolConfig) -> Path:
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_tables(tables, out / "tables.csv")
-    (out / "pool.json").write_text(json.dumps({"format": "dreamshard.pool/1", "config": asdict(config)}, indent=1))
+    save_tables(tables, out / "tables.csv")  # atomic, creating the folder
+    atomic_write(out / "pool.json", json.dumps({"format": "dreamshard.pool/1", "config": asdict(config)}, indent=1))
     return out / "tables.csv"
 
 

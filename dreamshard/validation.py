@@ -72,22 +72,6 @@ MAX_BUDGET = 10_000_000  # real measurements of a training run
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # seconds before a distributed measurement is killed
 MAX_CHUNK_BYTES = 2**32  # bytes one rank sends another in `calibrate comm --sizes`
 
-LIMITS = {
-    "devices": MAX_DEVICES,
-    "tables": MAX_TABLES,
-    "rows": MAX_ROWS,
-    "dim": MAX_DIM,
-    "pooling_factor": MAX_POOLING_FACTOR,
-    "max_memory_bytes": MAX_MEMORY_BYTES,
-    "batch_size": MAX_BATCH_SIZE,
-    "seed": MAX_SEED,
-    "tasks": MAX_TASKS,
-    "iterations": MAX_ITERS,
-    "budget": MAX_BUDGET,
-    "timeout_s": MAX_TIMEOUT_S,
-    "chunk_bytes": MAX_CHUNK_BYTES,
-}
-
 
 # --------------------------------------------------------------------------------------------
 # Field parsers. `where` names the file and place ("tables.csv: line 3"), `key` the column,
