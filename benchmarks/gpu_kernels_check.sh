@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One call on one H200 after a kernel or timing change: the gpu tests, the timing check (GPU work,
-# not host time), and the kernel benchmark of docs/kernels.md.
+# One call on one H200 after a kernel change: the gpu tests, the mixed-shard benchmark and the
+# single-table grid of docs/kernels.md (each against the kernel before the range-based backward),
+# logs under $OUT. The runners' timing check (benchmarks/timing_check.py) is a separate call.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -4
-timeout 150 python3 benchmarks/timing_check.py --out "$OUT" --shards 8 2>&1 | tail -10
-timeout 230 python3 benchmarks/kernels_gpu.py --out "$OUT" --profile 10t-mixed,50t-mixed 2>&1 | tail -14
+timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/gpu_tests.log"
+timeout 180 python3 benchmarks/kernels_gpu.py --out "$OUT" --baseline --quick --profile 50t-mixed > "$OUT/kernels_gpu.log" 2>&1
+grep -E "before|speedup" "$OUT/kernels_gpu.log" | tail -12
+timeout 240 python3 benchmarks/kernels_grid.py --out "$OUT" --baseline > "$OUT/kernels_grid.log" 2>&1
+tail -6 "$OUT/kernels_grid.log"

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dreamshard.costs.kernels import make_tbe  # noqa: E402
 from dreamshard.costs.kernels.base import init_table_  # noqa: E402
@@ -177,6 +178,16 @@ def run_shard(name, tables, source, device, bw, args, results, tri_kwargs=None):
     r["torch_fwd_ms"] = bench(lambda: ref.forward(indices, offsets), rep_ms=300 if not args.quick else 100)
     ref.forward(indices, offsets)
     r["torch_bwd_ms"] = bench(lambda: ref.backward(grad), rep_ms=600 if not args.quick else 150, warmup_ms=1)
+    if args.baseline and max(dims) <= 256:  # the kernel before the range-based backward, same inputs
+        from baseline_triton_tbe_v4 import TritonTBE as V4
+
+        old = V4(rows, dims, precision="fp16", optimizer="sgd", lr=lr, device=device, seed=1)
+        r["v4_fwd_ms"] = bench(lambda: old.forward(indices, offsets))
+        old.forward(indices, offsets)
+        r["v4_bwd_ms"] = bench(lambda: old.backward(grad))
+        r["speedup_fwd_bwd_over_v4"] = (r["v4_fwd_ms"] + r["v4_bwd_ms"]) / (r["triton_fwd_ms"] + r["triton_bwd_ms"])
+        log(f"[{name}] before (v4): fwd {r['v4_fwd_ms']:.3f} bwd {r['v4_bwd_ms']:.3f} ms; fwd+bwd now {r['speedup_fwd_bwd_over_v4']:.2f}x faster")
+        del old
     keys = torch.randint(0, sum(rows), (n,), device=device, dtype=torch.int32)
     r["sort_ms"] = bench(lambda: torch.sort(keys, stable=True), rep_ms=100)
     r["floor_ms"] = floor / bw * 1e3
@@ -224,9 +235,9 @@ def profile_bwd(tri, indices, offsets, grad, out_dir, name) -> str:
 
 FWD_VARIANTS = [dict(fwd_lanes=l, fwd_unroll=u, fwd_warps=w) for l, u, w in
                 [(512, 4, 4), (1024, 2, 4), (1024, 8, 4), (2048, 4, 4), (2048, 4, 8), (4096, 4, 8)]]
-BWD_VARIANTS = [dict(bwd_reduce=r, bwd_lanes=l, bwd_pmin=16, bwd_pmax=px, bwd_warps=w) for r, l, px, w in
-                [("scan", 2048, 1 << 20, 4), ("dot", 2048, 32, 4), ("dot", 2048, 64, 2), ("dot", 4096, 64, 4), ("dot", 4096, 128, 8),
-                 ("dot", 8192, 128, 8)]]
+BWD_VARIANTS = [dict(bwd_lanes=l, bwd_pmax=px, bwd_programs=pr, bwd_max_chunks=mc) for l, px, pr, mc in
+                [(1024, 32, 8192, 512), (2048, 64, 8192, 512), (2048, 64, 32768, 512), (2048, 64, 131072, 512), (1024, 32, 32768, 512),
+                 (1024, 32, 131072, 512), (2048, 64, 1 << 30, 1), (1024, 32, 1 << 30, 1)]]
 
 
 def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants):
@@ -253,6 +264,7 @@ def main() -> None:
     ap.add_argument("--sweep-fwd", default="", help="shards whose forward variants --sweep times")
     ap.add_argument("--sweep-bwd", default="25t-mixed,25t-dim>=32", help="shards whose backward variants --sweep times")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions of the slow torch path")
+    ap.add_argument("--baseline", action="store_true", help="also time the kernel before the range-based backward")
     ap.add_argument("--profile", default="", help="shards (comma-separated names) whose triton fwd+bwd is profiled per kernel")
     ap.add_argument("--shards", default="10,25,50,d32-10,d32-25,d32u-25")
     ap.add_argument("--batch", type=int, default=65_536)

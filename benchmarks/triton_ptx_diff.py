@@ -47,18 +47,20 @@ def variants():
     for dt, vec in (("fp16", 8), ("fp32", 4)):
         sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "meta_ptr": "*i64", "prog_table_ptr": "*i32",
                "pfirst_ptr": "*i64", "T": "i32", "B": "i32", "sumD": "i32"}
-        for classes in ((1 << 7) - 1, (1 << 14) - 1):
+        for classes in ((1 << 7) - 1, ((1 << 7) - 1) * ((1 << 9) + 1), (1 << 18) - 1):
             yield "_fwd_kernel", sig, {"CLASSES": classes, "LANES": 1024, "UNROLL": 4, "VEC": vec}
     for c in range(14):
-        for dt, adagrad, minw in (("fp16", False, 16), ("fp32", True, 16), ("fp16", True, 1)):
-            sig = {"keys_ptr": "*i32", "perm_ptr": "*i64", "segid_ptr": "*i32", "grad_ptr": f"*{dt}", "w_ptr": f"*{dt}", "state_ptr": "*fp32",
+        for dt, adagrad in (("fp16", False), ("fp32", True), ("fp16", True)):
+            if not adagrad and c % 7 > 4:  # SGD cuts dims into blocks of at most 256 columns
+                continue
+            sig = {"keys_ptr": "*i32", "segs_ptr": "*i32", "grad_ptr": f"*{dt}", "w_ptr": f"*{dt}", "state_ptr": "*fp32",
                    "slot_first_ptr": "*fp32", "slot_last_ptr": "*fp32", "flags_ptr": "*i8", "meta_ptr": "*i64", "prog_table_ptr": "*i32",
-                   "dyn_ptr": "*i64", "pid_base": "i32", "T": "i32", "N": "i32", "B": "i32", "sumD": "i32", "lr": "fp32", "eps": "fp32"}
-            yield "_bwd_kernel", sig, {"CLASSES": 1 << c, "LANES": 2048, "PMIN": 16, "PMAX": 64, "MINW": minw, "ADAGRAD": adagrad, "VEC": 8 if dt == "fp16" else 4}
+                   "dyn_ptr": "*i64", "pid_base": "i32", "T": "i32", "B": "i32", "sumD": "i32", "lr": "fp32", "eps": "fp32"}
+            yield "_bwd_kernel", sig, {"CLASSES": 1 << c, "LANES": 1024, "PMAX": 32, "ADAGRAD": adagrad, "VEC": 8 if dt == "fp16" else 4}
         for adagrad in (False, True):
             sig = {"keys_ptr": "*i32", "w_ptr": "*fp16", "state_ptr": "*fp32", "slot_first_ptr": "*fp32", "slot_last_ptr": "*fp32", "flags_ptr": "*i8",
                    "first": "i32", "meta_ptr": "*i64", "prog_table_ptr": "*i32", "dyn_ptr": "*i64", "T": "i32", "nprog": "i32", "lr": "fp32", "eps": "fp32"}
-            yield "_fix_kernel", sig, {"CLASSES": 1 << c, "LANES": 2048, "PMIN": 16, "PMAX": 64, "QLANES": 2048, "ADAGRAD": adagrad}
+            yield "_fix_kernel", sig, {"CLASSES": 1 << c, "QLANES": 2048, "ADAGRAD": adagrad}
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """TBE kernels against a float64 reference written here (CPU: torch, fbgemm when it loads).
 
-Every check draws fresh random shards and batches: mixed dims 4..256 (powers of two and not),
+Every check draws fresh random shards and batches: mixed dims 4..1024 (powers of two and not),
 duplicate indices (small, skewed tables), empty bags, a table with no lookups at all; both
 precisions, both optimizers, two training steps (so Adagrad's state carries over).
 `tests/test_kernels_gpu.py` runs the same checks on CUDA (torch and triton).
@@ -41,9 +41,9 @@ def _one_thread():
 def random_shard(rng: np.random.Generator, max_tables: int = 6, max_rows: int = 300) -> tuple[list[int], list[int]]:
     t = int(rng.integers(2, max_tables + 1))
     dims = [int(4 * rng.integers(1, 65)) for _ in range(t)]  # multiples of 4 in [4, 256]
-    dims[0] = int(rng.choice([4, 8, 16, 32, 64, 128, 256]))  # at least one power of two
-    if t > 2:
-        dims[1] = int(rng.choice([12, 20, 44, 100, 252]))  # and one that is not
+    dims[0] = int(rng.choice([4, 8, 16, 32, 64, 128, 256, 512, 1024]))  # at least one power of two
+    if t > 2:  # and one that is not, wide ones included
+        dims[1] = int(rng.choice([12, 20, 24, 44, 48, 96, 100, 192, 252, 320, 384, 1000]))
     rows = [int(rng.integers(1, max_rows)) for _ in range(t)]
     return rows, dims
 
@@ -213,7 +213,7 @@ def test_registry_and_errors():
     with pytest.raises(ValueError, match="multiple of 4"):
         make_tbe("torch", [10], [6])
     with pytest.raises(ValueError, match="multiple of 4"):
-        make_tbe("torch", [10], [260])
+        make_tbe("torch", [10], [1028])
     with pytest.raises(ValueError, match="precision"):
         make_tbe("torch", [10], [8], precision="bf16")
     with pytest.raises(ValueError, match="optimizer"):
@@ -243,11 +243,11 @@ def test_fbgemm_unavailable_is_explained(monkeypatch):
 def test_triton_interpreter(precision, optimizer):
     pytest.importorskip("triton")
     check_kernel("triton", precision, optimizer, seed=5, max_tables=4, max_rows=60, batch=12)
-    # tiny tiles: many bag blocks per table and hot rows whose lookups span many backward slices,
-    # with each way of summing a slice's runs
-    stats = check_kernel("triton", precision, optimizer, seed=6, max_tables=4, max_rows=20, batch=12,
-                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=8, bwd_pmin=2, bwd_reduce="scan")
-    assert stats["crossing_rows"] > 0
+    # one range per table walked in many chunks: a row's sum carried from chunk to chunk
+    check_kernel("triton", precision, optimizer, seed=6, max_tables=4, max_rows=20, batch=16,
+                 fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_programs=1)
+    # one-chunk ranges (hot rows cross many ranges: the fix-up) and 16-column blocks (SGD cuts every
+    # dim into blocks, the last one masked)
     stats = check_kernel("triton", precision, optimizer, seed=7, max_tables=4, max_rows=10, batch=16,
-                         bwd_lanes=16, bwd_pmin=16, bwd_pmax=16, bwd_reduce="dot")
+                         bwd_lanes=16, bwd_pmax=16, bwd_programs=1 << 30, bwd_max_chunks=1, bwd_max_tw=16)
     assert stats["crossing_rows"] > 0

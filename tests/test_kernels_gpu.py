@@ -6,6 +6,8 @@ Skipped where CUDA is absent (CI).
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -42,22 +44,67 @@ def test_triton_hot_rows(precision, optimizer):
     assert stats["crossing_rows"] > 0
 
 
-@pytest.mark.parametrize("precision,optimizer", [("fp16", "sgd"), ("fp32", "rowwise_adagrad")])
+@pytest.mark.parametrize("precision,optimizer", [("fp16", "sgd"), ("fp32", "rowwise_adagrad"), ("fp16", "rowwise_adagrad")])
 def test_triton_small_tiles(precision, optimizer):
-    # tiny tiles: many bag blocks per table, and runs spanning many slices on small data
-    stats = check_kernel("triton", precision, optimizer, seed=78, device="cuda", max_rows=30, batch=64,
-                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=8, bwd_pmin=2, bwd_reduce="scan")
-    assert stats["crossing_rows"] > 0
+    # one range per table walked in many chunks (a row's sum carried from chunk to chunk) ...
+    check_kernel("triton", precision, optimizer, seed=78, device="cuda", max_rows=30, batch=64,
+                 fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_programs=1)
+    # ... and one-chunk ranges with 16-column blocks: hot rows cross many ranges (the fix-up)
     stats = check_kernel("triton", precision, optimizer, seed=79, device="cuda", max_rows=30, batch=64,
-                         bwd_lanes=16, bwd_pmin=16, bwd_pmax=16, bwd_reduce="dot")
+                         bwd_lanes=16, bwd_pmax=16, bwd_programs=1 << 30, bwd_max_chunks=1, bwd_max_tw=16)
     assert stats["crossing_rows"] > 0
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
-def test_triton_scan_reduction(optimizer):
-    # the other way of summing runs (kept as an option): same checks
-    for seed in (81, 82):
-        check_kernel("triton", "fp16", optimizer, seed=seed, device="cuda", bwd_reduce="scan")
+REGIMES = {  # (rows, mean lookups per bag): hits per touched row ~1, ~10s, ~1000s, and rows over many ranges
+    "cold": (500_000, 3),
+    "warm": (20_000, 8),
+    "hot": (50, 30),
+    "split": (3, 60),
+}
+
+
+def _regime_batch(rng, rows, pooling, batch, device, zipf):
+    lengths = rng.poisson(pooling, size=batch)
+    n = int(lengths.sum())
+    ranks = np.minimum(rng.zipf(1.2, size=n) - 1, rows - 1) if zipf else rng.integers(0, rows, size=n)
+    offsets = np.zeros(batch + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return torch.from_numpy(ranks.astype(np.int64)).to(device), torch.from_numpy(offsets).to(device)
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize("dim", [4, 12, 24, 48, 64, 96, 192, 320, 384, 1000, 1024])
+@pytest.mark.parametrize("precision,optimizer", [("fp16", "sgd"), ("fp32", "rowwise_adagrad")])
+def test_triton_regimes_and_dims(regime, dim, precision, optimizer):
+    """One table per case against the float64 reference: every run-length regime x every dim class."""
+    from test_kernels import DTYPE, TOL_FWD, TOL_UPD, reference_forward, reference_update
+
+    rows, pooling = REGIMES[regime]
+    rng = np.random.default_rng(zlib.crc32(f"{regime}{dim}{precision}".encode()))
+    batch = 4096
+    indices, offsets = _regime_batch(rng, rows, pooling, batch, "cuda", zipf=regime != "cold")
+    lr, eps = 0.05, 1e-8
+    tbe = make_tbe("triton", [rows], [dim], precision=precision, optimizer=optimizer, lr=lr, eps=eps, device="cuda", seed=3)
+    tbe.poison_outputs = True
+    w0 = (torch.rand(rows, dim, device="cuda", dtype=torch.float64) * 2 - 1).to(DTYPE[precision])
+    tbe.set_weights(0, w0)
+    out = tbe.forward(indices, offsets)
+    grad = torch.randn(batch, dim, device="cuda", dtype=torch.float64).to(DTYPE[precision])
+    tbe.backward(grad)
+    # the reference on the touched rows only (a 2M-row float64 table would be slow on the host)
+    touched = torch.unique(indices)
+    local = torch.searchsorted(touched, indices)
+    states = [torch.zeros(touched.numel(), dtype=torch.float64)] if optimizer != "sgd" else None
+    ref_w, _ = reference_update([w0[touched]], states, local, offsets, batch, grad, optimizer, lr, eps)
+    assert rel(out, reference_forward([w0[touched]], local, offsets, batch)) < TOL_FWD[precision]
+    w_new = tbe.weights(0)
+    upd, ref_upd = w_new[touched].double().cpu() - w0[touched].double().cpu(), ref_w[0] - w0[touched].double().cpu()
+    assert rel(upd, ref_upd) < TOL_UPD[precision], f"{regime} dim {dim}: {tbe.last_backward_stats}"
+    untouched = torch.ones(rows, dtype=torch.bool, device="cuda")
+    untouched[touched] = False
+    assert torch.equal(w_new[untouched], w0[untouched]), "rows without lookups changed"
+    if regime == "split":
+        assert tbe.last_backward_stats["crossing_rows"] > 0
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
@@ -67,7 +114,7 @@ def test_triton_larger_tables(optimizer):
 
 def test_triton_is_deterministic():
     rng = np.random.default_rng(3)
-    rows, dims = [1000, 50, 20000], [64, 12, 128]
+    rows, dims = [1000, 50, 20000, 7], [64, 12, 128, 320]
     indices, offsets = random_batch(rng, rows, 1024, "cuda", empty_table=None)
     grad = torch.randn(1024, sum(dims), device="cuda").half()
     results = []
@@ -75,7 +122,7 @@ def test_triton_is_deterministic():
         tbe = make_tbe("triton", rows, dims, optimizer="rowwise_adagrad", device="cuda", seed=1)
         tbe.forward(indices, offsets)
         tbe.backward(grad)
-        results.append([tbe.weights(t).clone() for t in range(3)])
+        results.append([tbe.weights(t).clone() for t in range(4)])
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
@@ -100,7 +147,7 @@ def test_triton_step_never_waits_for_the_gpu():
     # A synchronising call in the step would stall the host and idle the GPU in training (and make
     # timings include host time). The first step builds the cached forward grid; the next must not sync.
     rng = np.random.default_rng(5)
-    rows, dims = [500, 40, 9000], [64, 12, 128]
+    rows, dims = [500, 40, 9000, 3], [64, 12, 128, 192]
     tbe = make_tbe("triton", rows, dims, optimizer="rowwise_adagrad", device="cuda", seed=1)
     grad = torch.randn(512, sum(dims), device="cuda").half()
     for step in range(3):

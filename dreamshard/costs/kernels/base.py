@@ -32,7 +32,7 @@ import torch
 
 PRECISIONS = {"fp16": torch.float16, "fp32": torch.float32}
 OPTIMIZERS = ("sgd", "rowwise_adagrad")
-MIN_DIM, MAX_DIM, DIM_MULTIPLE = 4, 256, 4
+MIN_DIM, MAX_DIM, DIM_MULTIPLE = 4, 1024, 4
 INIT_RANGE = 0.01
 
 
