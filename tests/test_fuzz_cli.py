@@ -11,8 +11,8 @@ duplicated, not finite, garbage text). The case then runs through the real CLI c
 
 A handful run as real subprocesses (`.venv/bin/dreamshard`) for exit statuses and stderr.
 
-Examples per fuzz test: DREAMSHARD_FUZZ_EXAMPLES (default 150: 600 cases over the four fuzz tests,
-a few seconds; e.g. DREAMSHARD_FUZZ_EXAMPLES=3000 for a long run). Half the cases are drawn clean
+Examples per fuzz test: DREAMSHARD_FUZZ_EXAMPLES (default 150: 650 cases over the four file and
+option fuzzers and the model-file fuzzer, which takes a third as many; a few seconds; e.g. DREAMSHARD_FUZZ_EXAMPLES=3000 for a long run). Half the cases are drawn clean
 (every field valid), half with flaws. Default runs are derandomized (the same cases every time); a
 run with the variable set draws new ones.
 """
@@ -366,6 +366,62 @@ def test_fuzz_plan_files(base_plan, data):
 
 
 # --------------------------------------------------------------------------------------------
+# Model files, tampered, through `plan --planner dreamshard --model`
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_state() -> dict:
+    from dreamshard.nets import DreamShardModel
+
+    return DreamShardModel.load().state()  # the shipped model's
+
+
+@st.composite
+def tampered_model(draw, base: dict):
+    """(object to torch.save or bytes, valid)."""
+    if draw(st.booleans()):  # clean: the model as shipped, or with other harmless metadata
+        return {**base, "meta": draw(st.sampled_from([base["meta"], {}, {"note": "x"}]))}, True
+    state = dict(base)
+    edit = draw(st.sampled_from(["drop", "type", "shape", "extra", "garbage", "bytes", "format"]))
+    if edit == "drop":
+        del state[draw(st.sampled_from(["cost_net", "policy", "sees_table", "normalization", "best_of"]))]
+    elif edit == "type":
+        key = draw(st.sampled_from(["sees_table", "normalization", "best_of", "score", "linear_features", "keep_room", "cost_net", "policy", "meta"]))
+        state[key] = draw(st.sampled_from({"normalization": [None, "z-score", 1], "meta": ["x", 3.5, [1]]}.get(key, [None, "x", 3.5, [1], -1])))
+        if key == "best_of" and state[key] == "x":
+            state[key] = 0
+    elif edit == "shape":
+        net = draw(st.sampled_from(["cost_net", "policy"]))
+        key = draw(st.sampled_from(sorted(base[net])))
+        state[net] = {**base[net], key: torch.zeros(draw(st.integers(1, 3)), 7)}
+    elif edit == "extra":
+        net = draw(st.sampled_from(["cost_net", "policy"]))
+        state[net] = {**base[net], "surprise.weight": torch.zeros(2)}
+    elif edit == "garbage":
+        return draw(st.sampled_from([[1, 2], 5, "model", None, {"format": "dreamshard.model/1"}])), False
+    elif edit == "bytes":
+        return draw(st.sampled_from([b"", b"not a torch file", b"PK\x03\x04 broken zip"])), False
+    else:
+        state["format"] = draw(st.sampled_from(["dreamshard.model/2", None, ""]))
+    return state, False
+
+
+@settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
+@given(data=st.data())
+def test_fuzz_model_files(pool, model_state, data):
+    obj, valid = data.draw(tampered_model(model_state))
+    with tempfile.TemporaryDirectory() as d:
+        model, out = Path(d) / "model.pt", Path(d) / "plan.json"
+        if isinstance(obj, bytes):
+            model.write_bytes(obj)
+        else:
+            torch.save(obj, model)
+        r = invoke("plan", pool / "tables.csv", "--devices", 2, "--max-memory", BIG_MEMORY, "--planner", "dreamshard", "--model", model, "--out", out)
+        check(r, valid, [out], names=str(model), case=obj if not isinstance(obj, dict) else {k: v for k, v in obj.items() if k not in ("cost_net", "policy")})
+
+
+# --------------------------------------------------------------------------------------------
 # Option values
 # --------------------------------------------------------------------------------------------
 
@@ -375,7 +431,7 @@ OPT_MEMORY = valid_or_not(st.sampled_from(["10TB", "80000GB", str(BIG_MEMORY), "
 OPT_SEED = valid_or_not(st.sampled_from(["0", "1", str(MAX_SEED)]), st.sampled_from(["-1", str(MAX_SEED + 1), "1.5", "x"]), 0.3)
 OPT_PLANNER = valid_or_not(st.sampled_from(sorted(PLANNERS)), st.sampled_from(["nope", "", "SIZE"]), 0.2)
 OPT_BATCH = valid_or_not(st.sampled_from(["1", "1024", "65536"]), st.sampled_from(["0", "-1", str(2**40), "1.5", "x"]), 0.3)
-OPT_TABLE_COUNT = valid_or_not(st.sampled_from(["1", "2", "2:4", "4"]), st.sampled_from(["0", "5:2", "x", "1:2:3", "-1", "100000000", "9"]), 0.3)
+OPT_TABLE_COUNT = valid_or_not(st.sampled_from(["1", "2", "2:4", "4"]), st.sampled_from(["0", "5:2", "x", "1:2:3", "-1", "100000000", "4:100001"]), 0.3)
 OPT_COUNT = valid_or_not(st.sampled_from(["0", "1", "3"]), st.sampled_from(["-1", "x", str(10**6), "1.5"]), 0.3)
 
 
