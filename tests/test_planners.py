@@ -64,3 +64,33 @@ def test_lookup_greedy_balances_lookups():
     plan = get_planner("lookup").plan(Task(tables, 2, 10**9))
     loads = [sum(t.lookup for t in s) for s in plan.shards()]
     assert loads == [16 * 18, 16 * 18]
+
+
+def test_packing_thousands_of_tables_without_recursion():
+    # the exhaustive packing used to recurse once per table (RecursionError past ~1,000 tables)
+    from types import SimpleNamespace
+
+    from dreamshard.planners.memory import infeasible_error, pack
+
+    class Sized:
+        name = "t"
+
+        def __init__(self, b):
+            self.b = b
+
+        def bytes(self, precision, optimizer):
+            return self.b
+
+    tables = [Sized(1000 + i % 7) for i in range(5000)]
+    total = sum(t.b for t in tables)
+    fits = SimpleNamespace(tables=tables, devices=8, max_memory_bytes=total // 8 + 2000, precision="fp16", optimizer="sgd")
+    placement = pack(fits)
+    assert placement is not None and len(placement) == 5000
+    used = [0] * 8
+    for t, d in zip(tables, placement):
+        used[d] += t.b
+    assert max(used) <= fits.max_memory_bytes
+    # first-fit fails on this one, the search runs out of budget: None and the typed error, no RecursionError
+    tight = SimpleNamespace(tables=tables, devices=8, max_memory_bytes=total // 8 + 3, precision="fp16", optimizer="sgd")
+    assert pack(tight) is None
+    assert "cannot place 5000 tables" in str(infeasible_error(tight))

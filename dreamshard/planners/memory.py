@@ -37,33 +37,50 @@ def pack(task: Task, node_budget: int = 200_000) -> list[int] | None:
     else:
         return placement
 
+    # Exhaustive search with an explicit stack (a recursion per table overflows Python's stack at
+    # ~1,000 tables) and suffix sums (the remaining-size bound in O(1) per node, not O(n)).
+    n = len(order)
+    suffix = [0] * (n + 1)
+    for k in range(n - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + sizes[order[k]]
     free = [cap] * D
-    placement = [-1] * len(sizes)
+    total_free = D * cap
+    placement = [-1] * n
     nodes = 0
-
-    def dfs(k: int) -> bool:
-        nonlocal nodes
-        if k == len(order):
-            return True
+    stack: list[list] = []  # per placed table: [devices to try, next one, device it is on or -1]
+    while len(stack) < n:
+        k = len(stack)
         nodes += 1
         if nodes > node_budget:
-            return False
-        i = order[k]
-        if sum(sizes[j] for j in order[k:]) > sum(free):
-            return False
-        tried = set()
-        for d in range(D):
-            # devices with the same free memory are interchangeable: try one of them
-            if free[d] >= sizes[i] and free[d] not in tried:
-                tried.add(free[d])
+            return None
+        cands = []
+        if suffix[k] <= total_free:
+            i, tried = order[k], set()
+            for d in range(D):
+                # devices with the same free memory are interchangeable: try one of them
+                if free[d] >= sizes[i] and free[d] not in tried:
+                    tried.add(free[d])
+                    cands.append(d)
+        stack.append([cands, 0, -1])
+        while stack:  # the next untried device of the deepest table, backtracking as needed
+            frame = stack[-1]
+            i = order[len(stack) - 1]
+            if frame[2] >= 0:
+                free[frame[2]] += sizes[i]
+                total_free += sizes[i]
+                frame[2] = -1
+            if frame[1] < len(frame[0]):
+                d = frame[0][frame[1]]
+                frame[1] += 1
                 free[d] -= sizes[i]
+                total_free -= sizes[i]
                 placement[i] = d
-                if dfs(k + 1):
-                    return True
-                free[d] += sizes[i]
-        return False
-
-    return placement if dfs(0) else None
+                frame[2] = d
+                break
+            stack.pop()
+        else:
+            return None
+    return placement
 
 
 def feasible(task: Task) -> bool:
