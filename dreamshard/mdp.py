@@ -201,6 +201,30 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 
+class _GumbelNoise:
+    """Gumbel-max noise [T, K, D] for the sampled episodes, drawn in blocks of steps so memory
+    stays bounded at 10,000 tables × 1,024 devices; the draws are the same numbers, in the same
+    order, as one rng.random((T, sampled, D)) call (a generator fills arrays sequentially)."""
+
+    BLOCK = 256
+
+    def __init__(self, rng: np.random.Generator | None, sample: np.ndarray, D: int, T: int):
+        self.rng, self.sample, self.D, self.T = rng, sample, D, T
+        self.n = int(sample.sum())
+        self.start, self.block = 0, np.zeros((0, len(sample), D), np.float32)
+
+    def step(self, k: int) -> np.ndarray:
+        """[K, D] noise of step k (steps are asked for in order); zero for greedy episodes."""
+        if k - self.start >= len(self.block):
+            self.start = k
+            steps = min(self.BLOCK, self.T - k)
+            self.block = np.zeros((steps, len(self.sample), self.D), np.float32)
+            if self.n:
+                u = self.rng.random((steps, self.n, self.D), dtype=np.float32)
+                self.block[:, self.sample] = -np.log(-np.log(np.clip(u, 1e-10, 1.0)))
+        return self.block[k - self.start]
+
+
 class FastPlayer:
     """Plays K episodes of one task at once with a frozen cost net and policy, in NumPy."""
 
@@ -236,6 +260,13 @@ class FastPlayer:
         h = np.maximum(pre, 0.0)
         return np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, self.W2blk.shape[1]), self.W2blk) + self.b2
 
+    def _shard_logits(self, cw: np.ndarray, hq: np.ndarray) -> np.ndarray:
+        """The reference policy's logit of each device from its cost-encoder pre-activations
+        `cw` [..., hidden] and shard term `hq` [..., 1] (sees_table=False only)."""
+        (_, _), (w2, b2) = self.ce
+        c = np.maximum(np.maximum(cw, 0.0) @ w2 + b2, 0.0)
+        return (hq + c @ self.Wb)[..., 0]
+
     def play(self, p: Prepared, greedy: np.ndarray, rng: np.random.Generator | None = None):
         """(placement [K, T], stuck [K], device costs [K, D, 3] units, overall [K] units)."""
         K, T, D = len(greedy), len(p.sizes), p.devices
@@ -263,20 +294,26 @@ class FastPlayer:
         used = np.zeros((K, D), np.int64)
         placement = np.full((K, T), -1, np.int64)
         stuck = np.zeros(K, bool)
-        ks = np.arange(K)
+        ks, devices = np.arange(K), np.arange(D)
         sample = ~np.asarray(greedy, bool)
-        noise = np.zeros((T, K, D), np.float32)  # Gumbel-max sampling, all draws at once
-        if sample.any():
-            noise[:, sample] = -np.log(-np.log(np.clip(rng.random((T, int(sample.sum()), D), dtype=np.float32), 1e-10, 1.0)))
+        noise = _GumbelNoise(rng, sample, D, T)
         sizes = p.sizes[order]
         largest_next = np.maximum.accumulate(np.append(sizes[1:], 0)[::-1])[::-1]
+        # The reference policy (no table input) scores a device from that device's state alone,
+        # so its logits change only where a table just went: kept per device and updated there
+        # (O(K) net work per step instead of O(K·D), which is what 1,024 devices need).
+        shard_logits = None if self.policy.sees_table else self._shard_logits(cw, hq)
         for step, t in enumerate(order):
             legal = used + sizes[step] <= p.cap
             if self.keep_room and D > 1:  # as `keeps_room`
                 free = p.cap - used
+                # the most free memory on the other devices: the runner-up on the device with the most
                 top = np.argmax(free, axis=1)
-                part = np.partition(free, D - 2, axis=1)
-                others = np.where(np.arange(D) == top[:, None], part[:, D - 2 : D - 1], part[:, D - 1 :])
+                first = free[ks, top]
+                free[ks, top] = -1  # free >= 0 elsewhere: masks the top device
+                second = free.max(axis=1)
+                free[ks, top] = first
+                others = np.where(devices == top[:, None], second[:, None], first[:, None])
                 ok = legal & (np.maximum(others, free - sizes[step]) >= largest_next[step])
                 legal = np.where(ok.any(1, keepdims=True), ok, legal)
             stuck |= ~legal.any(1)
@@ -285,9 +322,8 @@ class FastPlayer:
                 c = np.maximum(np.maximum(cw + after @ w1a, 0.0) @ w2 + b2, 0.0)
                 logits = np.maximum(hq + c @ self.Wb + R[t], 0.0) @ self.wh2
             else:
-                c = np.maximum(np.maximum(cw, 0.0) @ w2 + b2, 0.0)
-                logits = (hq + c @ self.Wb)[..., 0]
-            a = np.where(legal, logits + noise[step], -np.inf).argmax(1)
+                logits = shard_logits
+            a = np.where(legal, logits + noise.step(step), -np.inf).argmax(1)
             k = ks[~stuck] if stuck.any() else ks
             a = a[k]
             placement[k, t] = a
@@ -295,6 +331,8 @@ class FastPlayer:
             state[k, a] += rows[t]
             costs[k, a] = self._costs(S[k, a])
             cw[k, a] = costs[k, a] @ w1c + b1
+            if shard_logits is not None:
+                shard_logits[k, a] = self._shard_logits(cw[k, a], hq[k, a])
         z = csum.max(axis=1)
         overall = np.maximum(z @ self.Wo1 + self.bo1, 0.0) @ self.wo2 + self.bo2
         return placement, stuck, costs, overall

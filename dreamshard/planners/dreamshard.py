@@ -18,6 +18,7 @@ from dreamshard.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Plan
 from dreamshard.planners.base import Planner, register
 from dreamshard.planners.heuristics import place_or_pack
+from dreamshard.planners.memory import infeasible_error, over_bounds
 from dreamshard.tasks import Task
 
 
@@ -54,6 +55,8 @@ class DreamShardPlanner(Planner):
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room)
 
     def plan(self, task: Task) -> Plan:
+        if over_bounds([t.bytes(task.precision, task.optimizer) for t in task.tables], task.max_memory_bytes, task.devices):
+            raise infeasible_error(task)  # at once: no episode can succeed
         p = prepare(task, self.model.normalization, self.model.linear_features)
         placement, device_costs, overall = best_placement(self.model, p, self.best_of, self.seed, self.player)
         if placement is not None:

