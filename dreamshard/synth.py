@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dreamshard.streams import reuse_stats
+from dreamshard.streams import reuse_bins_many, reuse_stats_many
 from dreamshard.files import atomic_write
 from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec, load_tables, save_tables
 
@@ -67,17 +67,18 @@ def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None
     pf *= config.mean_pooling / max(pf.mean(), 1e-12)
     rows = np.maximum(np.round(10**log_rows), 10).astype(np.int64)
     dims = rng.choice(DIMS, size=n)
+    dists = [f"zipf:{a:.4f}" for a in alphas]
+    bins = reuse_bins_many(rows, pf, dists)
     tables = []
     for i in range(n):
-        dist = f"zipf:{alphas[i]:.4f}"
         tables.append(
             TableSpec(
                 name=f"t{i}",
                 rows=int(rows[i]),
                 dim=int(dims[i]),
                 pooling_factor=float(np.round(pf[i], 4)),
-                bins=tuple(reuse_stats(int(rows[i]), float(pf[i]), dist)["bins"]),
-                distribution=dist,
+                bins=tuple(bins[i].tolist()),
+                distribution=dists[i],
                 seed=config.seed * 100_003 + i,
             )
         )
@@ -138,14 +139,10 @@ def published_stats(year: str = "2021") -> LocalityStats:
 
 def pool_stats(tables: Sequence[TableSpec], batch_size: int = REFERENCE_BATCH) -> LocalityStats:
     """Expected aggregate statistics of a pool's streams at `batch_size` (analytic; see streams)."""
-    row_hist, lookup_hist = np.zeros(NUM_BINS), np.zeros(NUM_BINS)
-    indices = unique = 0.0
-    for t in tables:
-        s = reuse_stats(t.rows, t.pooling_factor, t.distribution or "uniform", batch_size)
-        indices += s["lookups"]
-        unique += s["unique"]
-        row_hist += np.array(s["bins"]) * s["unique"]
-        lookup_hist += np.array(s["lookup_bins"]) * s["lookups"]
+    s = reuse_stats_many([t.rows for t in tables], [t.pooling_factor for t in tables], [t.distribution or "uniform" for t in tables], batch_size)
+    indices, unique = float(s["lookups"].sum()), float(s["unique"].sum())
+    row_hist = s["bins"].T @ s["unique"]
+    lookup_hist = s["lookup_bins"].T @ s["lookups"]
     return LocalityStats(
         source="synthetic pool (expected, analytic)",
         tables=len(tables),

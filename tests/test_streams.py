@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from dreamshard.streams import empirical_reuse, load_dlrm_file, reuse_stats, shard_batch, synthetic_bags, table_bags, tables_from_dlrm
+from dreamshard.streams import empirical_reuse, load_dlrm_file, reuse_stats, reuse_stats_many, shard_batch, synthetic_bags, table_bags, tables_from_dlrm
 from dreamshard.tables import TableError, TableSpec
 
 
@@ -94,3 +94,65 @@ def test_default_pool_matches_published_stats():
     assert abs(mine.lookups_per_table_sample / ref.lookups_per_table_sample - 1) <= 0.10
     assert len({t.name for t in pool}) == 856 and sum(t.pooling_factor == 0 for t in pool) > 0
     assert synth_pool(PoolConfig(tables=20, seed=5)) == synth_pool(PoolConfig(tables=20, seed=5))
+
+
+# --------------------------------------------------------------------------------------------
+# Expected reuse statistics: the batched path against the former per-table sum
+# --------------------------------------------------------------------------------------------
+
+
+def _reference_stats(rows: int, pooling_factor: float, distribution: str, batch_size: int = 65_536) -> dict:
+    """The former `reuse_stats` (until issue 15), kept as the reference: for each table, the
+    Poisson bin probabilities summed over ~6,000 representative ranks (every rank below 2,048,
+    then 4,096 geometric buckets), ~9 ms a table."""
+    from scipy.special import gammaincc
+
+    lookups = batch_size * pooling_factor
+    if lookups <= 0:
+        return {"bins": [0.0] * 17, "lookup_bins": [0.0] * 17, "unique": 0.0, "lookups": 0.0}
+    ranks = np.arange(min(rows, 2048), dtype=np.float64)
+    weight = np.ones_like(ranks)
+    if rows > 2048:
+        edges = np.unique(np.geomspace(2048, rows, 4096).astype(np.int64))
+        edges[0], edges[-1] = 2048, rows
+        ranks = np.concatenate([ranks, (edges[:-1] + edges[1:] - 1) / 2.0])
+        weight = np.concatenate([weight, np.diff(edges).astype(np.float64)])
+    if distribution == "uniform":
+        p = np.full(ranks.shape, 1.0 / rows)
+    else:
+        alpha, x0, x1 = float(distribution.split(":")[1]), ranks + 1.0, ranks + 2.0
+        e = 1.0 - alpha
+        p = (np.log(x1) - np.log(x0)) / np.log(rows + 1.0) if abs(e) < 1e-9 else (x1**e - x0**e) / ((rows + 1.0) ** e - 1.0)
+    lam = lookups * p
+    ks = np.array([0] + [2**i for i in range(16)], dtype=np.float64)
+    ones = np.ones((1, lam.size))
+    in_bin = np.diff(np.vstack([gammaincc(ks[:, None] + 1, lam[None, :]), ones]), axis=0)
+    below = np.vstack([np.zeros_like(lam), gammaincc(ks[1:, None], lam[None, :])])
+    rows_in = (in_bin * weight).sum(axis=1)
+    lookups_in = (lam * np.diff(np.vstack([below, ones]), axis=0) * weight).sum(axis=1)
+    return {"bins": rows_in / rows_in.sum(), "lookup_bins": lookups_in / lookups_in.sum(), "unique": rows_in.sum(), "lookups": lookups}
+
+
+def _random_triples(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    rng = np.random.default_rng(seed)
+    rows = np.maximum(np.round(10 ** rng.uniform(0, 10, n)), 1).astype(np.int64)
+    pf = np.where(rng.random(n) < 0.05, 0.0, 10 ** rng.uniform(-3, 3, n))
+    dists = ["uniform" if rng.random() < 0.15 else f"zipf:{a:.4f}" for a in rng.uniform(0.05, 3.0, n)]
+    dists[:3] = ["zipf:1", "zipf:1.0000000001", "zipf:0.05"]  # the log form at alpha = 1; near-uniform
+    return rows, pf, dists
+
+
+def test_batched_reuse_stats_equal_the_per_table_sum():
+    rows, pf, dists = _random_triples(300, seed=15)
+    got = reuse_stats_many(rows, pf, dists)
+    for i, (r, p, d) in enumerate(zip(rows, pf, dists)):
+        ref = _reference_stats(int(r), float(p), d)
+        where = f"rows={r} pooling={p:.4g} {d}"
+        assert np.abs(got["bins"][i] - ref["bins"]).max() < 2.5e-4, where
+        assert np.abs(got["lookup_bins"][i] - ref["lookup_bins"]).max() < 2.5e-4, where
+        assert got["unique"][i] == pytest.approx(ref["unique"], rel=1e-4, abs=1e-9), where
+        assert got["lookups"][i] == pytest.approx(ref["lookups"])
+    # the one-table call is the batched one
+    one = reuse_stats(int(rows[7]), float(pf[7]), dists[7])
+    assert np.array_equal(one["bins"], got["bins"][7]) and one["unique"] == got["unique"][7]
+    assert np.allclose(got["bins"][pf > 0].sum(axis=1), 1.0) and not got["bins"][pf == 0].any()
