@@ -1,0 +1,78 @@
+"""Planning and simulated pricing of large tasks with every planner (issue 15: within seconds).
+
+    python benchmarks/large_tasks.py [--tables 10000] [--cases 10000x64,2000x1024,10000x1024]
+
+Tables come from the synthetic pool (`data synth`, seed 0, as many tables as the largest case);
+each case takes the first T of them on D devices with 30% more memory per device than an even
+share (at least the largest table). Times, per planner: `planner.plan(task)` and
+`SimBackend().evaluate(plan.shards())`; then the memory packing alone where it must search (a few
+bytes per device more than an even share: first-fit fails, the search runs to its node budget)
+and where no placement can exist. One thread (torch and BLAS held to one), wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import os
+
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="10000x64,2000x1024,10000x1024", help="TABLESxDEVICES, comma-separated")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    from dreamshard.costs.hardware import cpu_model
+    from dreamshard.costs.sim import SimBackend
+    from dreamshard.planners import PLANNERS, InfeasibleError, get_planner, pack
+    from dreamshard.synth import PoolConfig, synth_pool
+    from dreamshard.tasks import Task
+
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
+    t0 = time.perf_counter()
+    pool = synth_pool(PoolConfig(tables=max(t for t, _ in cases), seed=0))
+    print(f"CPU: {cpu_model()} (1 thread); torch {torch.__version__}, Python {platform.python_version()}")
+    print(f"synthetic pool of {len(pool):,} tables (bins derived in a batch): {time.perf_counter() - t0:.2f} s\n")
+    planners = {name: get_planner(name) for name in sorted(PLANNERS)}
+    sim = SimBackend()
+    print("| tables | devices | planner | plan (s) | sim pricing (s) | notes |")
+    print("|---:|---:|---|---:|---:|---|")
+    for T, D in cases:
+        tables = pool[:T]
+        sizes = [t.bytes() for t in tables]
+        task = Task(tables, D, max(int(sum(sizes) / D * 1.3), max(sizes)))
+        for name, planner in planners.items():
+            t0 = time.perf_counter()
+            plan = planner.plan(task)
+            t1 = time.perf_counter()
+            sim.evaluate(plan.shards())
+            t2 = time.perf_counter()
+            print(f"| {T:,} | {D:,} | {name} | {t1 - t0:.3f} | {t2 - t1:.3f} | {'; '.join(plan.notes)} |")
+    print("\n| tables | devices | memory per device | packing (s) | outcome |")
+    print("|---:|---:|---|---:|---|")
+    for T, D in cases:
+        tables = pool[:T]
+        sizes = [t.bytes() for t in tables]
+        for label, cap in (("max(even share + 3 B, largest table)", max(sum(sizes) // D + 3, max(sizes))), ("even share - 1 B", sum(sizes) // D - 1)):
+            task = Task(tables, D, max(cap, 1))
+            t0 = time.perf_counter()
+            placed = pack(task)
+            dt = time.perf_counter() - t0
+            outcome = "placed"
+            if placed is None:
+                try:
+                    planners["size"].plan(task)
+                except InfeasibleError as e:
+                    outcome = f"InfeasibleError: {str(e)[:60]}…"
+            print(f"| {T:,} | {D:,} | {label} | {dt:.3f} | {outcome} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Properties of every registered planner on thousands of random tasks, large ones included.
+
+For each of 2,000 seeded random tasks (1 to 2,500 tables, 1 to 1,024 devices, memory from
+hopeless to roomy) and every planner in the registry:
+  - a plan places every table exactly once, on a device of the task, each device within memory;
+  - planning is deterministic for a given seed (a fresh planner gives the same placement);
+  - a task that cannot fit (a table larger than a device, or more bytes than all devices) gets
+    the typed InfeasibleError naming the bytes it needs; so does any task a planner gives up on,
+    and none gives up where the memory packing finds a placement — never a RecursionError or any
+    other exception.
+Then a 10,000-table task and a 1,024-device task go through planning and simulated pricing under
+a generous time guard (a hang or a quadratic blow-up fails; timings live in
+benchmarks/large_tasks.py, not here).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import signal
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from dreamshard.costs.sim import SimBackend
+from dreamshard.planners import PLANNERS, InfeasibleError, get_planner, pack
+from dreamshard.planners.memory import over_bounds
+from dreamshard.tables import NUM_BINS, OPTIMIZERS, PRECISION_BYTES, TableSpec
+from dreamshard.tasks import Task
+
+TASKS = 2_000
+NEEDS = re.compile(r"cannot place (\d+) tables needing .* \((\d+) bytes\) on (\d+) devices with .* \((\d+) bytes\) in all")
+
+
+@contextmanager
+def hang_guard(seconds: int):
+    """Fail with TimeoutError if the block runs past `seconds` (SIGALRM: Unix, main thread)."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang or a quadratic blow-up")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def random_tables(n: int, seed: int, prefix: str = "t") -> list[TableSpec]:
+    """Tables spanning the pool's range: rows 10..10^7, every dim class, pooling 0..50."""
+    rng = np.random.default_rng(seed)
+    rows = np.round(10 ** rng.uniform(1, 7, n)).astype(np.int64)
+    dims = rng.choice([4, 8, 16, 32, 64, 128, 256], n)
+    pf = np.where(rng.random(n) < 0.05, 0.0, rng.uniform(0.1, 50, n))
+    bins = rng.dirichlet(np.ones(NUM_BINS), n)
+    return [TableSpec(f"{prefix}{i}", int(rows[i]), int(dims[i]), float(pf[i]), tuple(bins[i].tolist())) for i in range(n)]
+
+
+def random_tasks(count: int, seed: int) -> list[Task]:
+    """Subsets of one 6,000-table pool: mostly small tasks, 2% of 1,000–2,500 tables, devices
+    up to 1,024, memory per device from below the largest table to twice the even share."""
+    pool = random_tables(6_000, seed)
+    rng = np.random.default_rng(seed + 1)
+    tasks = []
+    for i in range(count):
+        kind = rng.random()
+        n = int(rng.integers(1000, 2501)) if kind < 0.02 else int(rng.integers(50, 400)) if kind < 0.12 else int(rng.integers(1, 50))
+        devices = int(rng.choice([1, 2, 3, 4, 8, 16, 64, 1024], p=[0.1, 0.15, 0.1, 0.2, 0.2, 0.1, 0.1, 0.05]))
+        tables = [pool[j] for j in rng.choice(len(pool), n, replace=False)]
+        precision, optimizer = str(rng.choice(list(PRECISION_BYTES))), str(rng.choice(OPTIMIZERS))
+        sizes = [t.bytes(precision, optimizer) for t in tables]
+        cap = max(1, int(max(sum(sizes) / devices * rng.uniform(0.8, 2.0), max(sizes) * rng.uniform(0.9, 1.3))))
+        tasks.append(Task(tables, devices, cap, precision, optimizer))
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def planners():
+    return {name: get_planner(name) for name in sorted(PLANNERS)}
+
+
+def fresh(name: str, planners: dict):
+    """A planner of seed 0 in the state a new one has: a new instance where planning draws from
+    an RNG the planner keeps; the shared one where each plan seeds its own (the learned planner,
+    whose model takes a while to load; `test_fresh_learned_planner_is_deterministic`)."""
+    if "seed" in inspect.signature(PLANNERS[name]).parameters and name != "dreamshard":
+        return get_planner(name, seed=0)
+    return planners[name] if name == "dreamshard" else get_planner(name)
+
+
+def check_plan(task: Task, placement: list[int]) -> None:
+    """Every table exactly once (one device each, the placement indexed by table), on a device
+    of the task, and each device within memory."""
+    placement = np.asarray(placement)
+    assert placement.shape == (len(task.tables),), f"{placement.shape[0]} devices for {len(task.tables)} tables"
+    assert placement.dtype.kind == "i" and placement.min() >= 0 and placement.max() < task.devices, "a table off the devices"
+    used = np.zeros(task.devices, np.int64)  # exact integer bytes (float sums lose them past 2^53)
+    np.add.at(used, placement, [t.bytes(task.precision, task.optimizer) for t in task.tables])
+    assert used.max() <= task.max_memory_bytes, f"device {used.argmax()} holds {used.max():,} bytes > {task.max_memory_bytes:,}"
+
+
+def check_infeasible(task: Task, error: InfeasibleError) -> None:
+    """The typed error, naming the table count, the bytes needed and the bytes there are."""
+    sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+    m = NEEDS.search(str(error))
+    assert m, str(error)
+    assert [int(g) for g in m.groups()] == [len(sizes), sum(sizes), task.devices, task.devices * task.max_memory_bytes]
+
+
+def test_every_planner_on_2000_random_tasks(planners):
+    tasks = random_tasks(TASKS, seed=2026)
+    assert len(tasks) >= 2_000 and sum(len(t.tables) > 1_000 for t in tasks) >= 20
+    outcomes = {name: [0, 0] for name in planners}  # plans, infeasible errors
+    with hang_guard(300):
+        for i, task in enumerate(tasks):
+            sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+            hopeless = over_bounds(sizes, task.max_memory_bytes, task.devices)
+            packs = hopeless is False and pack(task) is not None
+            for name, planner in planners.items():
+                try:
+                    plan = planner.plan(task)
+                except InfeasibleError as e:
+                    assert not packs, f"task {i}: {name} gave up on a task the memory packing places"
+                    check_infeasible(task, e)
+                    outcomes[name][1] += 1
+                    continue
+                assert not hopeless, f"task {i}: {name} placed a task that cannot fit"
+                check_plan(task, plan.placement)
+                outcomes[name][0] += 1
+                if i % 10 == 0:  # deterministic: two planners of the same seed plan the same
+                    assert fresh(name, planners).plan(task).placement == fresh(name, planners).plan(task).placement, f"task {i}: {name}"
+    for name, (placed, refused) in outcomes.items():
+        assert placed + refused == len(tasks)
+        assert placed > 500 and refused > 100, (name, placed, refused)  # both kinds were exercised
+
+
+def test_fresh_learned_planner_is_deterministic(planners):
+    for task in random_tasks(20, seed=7):
+        if over_bounds([t.bytes(task.precision, task.optimizer) for t in task.tables], task.max_memory_bytes, task.devices):
+            continue
+        try:
+            first = planners["dreamshard"].plan(task)
+        except InfeasibleError:
+            continue
+        assert get_planner("dreamshard", seed=0).plan(task).placement == first.placement
+
+
+@pytest.mark.parametrize("tables,devices", [(10_000, 64), (2_000, 1_024), (10_000, 1_024)])
+def test_large_tasks_plan_and_price(planners, tables, devices):
+    """Plan and simulate-price with every planner; the guard only catches hangs (each case takes
+    seconds: benchmarks/large_tasks.py)."""
+    specs = random_tables(tables, seed=tables + devices)
+    sizes = [t.bytes() for t in specs]
+    task = Task(specs, devices, max(int(sum(sizes) / devices * 1.3), max(sizes)))
+    sim = SimBackend()
+    with hang_guard(240):
+        for name, planner in planners.items():
+            plan = planner.plan(task)
+            check_plan(task, plan.placement)
+            report = sim.evaluate(plan.shards())
+            assert len(report.devices) == devices
+            costs = np.array([[d.fwd_comp_ms, d.fwd_comm_ms, d.bwd_comm_ms, d.bwd_comp_ms] for d in report.devices])
+            assert np.isfinite(costs).all() and (costs >= 0).all() and costs.sum() > 0
+
+
+@pytest.mark.parametrize("devices,slack", [(8, 3), (1_024, 3), (1_024, -1)])
+def test_large_infeasible_tasks_fail_clearly(planners, devices, slack):
+    """10,000 tables with a few bytes too few per device (first-fit fails, the search runs out of
+    budget), or fewer bytes than the tables need: the typed error with its byte counts."""
+    specs = random_tables(10_000, seed=devices)
+    sizes = [t.bytes() for t in specs]
+    task = Task(specs, devices, max(sum(sizes) // devices + slack, max(sizes) if slack > 0 else 1))
+    with hang_guard(240):
+        for name, planner in planners.items():
+            try:
+                plan = planner.plan(task)
+            except InfeasibleError as e:
+                check_infeasible(task, e)
+            else:
+                assert slack > 0, f"{name} placed more bytes than the devices hold"
+                check_plan(task, plan.placement)
