@@ -63,16 +63,17 @@ def _bin_bounds() -> list[tuple[int, int | None]]:
 #   - zipf: the hottest _HEAD ranks one by one (there lam changes a lot from one rank to the
 #     next, and the bins of a small table hinge on each); the rest as a continuum of ranks
 #     whose lam falls in cells of a fixed log-lam grid: the number of ranks in a cell comes
-#     from inverting lam(rank) at the cell edges, and what a rank in the cell contributes from
-#     the cell's mean and slope of the Poisson bin probabilities, tabulated once for all tables.
+#     from inverting lam(rank) at the cell edges, and what they contribute from the cell's mean
+#     and slope of the Poisson bin probabilities (tabulated once for all tables) and the ranks'
+#     mean position in the cell.
 #     Ranks with lam above the grid are all in the top bin; below it, each is looked up at most
 #     once (the error is O(lam) relative, lam < _LAM_MIN).
 # The Poisson bin probabilities themselves come from a table in sqrt(lam) (exact ones cost
 # ~150 ns per bin edge). A table then costs a few thousand vector elements and small matrix
-# products: ~16,000 tables a second on one core, where the former per-table sum over ~6,000
-# representative ranks took ~9 ms. Against that sum (kept in tests/test_streams.py as the
-# reference), bins and lookup bins agree within 2.5e-4 and distinct rows within 1e-4 relative,
-# over rows 1..10^10, pooling 10^-3..10^3, zipf alpha 0.05..3 (benchmarks/reuse_bins_speed.py).
+# products: ~20,000 tables a second on one core (benchmarks/reuse_bins_speed.py), where the
+# former per-table sum over ~6,000 representative ranks took ~7 ms. Against that sum (kept in
+# tests/test_streams.py as the reference), bins and lookup bins agree within 2.5e-4 and distinct
+# rows within 1e-4 relative over rows 1..10^10, pooling 10^-3..10^3, zipf alpha 0.05..3.
 
 _HEAD = 64  # 32 leaves errors of ~1e-3 on tables of a few hundred rows
 _LAM_MIN, _LAM_MAX = 1e-5, 1.6 * 2.0**15  # 1.6 · 2^15 is 86 standard deviations above the top edge
@@ -198,7 +199,7 @@ def reuse_stats_many(rows: Sequence[int], pooling_factors: Sequence[float], dist
     arrays: `bins` [T, 17] (fraction of distinct rows per bin — the table feature),
     `lookup_bins` [T, 17] (fraction of lookups landing on rows of each bin — the published
     'index distribution'), `unique` [T] (expected distinct rows), `lookups` [T] (expected
-    lookups). A table with no lookups has all-zero bins. ~16,000 tables a second on one core."""
+    lookups). A table with no lookups has all-zero bins. ~20,000 tables a second on one core."""
     rows = np.asarray(rows, np.float64).reshape(-1)
     lookups = batch_size * np.asarray(pooling_factors, np.float64).reshape(-1)
     alpha = np.array([np.nan if d == "uniform" else _zipf_alpha(d) for d in distributions], np.float64).reshape(-1)
