@@ -31,10 +31,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kernels_gpu import bench, copy_bandwidth, log, profile_bwd, rel  # noqa: E402
+from kernels_gpu import bench, check_shard, copy_bandwidth, log, profile_bwd  # noqa: E402
 
 from dreamshard.costs.kernels import make_tbe  # noqa: E402
-from dreamshard.costs.kernels.base import init_table_  # noqa: E402
 from dreamshard.streams import shard_batch  # noqa: E402
 from dreamshard.tables import TableSpec  # noqa: E402
 
@@ -76,23 +75,6 @@ def baseline_tbe(rows, dims, device):
     return V4(rows, dims, precision="fp16", optimizer="sgd", lr=0.01, device=device, seed=1)
 
 
-def check(tri, ref, indices, offsets, grad) -> dict:
-    """triton vs torch: forward (poisoned output), and one SGD step's update from the same init."""
-    tri.poison_outputs = True
-    o_tri, o_ref = tri.forward(indices, offsets), ref.forward(indices, offsets)
-    tri.poison_outputs = False
-    fwd = rel(o_tri, o_ref)
-    tri.backward(grad)
-    ref.backward(grad)
-    num = den = 0.0
-    for t in range(tri.num_tables):
-        w0 = init_table_(torch.empty_like(ref.weights(t)), ref.seed, t).float()
-        num += (tri.weights(t).float() - ref.weights(t).float()).norm().item() ** 2
-        den += (ref.weights(t).float() - w0).norm().item() ** 2
-        del w0
-    return {"fwd_rel_err": fwd, "update_rel_err": (num ** 0.5) / max(den ** 0.5, 1e-30)}
-
-
 def run_entry(i, entry, device, bw, args) -> dict:
     rows, dim, pf, dist = entry
     table = TableSpec(name=f"g{i}", rows=rows, dim=dim, pooling_factor=pf, distribution=dist, seed=1000 + i)
@@ -105,7 +87,7 @@ def run_entry(i, entry, device, bw, args) -> dict:
     tri = make_tbe("triton", [rows], [dim], precision="fp16", optimizer="sgd", lr=0.01, device=device, seed=1)
     ref = make_tbe("torch", [rows], [dim], precision="fp16", optimizer="sgd", lr=0.01, device=device, seed=1)
     grad = (torch.randn(B, dim, device=device) * 0.1).half()
-    chk = check(tri, ref, indices, offsets, grad)
+    chk = check_shard(tri, ref, indices, offsets, grad)
     ok = chk["fwd_rel_err"] < 2e-3 and chk["update_rel_err"] < 1e-2
     r = {"rows": rows, "dim": dim, "pooling": pf, "distribution": dist, "lookups": n, "distinct": distinct,
          "hits_per_row": n / max(distinct, 1), "max_hits": max_hits, "check": chk, "check_ok": ok}
