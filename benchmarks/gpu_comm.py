@@ -45,7 +45,8 @@ from dreamshard.costs.kernels import available_kernels  # noqa: E402
 from dreamshard.costs.runners import DistributedRunner, SequentialRunner  # noqa: E402
 from dreamshard.plan import Plan  # noqa: E402
 from dreamshard.tables import PRECISION_BYTES, TableSpec  # noqa: E402
-from dreamshard.tasks import format_bytes, parse_memory  # noqa: E402
+from dreamshard.packing import format_bytes, parse_memory  # noqa: E402
+from dreamshard.tasks import Workload  # noqa: E402  # noqa: E402
 
 T0 = time.monotonic()
 
@@ -211,7 +212,7 @@ def main() -> int:
     last_plan_s = 0.0
     for i, plan in enumerate(plans):
         label = f"P{i + 1} {plan.planner} T={len(plan.task.tables)}"
-        shards = plan.shards()
+        shards = plan.device_tables()
         entry: dict = {"label": label, "plan": plan.to_json()}
         results["plans"].append(entry)
         log(f"{label}: dim sums {[sum(t.dim for t in s) for s in shards]}, memory {[format_bytes(b) for b in plan.device_bytes()]}")
@@ -224,13 +225,13 @@ def main() -> int:
         plan_start = elapsed()
         try:
             if world >= 2:
-                dist = DistributedRunner(kernel, device_type, args.warmup, args.iters, timeout_s=180).evaluate(shards, B, "fp16", "sgd")
+                dist = DistributedRunner(kernel, device_type, args.warmup, args.iters, timeout_s=180).evaluate(shards, Workload(B))
                 entry["distributed"] = dist.to_json()
                 log(f"{label}: distributed overall {dist.overall_ms:.3f} ms, e2e {dist.e2e_ms:.3f} ms (wall {dist.details['wall_s']} s)")
             if model is not None:
-                seq = SequentialRunner(kernel, model, device_type, args.warmup, args.iters).evaluate(shards, B, "fp16", "sgd")
+                seq = SequentialRunner(kernel, model, device_type, args.warmup, args.iters).evaluate(shards, Workload(B))
             else:  # one GPU: compute per shard (a 1-device evaluate needs no comm model)
-                per = [SequentialRunner(kernel, None, device_type, args.warmup, args.iters).evaluate([s], B, "fp16", "sgd") for s in shards]
+                per = [SequentialRunner(kernel, None, device_type, args.warmup, args.iters).evaluate([s], Workload(B)) for s in shards]
                 seq = CostReport(devices=[r.devices[0] for r in per], backend=kernel, runner="sequential", hardware=per[0].hardware, batch_size=B,
                                  comm_modelled=True, details={"note": "compute only: comm not modelled (no 2-GPU calibration)"})
             entry["sequential"] = seq.to_json()

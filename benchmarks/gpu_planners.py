@@ -79,8 +79,8 @@ def main() -> None:
         row = {"setting": label, "tasks": len(tasks), "planners": {}}
         for name in PLANNERS:
             plans = [get_planner(name).plan(t) for t in tasks]
-            measured = [runner.evaluate(p.shards(), B, p.task.precision, p.task.optimizer) for p in plans]
-            simulated = [sim.evaluate(p.shards(), B, p.task.precision, p.task.optimizer) for p in plans]
+            measured = [runner.evaluate_plan(p, B) for p in plans]
+            simulated = [sim.evaluate_plan(p, B) for p in plans]
             row["planners"][name] = {"measured_ms": [r.overall_ms for r in measured], "simulated_ms": [r.overall_ms for r in simulated]}
             print(f"[{time.time() - t0:6.0f}s] {label}, {name}: measured {np.mean(row['planners'][name]['measured_ms']):.3f} ms, "
                   f"simulated {np.mean(row['planners'][name]['simulated_ms']):.3f} ms", flush=True)

@@ -21,8 +21,8 @@ from dreamshard.tasks import load_tasks
 
 def local_search(sim: SimBackend, task, placement: np.ndarray) -> tuple[np.ndarray, float]:
     tables, D = task.tables, task.devices
-    terms = table_terms(tables, 65536, task.precision, task.optimizer)
-    sizes = np.array([t.bytes(task.precision) for t in tables])
+    terms = table_terms(tables, task.workload)
+    sizes = np.array(task.sizes())
     cost = float(overall(sim.costs_batch(tables, placement[None], D, terms=terms))[0])
     while True:
         used = np.bincount(placement, weights=sizes, minlength=D)

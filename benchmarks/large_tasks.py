@@ -5,7 +5,7 @@
 Tables come from the synthetic pool (`data synth`, seed 0, as many tables as the largest case);
 each case takes the first T of them on D devices with 30% more memory per device than an even
 share (at least the largest table). Times, per planner: `planner.plan(task)` and
-`SimBackend().evaluate(plan.shards())`; then the memory packing alone where it must search (a few
+`SimBackend().evaluate_plan(plan)`; then the memory packing alone where it must search (a few
 bytes per device more than an even share: first-fit fails, the search runs to its node budget)
 and where no placement can exist. One thread (torch and BLAS held to one), wall-clock seconds.
 """
@@ -31,7 +31,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from dreamshard.costs.hardware import cpu_model
     from dreamshard.costs.sim import SimBackend
-    from dreamshard.planners import PLANNERS, InfeasibleError, get_planner, pack
+    from dreamshard.packing import InfeasibleError, pack
+    from dreamshard.planners import PLANNERS, get_planner
     from dreamshard.synth import PoolConfig, synth_pool
     from dreamshard.tasks import Task
 
@@ -52,7 +53,7 @@ def main() -> None:
             t0 = time.perf_counter()
             plan = planner.plan(task)
             t1 = time.perf_counter()
-            sim.evaluate(plan.shards())
+            sim.evaluate_plan(plan)
             t2 = time.perf_counter()
             print(f"| {T:,} | {D:,} | {name} | {t1 - t0:.3f} | {t2 - t1:.3f} | {'; '.join(plan.notes)} |")
     print("\n| tables | devices | memory per device | packing (s) | outcome |")
@@ -63,7 +64,7 @@ def main() -> None:
         for label, cap in (("max(even share + 3 B, largest table)", max(sum(sizes) // D + 3, max(sizes))), ("even share - 1 B", sum(sizes) // D - 1)):
             task = Task(tables, D, max(cap, 1))
             t0 = time.perf_counter()
-            placed = pack(task)
+            placed = pack(task.sizes(), task.max_memory_bytes, task.devices)
             dt = time.perf_counter() - t0
             outcome = "placed"
             if placed is None:

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend, table_terms  # noqa: E402
 from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
+from dreamshard.tasks import Workload  # noqa: E402
 
 
 def bench(fn, repeat=200):
@@ -36,10 +37,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     one = rng.integers(0, 64, size=(1, 1000))
     many = rng.integers(0, 64, size=(256, 1000))
-    terms = table_terms(tables, 65536)
-    cold = bench(lambda: sim.costs_batch(tables, one, 64, 65536))
-    warm = bench(lambda: sim.costs_batch(tables, one, 64, 65536, terms=terms))
-    batch = bench(lambda: sim.costs_batch(tables, many, 64, 65536, terms=terms), repeat=20) / 256
+    terms = table_terms(tables, Workload(65536))
+    cold = bench(lambda: sim.costs_batch(tables, one, 64, Workload(65536)))
+    warm = bench(lambda: sim.costs_batch(tables, one, 64, Workload(65536), terms=terms))
+    batch = bench(lambda: sim.costs_batch(tables, many, 64, Workload(65536), terms=terms), repeat=20) / 256
     print(f"CPU: {platform.processor() or platform.machine()}, 1 thread; simulator: {sim.name}")
     print(f"1000 tables on 64 devices, one placement, from scratch: {cold:.3f} ms (target <= 1 ms)")
     print(f"1000 tables on 64 devices, one placement, terms reused: {warm:.3f} ms")

@@ -25,6 +25,7 @@ from dreamshard.costs.runners import distributed  # noqa: E402
 from dreamshard.costs.runners.distributed import build_checked_tbe  # noqa: E402
 from dreamshard.costs.runners.sequential import SequentialRunner  # noqa: E402
 from dreamshard.streams import shard_batch  # noqa: E402
+from dreamshard.tasks import Workload  # noqa: E402
 
 
 def host_enqueue_ms(tables, batch: int) -> tuple[float, float]:
@@ -61,7 +62,7 @@ def main() -> None:
         times = {}
         for mult in (1, 4):
             distributed.HOST_SLACK_MS = slack * mult
-            d = SequentialRunner("triton", device="cuda").evaluate([tables], args.batch).devices[0]
+            d = SequentialRunner("triton", device="cuda").evaluate([tables], Workload(args.batch)).devices[0]
             times[mult] = (d.fwd_comp_ms, d.bwd_comp_ms)
         distributed.HOST_SLACK_MS = slack
         row = {"tables": len(tables), "host_fwd_ms": round(hf, 3), "host_bwd_ms": round(hb, 3),

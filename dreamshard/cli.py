@@ -26,10 +26,8 @@ err_console = Console(stderr=True)
 
 
 def is_user_error(e: BaseException) -> bool:
-    """Bad input: an InputError, or planners.memory.InfeasibleError (no placement within memory
-    exists), looked up only if that module was loaded (it pulls in torch; --help should not)."""
-    memory = sys.modules.get("dreamshard.planners.memory")
-    return isinstance(e, InputError) or (memory is not None and isinstance(e, memory.InfeasibleError))
+    """Bad input: an InputError (packing.InfeasibleError among them: no placement within memory)."""
+    return isinstance(e, InputError)
 
 
 def fail(status: int, message: str) -> None:
@@ -69,12 +67,12 @@ class Group(click.Group):
 
 
 class Memory(click.ParamType):
-    """A per-device memory cap: 5GB, 5GiB, 512MB or bytes (tasks.parse_memory)."""
+    """A per-device memory cap: 5GB, 5GiB, 512MB or bytes (packing.parse_memory)."""
 
     name = "MEMORY"
 
     def convert(self, value, param, ctx):
-        from dreamshard.tasks import parse_memory
+        from dreamshard.packing import parse_memory
 
         try:
             return parse_memory(value)
@@ -223,14 +221,14 @@ def data_stats(pool: str, reference: str) -> None:
 def data_tasks(pool, count, devices, max_memory, num_train, num_test, seed, precision, optimizer, out) -> None:
     """Split the pool 50/50 into train/test tables and draw random tasks from each half."""
     from dreamshard.synth import load_pool
-    from dreamshard.tasks import parse_range, sample_tasks, save_tasks, split_pool
+    from dreamshard.tasks import Workload, parse_range, sample_tasks, save_tasks, split_pool
 
     cap, rng = max_memory, parse_range(count)
     tables = load_pool(pool)
     train, test = split_pool(tables, seed)
     pool_path = str(Path(pool).resolve())
     out_dir = Path(out)
-    drawn = [(name, half, sample_tasks(half, n, rng, devices, cap, s, pool_path, precision, optimizer))
+    drawn = [(name, half, sample_tasks(half, n, rng, devices, cap, s, pool_path, Workload(precision=precision, optimizer=optimizer)))
              for name, half, n, s in (("train", train, num_train, seed), ("test", test, num_test, seed + 1))]
     for name, half, tasks in drawn:  # nothing is written unless both halves could be drawn
         save_tasks(tasks, out_dir / f"{name}.jsonl")
@@ -273,7 +271,7 @@ def planners_cmd() -> None:
 
 def device_summary(plan, title: str, report=None) -> Table:
     """Per-device table of a plan: what is placed where, and its costs when a report is given."""
-    from dreamshard.tasks import format_bytes
+    from dreamshard.packing import format_bytes
 
     t = Table(title=title)
     cols = ["device", "tables", "memory", "dim sum"]
@@ -282,7 +280,7 @@ def device_summary(plan, title: str, report=None) -> Table:
         t.add_column(col, justify="right")
     used = plan.device_bytes()
     worst = max(range(len(report.devices)), key=lambda d: report.devices[d].total_ms) if report is not None else -1
-    for d, shard in enumerate(plan.shards()):
+    for d, shard in enumerate(plan.device_tables()):
         row = [str(d), str(len(shard)), format_bytes(used[d]), str(sum(x.dim for x in shard))]
         if report is not None:
             c = report.devices[d]
@@ -311,7 +309,7 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
     from dreamshard.tables import load_tables
-    from dreamshard.tasks import Task, load_tasks
+    from dreamshard.tasks import Task, Workload, load_tasks
 
     if planner_name not in PLANNERS:
         raise OptionError(f"--planner: unknown planner {planner_name!r}; choose from {', '.join(sorted(PLANNERS))}")
@@ -329,7 +327,7 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
             raise OptionError("TABLES_FILE needs --devices and --max-memory")
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
-        tasks = [Task(tables, devices, max_memory, precision, optimizer, pool).validate(str(tables_file), OptionError)]
+        tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool).validate(str(tables_file), OptionError)]
     kwargs = {"seed": seed} if planner_name in ("random", "dreamshard") else {}
     if model_path is not None:
         kwargs["model"] = model_path
@@ -485,7 +483,7 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: in
               help="kernel to measure with (auto: triton on CUDA, else fbgemm where it loads, else torch), or the calibrated simulator")
 @click.option("--runner", default="distributed", show_default=True, type=click.Choice(["distributed", "sequential"]),
               help="distributed: one process per device, real all-to-all; sequential: one device, comm from a fitted model")
-@click.option("--batch-size", type=BATCH, help="global batch B  [default: 65536 on GPUs, 1024 on CPU]")
+@click.option("--batch-size", type=BATCH, help="global batch B  [default: the plan's (65536) on GPUs and the simulator, 1024 on CPU]")
 @click.option("--iters", default=10, show_default=True, type=ITERS, help="timed iterations (medians are reported)")
 @click.option("--warmup", default=3, show_default=True, type=WARMUP, help="untimed iterations first")
 @click.option("--timeout", default=300.0, show_default=True, type=TIMEOUT, help="seconds before the distributed runner kills its workers")
@@ -511,17 +509,17 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
     plans = load_plans(plan_file)
     cost_backend, dev_type = _cost_backend(backend, runner, device, iters, warmup, timeout, comm_model)
     backend = cost_backend.kernel if backend == "auto" else backend
-    if batch_size is None:
-        batch_size = 65_536 if dev_type == "cuda" else 1024
+    if batch_size is None and dev_type != "cuda":
+        batch_size = 1024  # a plan's own batch (65,536 by default) takes minutes per plan on a CPU
     path = Path(out) if out else check_out_path(_report_path(plan_file, backend, runner), "report")
     reports = []
     quiet = _stdout_to_stderr() if as_json else contextlib.nullcontext()
     with quiet:
         for i, plan in enumerate(plans):
-            prec = precision or plan.task.precision
+            workload = plan.workload.with_overrides(batch_size, precision)
             label = f"plan {i + 1}/{len(plans)}: " if len(plans) > 1 else ""
-            with err_console.status(f"{label}measuring {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={batch_size})"):
-                reports.append(cost_backend.evaluate(plan.shards(), batch_size, prec, plan.task.optimizer))
+            with err_console.status(f"{label}measuring {len(plan.shards)} shards of {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={workload.batch_size})"):
+                reports.append(cost_backend.evaluate(plan.device_tables(), workload))
     if len(reports) == 1 and path.suffix != ".jsonl":
         reports[0].save(path)
     else:
@@ -576,6 +574,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     from dreamshard.costs import calibrate as cal
     from dreamshard.costs.comm import load_comm_model
     from dreamshard.costs.runners import default_device
+    from dreamshard.tasks import Workload
 
     calibration = _load_calibration(validate_file) if validate_file else None
     kernel = kernel or calibration.kernel
@@ -594,11 +593,11 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
             job = bar.add_task(f"measuring shards ({kernel}, {dev}, B={batch_size})", total=len(todo))
             for shard, p, d in todo:
                 if shard:
-                    (r,) = cal.measure_shards([shard], kernel, dev, batch_size, iters=iters, warmup=warmup)
+                    (r,) = cal.measure_shards([shard], kernel, dev, Workload(batch_size), iters=iters, warmup=warmup)
                     r.placement, r.device = p, d
                     measured.append(r)
                 elif p is not None:  # an empty device of a placement costs nothing but still counts
-                    measured.append(cal.ShardRecord([], batch_size, measured[0].precision if measured else "fp16", "sgd", 0.0, 0.0, p, d))
+                    measured.append(cal.ShardRecord([], batch_size, "fp16", "sgd", 0.0, 0.0, p, d))
                 bar.advance(job)
         if records:
             cal.save_records(measured, records)
@@ -671,7 +670,7 @@ def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
         groups.setdefault((p["pattern"], max(p["send_bytes"], p["recv_bytes"])), []).append(p)
     from statistics import median
 
-    from dreamshard.tasks import format_bytes
+    from dreamshard.packing import format_bytes
 
     for (pattern, hi), pts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         t.add_row(pattern, format_bytes(hi), f"{median(p['ms'] for p in pts):.4f}", f"{median(model.predict(p['send_bytes'], p['recv_bytes']) for p in pts):.4f}")
@@ -714,7 +713,7 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     results = []
     for name in ("random", "size", "dim", "lookup", "size_lookup", "dreamshard"):
         plan = get_planner(name).plan(task)  # dreamshard: the shipped model, trained on the pool's train tables
-        report = sim.evaluate(plan.shards(), 65_536, task.precision, task.optimizer)
+        report = sim.evaluate_plan(plan)
         results.append((name, report))
         console.print(device_summary(plan, f"planner {name}: cost {report.overall_ms:.3f} ms", report))
     t = Table(title=f"embedding step cost, B=65,536, fp16 — {sim.name}")

@@ -34,8 +34,8 @@ class Prepared:
 
 
 def prepare(task: Task, normalization: str, linear_features: bool = False) -> Prepared:
-    sizes = np.array([t.bytes(task.precision, task.optimizer) for t in task.tables], np.int64)
-    return Prepared(table_features(task.tables, normalization, linear_features, task.precision), sizes, task.devices, task.max_memory_bytes)
+    sizes = np.array(task.sizes(), np.int64)
+    return Prepared(table_features(task.tables, normalization, linear_features, task.workload.precision), sizes, task.devices, task.max_memory_bytes)
 
 
 @dataclass

@@ -1,24 +1,35 @@
-"""Plans: which device each table goes to, as a file a cost backend can measure by itself.
+"""Plans: a list of shards, each a column range of one table on one device, as a file a cost
+backend can measure by itself.
+
+A table-wise plan is one full-width shard per table; a column-wise split cuts a table's dim into
+ranges that may sit on different devices. Every column shard of a table reads the same index
+stream (same rows, same lookups) and holds only its columns, so it costs the table's lookups at a
+smaller width and its all-to-all follows the device's dim sum. The noun leaves room for a row
+range (row-wise shards): a later field, defaulting to all rows.
 
 The plan carries every table's full spec (with its stream descriptor), so `dreamshard measure
-PLAN.json` rebuilds the exact index streams with no other argument.
+PLAN.json` rebuilds the exact index streams with no other argument. Format `dreamshard.plan/2`
+(tables, each with its list of shards, and the workload); `dreamshard.plan/1` files (one device per
+table) still load.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec, table_from_record
-from dreamshard.tasks import Task
+from dreamshard.tasks import Task, Workload
 from dreamshard.validation import (
+    DIM_MULTIPLE,
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
     MAX_TABLES,
     MAX_TASKS,
+    MIN_DIM,
     PlanError,
     TableError,
     one_line,
@@ -28,58 +39,149 @@ from dreamshard.validation import (
     require_list,
 )
 
-FORMAT = "dreamshard.plan/1"
+FORMAT = "dreamshard.plan/2"
+READS = ("dreamshard.plan/1", FORMAT)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Columns [start, stop) of table `table` (its index in the task) on device `device`."""
+
+    table: int
+    device: int
+    start: int
+    stop: int
+
+    @property
+    def width(self) -> int:
+        return self.stop - self.start
+
+    def spec(self, table: TableSpec) -> TableSpec:
+        """The shard as a table a kernel or model can price: same stream, its own columns."""
+        if self.start == 0 and self.stop == table.dim:
+            return table
+        return replace(table, name=f"{table.name}[{self.start}:{self.stop}]", dim=self.width)
+
+
+def column_cuts(dim: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` column ranges of about equal width, each a multiple of DIM_MULTIPLE (the kernels'
+    granularity) — the wider ones first. `parts` must be at most dim / DIM_MULTIPLE."""
+    units = dim // DIM_MULTIPLE
+    if not 1 <= parts <= units:
+        raise ValueError(f"cannot cut dim {dim} into {parts} column ranges of at least {DIM_MULTIPLE}")
+    base, extra = divmod(units, parts)
+    cuts, start = [], 0
+    for k in range(parts):
+        stop = start + (base + (k < extra)) * DIM_MULTIPLE
+        cuts.append((start, stop))
+        start = stop
+    return cuts
 
 
 @dataclass
 class Plan:
     task: Task
-    placement: list[int]  # device of each table of task.tables
+    shards: list[Shard]  # sorted by (table, start); every table's shards tile its columns
     planner: str
     predicted: dict | None = None  # planner's own predicted costs, where it has a model
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if len(self.placement) != len(self.task.tables):
-            raise ValueError(f"placement has {len(self.placement)} entries for {len(self.task.tables)} tables")
+        self.shards = sorted(self.shards, key=lambda s: (s.table, s.start))
+
+    @staticmethod
+    def table_wise(task: Task, placement: Sequence[int], planner: str, predicted: dict | None = None, notes: Sequence[str] = ()) -> "Plan":
+        """One full-width shard per table: `placement[i]` is table i's device."""
+        if len(placement) != len(task.tables):
+            raise ValueError(f"placement has {len(placement)} entries for {len(task.tables)} tables")
+        shards = [Shard(i, int(d), 0, t.dim) for i, (t, d) in enumerate(zip(task.tables, placement))]
+        return Plan(task, shards, planner, predicted, list(notes))
 
     @property
     def devices(self) -> int:
         return self.task.devices
 
-    def shards(self) -> list[list[TableSpec]]:
-        shards: list[list[TableSpec]] = [[] for _ in range(self.devices)]
-        for table, d in zip(self.task.tables, self.placement):
-            shards[d].append(table)
-        return shards
+    @property
+    def workload(self) -> Workload:
+        return self.task.workload
+
+    @property
+    def is_table_wise(self) -> bool:
+        return len(self.shards) == len(self.task.tables)
+
+    @property
+    def placement(self) -> list[int]:
+        """Each table's device, for a table-wise plan."""
+        if not self.is_table_wise:
+            raise ValueError(f"plan of {self.planner} splits tables: it has no one device per table")
+        return [s.device for s in self.shards]
+
+    def split_tables(self) -> dict[str, int]:
+        """Name → number of shards, for the tables cut into more than one."""
+        counts: dict[int, int] = {}
+        for s in self.shards:
+            counts[s.table] = counts.get(s.table, 0) + 1
+        return {self.task.tables[i].name: n for i, n in counts.items() if n > 1}
+
+    def shard_specs(self) -> list[TableSpec]:
+        return [s.spec(self.task.tables[s.table]) for s in self.shards]
+
+    def device_tables(self) -> list[list[TableSpec]]:
+        """What each device holds, as tables a cost backend prices (list index = device)."""
+        out: list[list[TableSpec]] = [[] for _ in range(self.devices)]
+        for s, spec in zip(self.shards, self.shard_specs()):
+            out[s.device].append(spec)
+        return out
 
     def device_bytes(self) -> list[int]:
         used = [0] * self.devices
-        for table, d in zip(self.task.tables, self.placement):
-            used[d] += table.bytes(self.task.precision, self.task.optimizer)
+        for s, spec in zip(self.shards, self.shard_specs()):
+            used[s.device] += self.task.table_bytes(spec)
         return used
 
     def check(self, where: str = "plan") -> None:
-        """Raise PlanError if a table is off the devices or a device is over its memory."""
-        for t, d in zip(self.task.tables, self.placement):
-            if not 0 <= d < self.devices:
-                raise PlanError(f"{where}: table {t.name} on device {d}, outside 0..{self.devices - 1}")
+        """Raise PlanError unless every shard is on a device, every table's shards tile its columns
+        exactly (widths multiples of DIM_MULTIPLE, no gap, no overlap) and no device is over its
+        memory."""
+        tables = self.task.tables
+        cover = [0] * len(tables)  # next column each table's shards must start at
+        for s in self.shards:
+            if not 0 <= s.table < len(tables):
+                raise PlanError(f"{where}: a shard of table {s.table}, outside 0..{len(tables) - 1}")
+            t = tables[s.table]
+            if not 0 <= s.device < self.devices:
+                raise PlanError(f"{where}: table {t.name} on device {s.device}, outside 0..{self.devices - 1}")
+            if s.start != cover[s.table] or not s.start < s.stop <= t.dim:
+                raise PlanError(f"{where}: table {t.name}: shard columns [{s.start}, {s.stop}) do not continue its shards at column {cover[s.table]} within dim {t.dim}")
+            if s.width < MIN_DIM or s.width % DIM_MULTIPLE:
+                raise PlanError(f"{where}: table {t.name}: shard columns [{s.start}, {s.stop}) are {s.width} wide; use a multiple of {DIM_MULTIPLE}")
+            cover[s.table] = s.stop
+        for i, t in enumerate(tables):
+            if cover[i] != t.dim:
+                raise PlanError(f"{where}: table {t.name}: shards cover columns [0, {cover[i]}) of its {t.dim}")
         for d, used in enumerate(self.device_bytes()):
             if used > self.task.max_memory_bytes:
                 raise PlanError(f"{where}: device {d} holds {used:,} bytes, over its max_memory_bytes {self.task.max_memory_bytes:,}")
 
     def to_json(self) -> dict:
         t = self.task
+        by_table: list[list[Shard]] = [[] for _ in t.tables]
+        for s in self.shards:
+            by_table[s.table].append(s)
         d = {
             "format": FORMAT,
             "devices": t.devices,
             "max_memory_bytes": t.max_memory_bytes,
             "planner": self.planner,
-            "precision": t.precision,
-            "optimizer": t.optimizer,
+            "workload": t.workload.to_json(),
             "tables": [
-                {"name": s.name, "device": dev, "bytes": s.bytes(t.precision, t.optimizer), "spec": s.to_dict()}
-                for s, dev in zip(t.tables, self.placement)
+                {
+                    "name": spec.name,
+                    "bytes": t.table_bytes(spec),
+                    "spec": spec.to_dict(),
+                    "shards": [{"device": s.device, "columns": [s.start, s.stop], "bytes": t.table_bytes(s.spec(spec))} for s in shards],
+                }
+                for spec, shards in zip(t.tables, by_table)
             ],
             "device_bytes": self.device_bytes(),
         }
@@ -93,26 +195,41 @@ class Plan:
 
     @staticmethod
     def from_json(d: dict, where: str = "plan") -> "Plan":
-        """A plan from its JSON form, checked as strictly as a table file: every table spec, the
-        task (devices, memory, precision, optimizer, no table twice), every device number and
-        every device's memory. Raises PlanError naming `where` and the key."""
+        """A plan from its JSON form (plan/2, or plan/1: one device per table), checked as
+        strictly as a table file: every table spec, the task (devices, memory, workload, no table
+        twice), every shard's device and columns and every device's memory. Raises PlanError
+        naming `where` and the key."""
         require_dict(d, where, f"a {FORMAT} plan", PlanError)
-        if d.get("format") != FORMAT:
-            raise PlanError(f"{where}: not a {FORMAT} file (format={d.get('format')!r:.40})")
+        version = d.get("format")
+        if version not in READS:
+            raise PlanError(f"{where}: not a {FORMAT} (or /1) file (format={version!r:.40})")
         require_keys(d, ("devices", "max_memory_bytes", "tables"), where, PlanError)
         devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, PlanError)
         cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, PlanError)
         entries = require_list(d["tables"], where, "key 'tables'", PlanError, MAX_TABLES)
-        specs, placement = [], []
+        specs, shards = [], []
         for i, e in enumerate(entries):
             at = f"{where}, table {i}"
             require_dict(e, at, "a table entry", PlanError)
-            require_keys(e, ("spec", "device"), at, PlanError)
+            require_keys(e, ("spec", "device") if version == READS[0] else ("spec", "shards"), at, PlanError)
             try:
-                specs.append(table_from_record(require_dict(e["spec"], f"{at}, key 'spec'", "a table spec", PlanError), f"{at}, spec", "key"))
+                spec = table_from_record(require_dict(e["spec"], f"{at}, key 'spec'", "a table spec", PlanError), f"{at}, spec", "key")
             except TableError as err:
                 raise PlanError(str(err)) from None
-            placement.append(parse_int(e["device"], at, "key 'device'", 0, devices - 1, PlanError))
+            specs.append(spec)
+            if version == READS[0]:
+                shards.append(Shard(i, parse_int(e["device"], at, "key 'device'", 0, devices - 1, PlanError), 0, spec.dim))
+                continue
+            for k, s in enumerate(require_list(e["shards"], at, "key 'shards'", PlanError, spec.dim // DIM_MULTIPLE)):
+                sat = f"{at}, shard {k}"
+                require_dict(s, sat, "a shard", PlanError)
+                require_keys(s, ("device", "columns"), sat, PlanError)
+                cols = require_list(s["columns"], sat, "key 'columns'", PlanError, 2)
+                if len(cols) != 2:
+                    raise PlanError(f"{sat}, key 'columns': expected [start, stop]")
+                start = parse_int(cols[0], sat, "key 'columns' start", 0, spec.dim, PlanError)
+                stop = parse_int(cols[1], sat, "key 'columns' stop", 0, spec.dim, PlanError)
+                shards.append(Shard(i, parse_int(s["device"], sat, "key 'device'", 0, devices - 1, PlanError), start, stop))
         planner = d.get("planner", "?")
         if not isinstance(planner, str):
             raise PlanError(f"{where}, key 'planner': {planner!r:.40} must be a string")
@@ -125,8 +242,9 @@ class Plan:
         pool = d.get("pool")
         if pool is not None and not isinstance(pool, str):
             raise PlanError(f"{where}, key 'pool': {pool!r:.40} must be a string")
-        task = Task(specs, devices, cap, d.get("precision", "fp16"), d.get("optimizer", "sgd"), pool).validate(where, PlanError)
-        plan = Plan(task, placement, planner, predicted, notes)
+        workload = d if version == READS[0] else require_dict(d.get("workload", {}), where, "key 'workload' as an object", PlanError)
+        task = Task(specs, devices, cap, Workload.from_json(workload, where, PlanError), pool).validate(where, PlanError)
+        plan = Plan(task, shards, planner, predicted, notes)
         plan.check(where)
         return plan
 

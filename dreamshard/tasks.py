@@ -2,21 +2,23 @@
 
 A task file is JSON lines, one task per line:
   {"tables": ["t3", "t17", ...], "devices": 8, "max_memory_bytes": 5000000000, "pool": "/abs/pool"}
+with optional workload keys "batch_size" (default 65536), "precision" (fp16) and "optimizer" (sgd).
 """
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from dreamshard.files import atomic_write
-from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, TableSpec, load_tables
+from dreamshard.packing import format_bytes, pack
+from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec, load_tables
 from dreamshard.validation import (
+    MAX_BATCH_SIZE,
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
     MAX_TABLES,
@@ -32,35 +34,6 @@ from dreamshard.validation import (
     require_list,
 )
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_memory(text: str | int) -> int:
-    """'5GB' → 5e9, '5GiB' → 5·2^30, '512MB', or plain bytes; at least 1 byte, at most MAX_MEMORY_BYTES."""
-    if isinstance(text, bool):
-        raise InputError(f"memory {text!r}: use a number with an optional unit, e.g. 5GB, 5GiB, 512MB or 5000000000")
-    if isinstance(text, int):
-        value = text
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-        unit = m.group(2).upper() if m else None
-        if not m or unit not in _UNITS:
-            raise InputError(f"memory {str(text)!r:.40}: use a number with an optional unit, e.g. 5GB, 5GiB, 512MB or 5000000000")
-        value = int(float(m.group(1)) * _UNITS[unit])
-    if value < 1:
-        raise InputError(f"memory {text!r} must be at least 1 byte")
-    if value > MAX_MEMORY_BYTES:
-        raise InputError(f"memory {text!r} is over the limit of {format_bytes(MAX_MEMORY_BYTES)} per device")
-    return value
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
-
-
 def parse_range(text: str) -> tuple[int, int]:
     """'80' → (80, 80); '20:100' → (20, 100)."""
     try:
@@ -74,25 +47,60 @@ def parse_range(text: str) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What one training step does with the tables: its global batch size, the weights'
+    precision and the optimizer fused into the backward. Memory follows precision and optimizer;
+    every cost follows all three."""
+
+    batch_size: int = REFERENCE_BATCH
+    precision: str = "fp16"
+    optimizer: str = "sgd"
+
+    def validate(self, where: str = "workload", error: type[InputError] = TaskError) -> "Workload":
+        parse_int(self.batch_size, where, "key 'batch_size'", 1, MAX_BATCH_SIZE, error)
+        parse_choice(self.precision, where, "key 'precision'", PRECISION_BYTES, error)
+        parse_choice(self.optimizer, where, "key 'optimizer'", OPTIMIZERS, error)
+        return self
+
+    @property
+    def elt_bytes(self) -> int:
+        return PRECISION_BYTES[self.precision]
+
+    def with_overrides(self, batch_size: int | None = None, precision: str | None = None) -> "Workload":
+        """This workload measured at another batch size or precision (None: keep)."""
+        return replace(self, batch_size=self.batch_size if batch_size is None else batch_size, precision=precision or self.precision)
+
+    def to_json(self) -> dict:
+        return {"batch_size": self.batch_size, "precision": self.precision, "optimizer": self.optimizer}
+
+    @staticmethod
+    def from_json(d: dict, where: str, error: type[InputError] = TaskError) -> "Workload":
+        """From a task or plan object's keys; a missing key takes its default."""
+        return Workload(
+            parse_int(d.get("batch_size", REFERENCE_BATCH), where, "key 'batch_size'", 1, MAX_BATCH_SIZE, error),
+            parse_choice(d.get("precision", "fp16"), where, "key 'precision'", PRECISION_BYTES, error),
+            parse_choice(d.get("optimizer", "sgd"), where, "key 'optimizer'", OPTIMIZERS, error),
+        )
+
+
 @dataclass
 class Task:
     tables: list[TableSpec]
     devices: int
     max_memory_bytes: int
-    precision: str = "fp16"
-    optimizer: str = "sgd"
+    workload: Workload = Workload()
     pool: str | None = None  # where the table names resolve
     meta: dict = field(default_factory=dict)
 
     def validate(self, where: str = "task", error: type[InputError] = TaskError) -> "Task":
         """Raise `error` (naming `where`) unless this is a task a planner may be given: 1..MAX_TABLES
-        tables, each once; 1..MAX_DEVICES devices; 1..MAX_MEMORY_BYTES per device; a known
-        precision and optimizer. Returns the task."""
+        tables, each once; 1..MAX_DEVICES devices; 1..MAX_MEMORY_BYTES per device; a valid
+        workload. Returns the task."""
         require_list(self.tables, where, "key 'tables'", error, MAX_TABLES)
         parse_int(self.devices, where, "key 'devices'", 1, MAX_DEVICES, error)
         parse_int(self.max_memory_bytes, where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, error)
-        parse_choice(self.precision, where, "key 'precision'", PRECISION_BYTES, error)
-        parse_choice(self.optimizer, where, "key 'optimizer'", OPTIMIZERS, error)
+        self.workload.validate(where, error)
         seen: set[str] = set()
         for t in self.tables:
             if t.name in seen:
@@ -100,8 +108,15 @@ class Task:
             seen.add(t.name)
         return self
 
+    def table_bytes(self, table: TableSpec) -> int:
+        return table.bytes(self.workload.precision, self.workload.optimizer)
+
+    def sizes(self) -> list[int]:
+        """Bytes of each table under this task's workload."""
+        return [self.table_bytes(t) for t in self.tables]
+
     def to_json(self) -> dict:
-        d = {"tables": [t.name for t in self.tables], "devices": self.devices, "max_memory_bytes": self.max_memory_bytes, "precision": self.precision, "optimizer": self.optimizer}
+        d = {"tables": [t.name for t in self.tables], "devices": self.devices, "max_memory_bytes": self.max_memory_bytes, **self.workload.to_json()}
         if self.pool:
             d["pool"] = self.pool
         return d
@@ -142,8 +157,7 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
             parse_str(n, where, f"key 'tables' entry {i}", TaskError)
         devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, TaskError)
         cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, TaskError)
-        precision = parse_choice(d.get("precision", "fp16"), where, "key 'precision'", PRECISION_BYTES, TaskError)
-        optimizer = parse_choice(d.get("optimizer", "sgd"), where, "key 'optimizer'", OPTIMIZERS, TaskError)
+        workload = Workload.from_json(d, where)
         pool = d.get("pool")
         if pool is not None:
             pool = parse_str(pool, where, "key 'pool'", TaskError)
@@ -160,7 +174,7 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
         missing = [n for n in names if n not in lookup]
         if missing:
             raise TaskError(f"{where}, key 'tables': unknown table {missing[0]!r:.60}")
-        tasks.append(Task([lookup[n] for n in names], devices, cap, precision, optimizer, pool).validate(where))
+        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool).validate(where))
     if not tasks:
         raise TaskError(f"{path}: no tasks")
     return tasks
@@ -185,13 +199,10 @@ def sample_tasks(
     max_memory: int,
     seed: int,
     pool: str | None = None,
-    precision: str = "fp16",
-    optimizer: str = "sgd",
+    workload: Workload = Workload(),
     max_tries: int = 100,
 ) -> list[Task]:
     """`n` random table subsets that can be placed within memory (infeasible draws are redrawn)."""
-    from dreamshard.planners.memory import feasible  # planners import tasks
-
     rng = np.random.default_rng(seed)
     tasks: list[Task] = []
     while len(tasks) < n:
@@ -200,8 +211,8 @@ def sample_tasks(
             if k > len(tables):
                 raise InputError(f"tasks of {k} tables asked from a pool of {len(tables)}")
             chosen = [tables[i] for i in sorted(rng.choice(len(tables), size=k, replace=False))]
-            task = Task(chosen, devices, max_memory, precision, optimizer, pool)
-            if feasible(task):
+            task = Task(chosen, devices, max_memory, workload, pool)
+            if pack(task.sizes(), max_memory, devices) is not None:
                 tasks.append(task)
                 break
         else:

@@ -44,7 +44,9 @@ from dreamshard.costs.base import CostBackend
 from dreamshard.files import atomic_write, load_torch_file
 from dreamshard.mdp import EpisodeBatch, Prepared, prepare, rollout
 from dreamshard.nets import SCORES, DreamShardModel, Measured, ReplayBuffer, atomic_save, collate, now, plan_cost
-from dreamshard.tasks import Task
+from dreamshard.packing import pack
+from dreamshard.plan import Plan
+from dreamshard.tasks import Task, Workload
 from dreamshard.validation import MAX_BUDGET, MAX_ITERS, ModelError, OptionError, TaskError, one_line
 
 CHECKPOINT_FORMAT = "dreamshard.checkpoint/1"
@@ -139,19 +141,14 @@ def get_config(name: str, **overrides) -> Config:
 
 
 def measure(backend: CostBackend, tasks: Sequence[Task], placements: Sequence[Sequence[int]], batch_size: int):
-    """Real costs of placements: one backend call per (precision, optimizer) group."""
+    """Real costs of table-wise placements at the training batch: one backend call per workload."""
     reports = [None] * len(tasks)
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[Workload, list[int]] = {}
     for i, t in enumerate(tasks):
-        groups.setdefault((t.precision, t.optimizer), []).append(i)
-    for (precision, optimizer), idx in groups.items():
-        shards = []
-        for i in idx:
-            s = [[] for _ in range(tasks[i].devices)]
-            for table, d in zip(tasks[i].tables, placements[i]):
-                s[d].append(table)
-            shards.append(s)
-        for i, r in zip(idx, backend.evaluate_many(shards, batch_size, precision, optimizer)):
+        groups.setdefault(t.workload.with_overrides(batch_size), []).append(i)
+    for workload, idx in groups.items():
+        shards = [Plan.table_wise(tasks[i], placements[i], "sampled").device_tables() for i in idx]
+        for i, r in zip(idx, backend.evaluate_many(shards, workload)):
             reports[i] = r
     return reports
 
@@ -177,9 +174,7 @@ def complete(task: Task, placement: np.ndarray, stuck: bool) -> np.ndarray:
     """A stuck episode's placement replaced by a memory packing (so it can still be measured)."""
     if not stuck:
         return placement
-    from dreamshard.planners.memory import pack
-
-    packed = pack(task)
+    packed = pack(task.sizes(), task.max_memory_bytes, task.devices)
     if packed is None:
         raise TaskError(f"a training task of {len(task.tables)} tables does not fit on {task.devices} devices")
     return np.array(packed, np.int64)

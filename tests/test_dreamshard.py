@@ -242,9 +242,9 @@ def tiny_model(pool, tmp_path_factory):
 @settings(max_examples=25, deadline=None)
 @given(small_tasks())
 def test_planner_respects_memory_and_reports_predictions(tiny_model, task):
-    from dreamshard.planners.memory import pack
+    from dreamshard.packing import pack
 
-    if pack(task) is None:
+    if pack(task.sizes(), task.max_memory_bytes, task.devices) is None:
         return
     plan = get_planner("dreamshard", model=str(tiny_model)).plan(task)
     plan.check()

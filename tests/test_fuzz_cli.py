@@ -72,7 +72,9 @@ def base_plan(pool, tmp_path_factory) -> dict:
     assert r.exit_code == 0, r.stderr
     plan = json.loads(out.read_text())
     # at least 3 tables on device 1: two edits cannot empty it, so one device is then always invalid
-    assert sum(e["device"] == 1 for e in plan["tables"]) >= 3 and {e["device"] for e in plan["tables"]} == {0, 1}
+    devices = [e["shards"][0]["device"] for e in plan["tables"]]
+    assert plan["format"] == "dreamshard.plan/2" and all(len(e["shards"]) == 1 for e in plan["tables"])
+    assert devices.count(1) >= 3 and set(devices) == {0, 1}
     return plan
 
 
@@ -293,9 +295,11 @@ def tampered_plan(draw, base: dict):
     """(document, valid): the base plan with 1–3 edits, each valid or not."""
     plan, valid, clean = copy.deepcopy(base), True, draw(st.booleans())
     plan["max_memory_bytes"] = BIG_MEMORY
-    edits = draw(st.lists(st.sampled_from(["devices", "memory", "precision", "optimizer", "format", "tables", "device", "rows", "dim",
+    edits = draw(st.lists(st.sampled_from(["devices", "memory", "precision", "optimizer", "batch_size", "format", "tables", "device", "columns", "rows", "dim",
                                            "pooling_factor", "bins", "distribution", "seed", "name", "predicted", "notes", "doc"]),
                            min_size=1, max_size=3, unique=True))  # one edit per key: a later one never undoes an earlier invalid one
+    if "dim" in edits and "columns" in edits:
+        edits.remove("columns")  # a new dim re-tiles the table's shards; its columns are the dim edit's
     n = len(plan["tables"])
     for edit in edits:
         i = draw(st.integers(0, n - 1)) if isinstance(plan.get("tables"), list) and plan["tables"] and isinstance(plan["tables"][0], dict) else None
@@ -310,20 +314,34 @@ def tampered_plan(draw, base: dict):
             plan["max_memory_bytes"] = v
         elif edit == "precision":
             v, ok = valid_or_not(st.sampled_from(["fp16", "fp32"]), st.sampled_from(["fp64", "", 16, None]), 0.6).pick(draw, clean)
-            plan["precision"] = v
+            plan["workload"]["precision"] = v
         elif edit == "optimizer":
             v, ok = valid_or_not(st.sampled_from(["sgd", "rowwise_adagrad"]), st.sampled_from(["adam", None, 1]), 0.6).pick(draw, clean)
-            plan["optimizer"] = v
+            plan["workload"]["optimizer"] = v
+        elif edit == "batch_size":
+            v, ok = valid_or_not(st.integers(1, 2**20), st.sampled_from([0, -1, 2.5, True, None, "x", 2**40]), 0.6).pick(draw, clean)
+            plan["workload"]["batch_size"] = v
         elif edit in ("format", "tables", "doc") and clean:
             ok = True  # these edits are all flaws: none in a clean case
         elif edit == "format":
-            plan["format"], ok = draw(st.sampled_from(["dreamshard.plan/2", None, 1, ""])), False
+            plan["format"], ok = draw(st.sampled_from(["dreamshard.plan/3", None, 1, ""])), False
         elif edit == "tables":
             plan["tables"], ok = draw(st.sampled_from([[], {}, None, 5, [5], [None], ["x"]])), False
-        elif edit == "device" and i is not None:
+        elif edit == "device" and i is not None and isinstance(plan["tables"][i].get("shards"), list) and plan["tables"][i]["shards"] \
+                and isinstance(plan["tables"][i]["shards"][0], dict):
             top = plan["devices"] if isinstance(plan.get("devices"), int) and not isinstance(plan["devices"], bool) and plan["devices"] >= 2 else 2
             v, ok = valid_or_not(st.integers(0, top - 1), st.sampled_from([-1, top, 0.5, True, None, "x", 10**9]), 0.6).pick(draw, clean)
-            plan["tables"][i]["device"] = v
+            plan["tables"][i]["shards"][0]["device"] = v
+        elif edit == "columns" and i is not None:
+            dim, shards = spec["dim"], plan["tables"][i]["shards"]
+            if not isinstance(shards, list) or not shards or not isinstance(shards[0], dict):
+                ok = True  # an earlier edit already broke this table's shards
+            else:
+                device, half = shards[0]["device"], dim // 8 * 4  # a valid cut: widths multiples of 4
+                halves = [{"device": device, "columns": [0, half]}, {"device": device, "columns": [half, dim]}] if half >= 4 else None
+                v, ok = valid_or_not(st.sampled_from([x for x in ([{"device": device, "columns": [0, dim]}], halves) if x]),
+                                     st.sampled_from([[{"device": device, "columns": c}] for c in ([0, dim - 2], [4, dim], [0, dim + 4], [0], "x", [dim, 0])] + [[], "x"]), 0.6).pick(draw, clean)
+                plan["tables"][i]["shards"] = v
         elif spec is not None and edit in ("rows", "dim", "pooling_factor", "bins", "distribution", "seed", "name"):
             good, bad = {
                 "rows": (st.integers(1, 10**5), st.sampled_from([0, -100, 1e30, 2.5, True, None, "x", MAX_ROWS + 1])),
@@ -336,6 +354,8 @@ def tampered_plan(draw, base: dict):
             }[edit]
             v, ok = valid_or_not(good, bad, 0.6).pick(draw, clean)
             spec[edit] = v
+            if edit == "dim" and ok and isinstance(plan["tables"][i].get("shards"), list):  # keep the shards tiling the new dim
+                plan["tables"][i]["shards"] = [{"device": plan["tables"][i]["shards"][0]["device"], "columns": [0, v]}]
             if edit == "name" and not ok and draw(st.booleans()) and n > 1:  # (ok is False: not a clean case)
                 spec["name"] = plan["tables"][(i + 1) % n]["spec"]["name"]  # a table listed twice
         elif edit == "predicted":
@@ -497,7 +517,7 @@ def test_subprocess_bad_input_one_line_exit_2(tmp_path, base_plan):
     torch.save((torch.tensor([1.5, 2.7, 3.0]), torch.tensor([0, 1, 2, 3]), torch.tensor([[1, 1, 1]])), tmp_path / "float.pt")
     cases = [
         (["plan", tmp_path / "big.csv", "--devices", 2, "--max-memory", "5GB", "--out", tmp_path / "o.json"], "'rows': '1e30' is over the limit"),
-        (["measure", tmp_path / "list.json", "--backend", "sim", "--out", tmp_path / "o.json"], "expected a dreamshard.plan/1 plan"),
+        (["measure", tmp_path / "list.json", "--backend", "sim", "--out", tmp_path / "o.json"], "expected a dreamshard.plan/2 plan"),
         (["data", "dlrm", tmp_path / "neg.pt", "--out", tmp_path / "pool1"], "index -18 at position 1 is negative"),
         (["data", "dlrm", tmp_path / "float.pt", "--out", tmp_path / "pool2"], "indices are float32, not integers"),
         (["plan", "--bogus"], "No such option '--bogus'"),

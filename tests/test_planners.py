@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dreamshard.planners import PLANNERS, InfeasibleError, get_planner, pack
+from dreamshard.packing import InfeasibleError, pack
+from dreamshard.planners import PLANNERS, get_planner
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task
 
@@ -14,7 +15,7 @@ HEURISTICS = ["random", "size", "dim", "lookup", "size_lookup"]
 
 
 def brute_force_feasible(task: Task) -> bool:
-    sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+    sizes = task.sizes()
     for assign in itertools.product(range(task.devices), repeat=len(sizes)):
         used = [0] * task.devices
         for s, d in zip(sizes, assign):
@@ -41,7 +42,7 @@ def tasks(draw, max_tables=7, max_devices=3):
 @given(tasks())
 def test_every_planner_respects_memory_or_says_infeasible(task):
     ok = brute_force_feasible(task)
-    assert (pack(task) is not None) == ok
+    assert (pack(task.sizes(), task.max_memory_bytes, task.devices) is not None) == ok
     for name in HEURISTICS:
         planner = get_planner(name)
         if ok:
@@ -62,35 +63,23 @@ def test_registry_lists_heuristics():
 def test_lookup_greedy_balances_lookups():
     tables = [TableSpec(f"t{i}", 100, 16, pf) for i, pf in enumerate([8, 7, 6, 5, 4, 3, 2, 1])]
     plan = get_planner("lookup").plan(Task(tables, 2, 10**9))
-    loads = [sum(t.lookup for t in s) for s in plan.shards()]
+    loads = [sum(t.lookup for t in s) for s in plan.device_tables()]
     assert loads == [16 * 18, 16 * 18]
 
 
 def test_packing_thousands_of_tables_without_recursion():
     # the exhaustive packing used to recurse once per table (RecursionError past ~1,000 tables)
-    from types import SimpleNamespace
+    from dreamshard.packing import infeasible_error
 
-    from dreamshard.planners.memory import infeasible_error, pack
-
-    class Sized:
-        name = "t"
-
-        def __init__(self, b):
-            self.b = b
-
-        def bytes(self, precision, optimizer):
-            return self.b
-
-    tables = [Sized(1000 + i % 7) for i in range(5000)]
-    total = sum(t.b for t in tables)
-    fits = SimpleNamespace(tables=tables, devices=8, max_memory_bytes=total // 8 + 2000, precision="fp16", optimizer="sgd")
-    placement = pack(fits)
+    sizes = [1000 + i % 7 for i in range(5000)]
+    cap = sum(sizes) // 8 + 2000
+    placement = pack(sizes, cap, 8)
     assert placement is not None and len(placement) == 5000
     used = [0] * 8
-    for t, d in zip(tables, placement):
-        used[d] += t.b
-    assert max(used) <= fits.max_memory_bytes
+    for b, d in zip(sizes, placement):
+        used[d] += b
+    assert max(used) <= cap
     # first-fit fails on this one, the search runs out of budget: None and the typed error, no RecursionError
-    tight = SimpleNamespace(tables=tables, devices=8, max_memory_bytes=total // 8 + 3, precision="fp16", optimizer="sgd")
-    assert pack(tight) is None
-    assert "cannot place 5000 tables" in str(infeasible_error(tight))
+    tight = sum(sizes) // 8 + 3
+    assert pack(sizes, tight, 8) is None
+    assert "cannot place 5000 tables" in str(infeasible_error(["t"] * 5000, sizes, tight, 8))

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 from dreamshard.costs.sim import SimBackend
-from dreamshard.planners import PLANNERS, InfeasibleError, get_planner, pack
-from dreamshard.planners.memory import over_bounds
+from dreamshard.packing import InfeasibleError, over_bounds, pack
+from dreamshard.planners import PLANNERS, get_planner
 from dreamshard.tables import NUM_BINS, OPTIMIZERS, PRECISION_BYTES, TableSpec
-from dreamshard.tasks import Task
+from dreamshard.tasks import Task, Workload
 
 TASKS = 2_000
 NEEDS = re.compile(r"cannot place (\d+) tables needing .* \((\d+) bytes\) on (\d+) devices with .* \((\d+) bytes\) in all")
@@ -73,7 +73,7 @@ def random_tasks(count: int, seed: int) -> list[Task]:
         precision, optimizer = str(rng.choice(list(PRECISION_BYTES))), str(rng.choice(OPTIMIZERS))
         sizes = [t.bytes(precision, optimizer) for t in tables]
         cap = max(1, int(max(sum(sizes) / devices * rng.uniform(0.8, 2.0), max(sizes) * rng.uniform(0.9, 1.3))))
-        tasks.append(Task(tables, devices, cap, precision, optimizer))
+        tasks.append(Task(tables, devices, cap, Workload(precision=precision, optimizer=optimizer)))
     return tasks
 
 
@@ -98,13 +98,13 @@ def check_plan(task: Task, placement: list[int]) -> None:
     assert placement.shape == (len(task.tables),), f"{placement.shape[0]} devices for {len(task.tables)} tables"
     assert placement.dtype.kind == "i" and placement.min() >= 0 and placement.max() < task.devices, "a table off the devices"
     used = np.zeros(task.devices, np.int64)  # exact integer bytes (float sums lose them past 2^53)
-    np.add.at(used, placement, [t.bytes(task.precision, task.optimizer) for t in task.tables])
+    np.add.at(used, placement, task.sizes())
     assert used.max() <= task.max_memory_bytes, f"device {used.argmax()} holds {used.max():,} bytes > {task.max_memory_bytes:,}"
 
 
 def check_infeasible(task: Task, error: InfeasibleError) -> None:
     """The typed error, naming the table count, the bytes needed and the bytes there are."""
-    sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+    sizes = task.sizes()
     m = NEEDS.search(str(error))
     assert m, str(error)
     assert [int(g) for g in m.groups()] == [len(sizes), sum(sizes), task.devices, task.devices * task.max_memory_bytes]
@@ -116,9 +116,9 @@ def test_every_planner_on_2000_random_tasks(planners):
     outcomes = {name: [0, 0] for name in planners}  # plans, infeasible errors
     with hang_guard(300):
         for i, task in enumerate(tasks):
-            sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+            sizes = task.sizes()
             hopeless = over_bounds(sizes, task.max_memory_bytes, task.devices)
-            packs = hopeless is False and pack(task) is not None
+            packs = hopeless is False and pack(task.sizes(), task.max_memory_bytes, task.devices) is not None
             for name, planner in planners.items():
                 try:
                     plan = planner.plan(task)
@@ -139,7 +139,7 @@ def test_every_planner_on_2000_random_tasks(planners):
 
 def test_fresh_learned_planner_is_deterministic(planners):
     for task in random_tasks(20, seed=7):
-        if over_bounds([t.bytes(task.precision, task.optimizer) for t in task.tables], task.max_memory_bytes, task.devices):
+        if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
             continue
         try:
             first = planners["dreamshard"].plan(task)
@@ -160,7 +160,7 @@ def test_large_tasks_plan_and_price(planners, tables, devices):
         for name, planner in planners.items():
             plan = planner.plan(task)
             check_plan(task, plan.placement)
-            report = sim.evaluate(plan.shards())
+            report = sim.evaluate_plan(plan)
             assert len(report.devices) == devices
             costs = np.array([[d.fwd_comp_ms, d.fwd_comm_ms, d.bwd_comm_ms, d.bwd_comp_ms] for d in report.devices])
             assert np.isfinite(costs).all() and (costs >= 0).all() and costs.sum() > 0

@@ -31,7 +31,7 @@ TABLES = [
 
 
 def small_plan(devices=2, placement=(0, 1, 1, 0, 1)) -> Plan:
-    return Plan(Task(list(TABLES), devices, 10**9), list(placement), "manual")
+    return Plan.table_wise(Task(list(TABLES), devices, 10**9), list(placement), "manual")
 
 
 def check_report(r: CostReport, devices: int) -> None:

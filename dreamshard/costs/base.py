@@ -15,6 +15,7 @@ from typing import Sequence
 
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
+from dreamshard.tasks import Workload
 
 COMPONENTS = ("fwd_comp_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_comp_ms")
 
@@ -83,8 +84,13 @@ class CostBackend(ABC):
     name: str = "?"
 
     @abstractmethod
-    def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
-        """Cost of one placement given as its per-device shards (list index = device)."""
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
+        """Cost of one placement given as what each device holds (list index = device; a column
+        shard is a table of its own width, `Plan.device_tables()`)."""
 
-    def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> list[CostReport]:
-        return [self.evaluate(s, batch_size, precision, optimizer) for s in placements]
+    def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], workload: Workload = Workload()) -> list[CostReport]:
+        return [self.evaluate(s, workload) for s in placements]
+
+    def evaluate_plan(self, plan, batch_size: int | None = None) -> CostReport:
+        """Cost of a plan under its own workload (or at another batch size)."""
+        return self.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size))

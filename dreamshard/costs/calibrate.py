@@ -21,6 +21,7 @@ import numpy as np
 from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
+from dreamshard.tasks import Workload
 from dreamshard.validation import DataError, InputError, one_line
 
 SIZE_BUCKETS = ((1, 2), (3, 8), (9, 20), (21, 10**9))  # table counts the validation report breaks errors down by
@@ -39,6 +40,10 @@ class ShardRecord:
     device: int | None = None
     hardware: str = ""  # where it was measured, so a fit made elsewhere still says so
     versions: dict | None = None
+
+    @property
+    def workload(self) -> Workload:
+        return Workload(self.batch_size, self.precision, self.optimizer)
 
     def to_json(self) -> dict:
         return {"tables": [t.to_dict() for t in self.tables], "batch_size": self.batch_size, "precision": self.precision, "optimizer": self.optimizer,
@@ -112,12 +117,12 @@ def design_placements(n: int, seed: int, max_bytes: int, precision: str = "fp16"
     placements = []
     for i in range(n):
         devices = int(rng.integers(2, 9))
-        task = sample_tasks(pool, 1, (16, 96), devices, max_bytes, seed=seed * 1000 + i, precision=precision)[0]
-        placements.append(get_planner(names[i % len(names)]).plan(task).shards())
+        task = sample_tasks(pool, 1, (16, 96), devices, max_bytes, seed=seed * 1000 + i, workload=Workload(precision=precision))[0]
+        placements.append(get_planner(names[i % len(names)]).plan(task).device_tables())
     return placements
 
 
-def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: str, batch_size: int, precision: str = "fp16", optimizer: str = "sgd",
+def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: str, workload: Workload,
                    progress: Callable[[], None] | None = None, **runner_kwargs) -> list[ShardRecord]:
     """Each shard's forward and backward compute, measured with the sequential runner's protocol."""
     from dreamshard.costs.runners.sequential import SequentialRunner
@@ -125,9 +130,9 @@ def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: s
     runner = SequentialRunner(kernel, device=device, **runner_kwargs)
     records = []
     for shard in shards:
-        report = runner.evaluate([list(shard)], batch_size, precision, optimizer)
+        report = runner.evaluate([list(shard)], workload)
         d = report.devices[0]
-        records.append(ShardRecord(list(shard), batch_size, precision, optimizer, d.fwd_comp_ms, d.bwd_comp_ms,
+        records.append(ShardRecord(list(shard), workload.batch_size, workload.precision, workload.optimizer, d.fwd_comp_ms, d.bwd_comp_ms,
                                    hardware=report.hardware, versions=report.details.get("versions")))
         if progress:
             progress()
@@ -139,7 +144,7 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
     component keeps the optional terms only if they lower the cross-validated error (select_terms)."""
     r0 = records[0]
     hardware, versions = r0.hardware or "?", r0.versions
-    X = shard_term_matrix([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
+    X = shard_term_matrix([r.tables for r in records], r0.workload)
     fwd = np.array([r.fwd_ms for r in records])
     bwd = np.array([r.bwd_ms for r in records])
     fwd_terms, fwd_cv = select_terms(X, fwd, FWD_TERMS)
@@ -154,7 +159,7 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
         date=datetime.date.today().isoformat(),
         versions=versions or {},
     )
-    pred = SimBackend(cal).shard_compute([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
+    pred = SimBackend(cal).shard_compute([r.tables for r in records], r0.workload)
     cal.fit = {"shards": len(records), "fwd_mape": mape(pred[:, 0], fwd), "bwd_mape": mape(pred[:, 1], bwd),
                "total_mape": mape(pred.sum(1), fwd + bwd), "precision": r0.precision, "optimizer": r0.optimizer,
                "term_selection": {"fwd_cv_mape": fwd_cv, "bwd_cv_mape": bwd_cv}}
@@ -166,7 +171,7 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
     sim = SimBackend(cal)
     everything, records = records, [r for r in records if r.tables]
     r0 = records[0]
-    pred = sim.shard_compute([r.tables for r in records], r0.batch_size, r0.precision, r0.optimizer)
+    pred = sim.shard_compute([r.tables for r in records], r0.workload)
     fwd = np.array([r.fwd_ms for r in records])
     bwd = np.array([r.bwd_ms for r in records])
     tot = fwd + bwd
@@ -199,7 +204,7 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
         for recs in groups.values():
             recs = sorted(recs, key=lambda r: r.device)
             shards = [r.tables for r in recs]
-            c = sim.evaluate(shards, r0.batch_size, r0.precision, r0.optimizer)
+            c = sim.evaluate(shards, r0.workload)
             meas.append(max(r.fwd_ms + r.bwd_ms + d.fwd_comm_ms + d.bwd_comm_ms for r, d in zip(recs, c.devices)))
             simd.append(c.overall_ms)
         meas, simd = np.array(meas), np.array(simd)

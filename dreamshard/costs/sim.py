@@ -35,7 +35,8 @@ import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array
-from dreamshard.tables import NUM_BINS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec
+from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec
+from dreamshard.tasks import Workload
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
 BWD_TERMS = ("launch", "active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
@@ -93,13 +94,13 @@ class Calibration:
         return f"simulated ({short} calibration)"
 
 
-def table_terms(tables: Sequence[TableSpec], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
+def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload()) -> np.ndarray:
     """[T, len(TERMS)] per-table terms; a shard's terms are their sum (launch, active: set per shard)."""
     n = len(tables)
     out = np.zeros((n, len(TERMS)))
     if n == 0:
         return out
-    elt = PRECISION_BYTES[precision]
+    elt, batch_size = workload.elt_bytes, workload.batch_size
     dim = np.array([t.dim for t in tables], dtype=np.float64)
     rows = np.array([t.rows for t in tables], dtype=np.float64)
     pf = np.array([t.pooling_factor for t in tables], dtype=np.float64)
@@ -118,7 +119,7 @@ def table_terms(tables: Sequence[TableSpec], batch_size: int, precision: str = "
     hot_frac = (lookup_share[:, _HOT]).sum(axis=1) / norm
     repeat = np.maximum(lookups - unique, 0.0)
     hot = np.minimum(repeat, lookups * hot_frac)
-    state = 4.0 if optimizer == "rowwise_adagrad" else 0.0
+    state = 4.0 if workload.optimizer == "rowwise_adagrad" else 0.0
     out[:, TERMS.index("tables")] = 1.0
     out[:, TERMS.index("lookups")] = lookups
     out[:, TERMS.index("cold_bytes")] = unique * row_bytes
@@ -152,14 +153,14 @@ class SimBackend(CostBackend):
         t = c["latency_ms"] + (hi + c.get("serial_fraction", 0.0) * lo) / (c["bandwidth_GBps"] * 1e6)
         return np.where(hi > 0, t, 0.0)
 
-    def costs_batch(self, tables: Sequence[TableSpec], placements: np.ndarray, devices: int, batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd", terms: np.ndarray | None = None) -> np.ndarray:
+    def costs_batch(self, tables: Sequence[TableSpec], placements: np.ndarray, devices: int, workload: Workload = Workload(), terms: np.ndarray | None = None) -> np.ndarray:
         """Costs of N placements of the same tables at once: [N, D, 4] (fwd comp, fwd comm, bwd comm, bwd comp).
 
         `placements` is [N, T] device ids. Pass `terms` (table_terms of these tables) to reuse it.
         """
         placements = np.asarray(placements, dtype=np.int64).reshape(-1, len(tables))
         N, T = placements.shape
-        P = table_terms(tables, batch_size, precision, optimizer) if terms is None else terms
+        P = table_terms(tables, workload) if terms is None else terms
         flat = (placements + np.arange(N)[:, None] * devices).ravel()
         shard = np.empty((N * devices, len(TERMS)))
         for j in range(len(TERMS)):  # bincount per term: the scatter-add that makes shards
@@ -171,7 +172,7 @@ class SimBackend(CostBackend):
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
         dims = np.array([t.dim for t in tables], dtype=np.float64)
         dim_sums = np.bincount(flat, weights=np.broadcast_to(dims, (N, T)).ravel(), minlength=N * devices).reshape(N, devices)
-        sent, recv = alltoall_bytes_array(dim_sums, batch_size, PRECISION_BYTES[precision])
+        sent, recv = alltoall_bytes_array(dim_sums, workload.batch_size, workload.elt_bytes)
         out = np.empty((N, devices, 4))
         out[..., 0] = fwd.reshape(N, devices)
         out[..., 1] = self._comm(sent, recv)
@@ -179,26 +180,26 @@ class SimBackend(CostBackend):
         out[..., 3] = bwd.reshape(N, devices)
         return out
 
-    def _costs_of_shards(self, shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str, optimizer: str) -> np.ndarray:
+    def _costs_of_shards(self, shards: Sequence[Sequence[TableSpec]], workload: Workload) -> np.ndarray:
         """[D, 4] costs of one placement given as shards: costs_batch of a batch of one."""
         tables = [t for s in shards for t in s]
         placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
-        return self.costs_batch(tables, placement[None, :], len(shards), batch_size, precision, optimizer)[0]
+        return self.costs_batch(tables, placement[None, :], len(shards), workload)[0]
 
-    def shard_compute(self, shards: Sequence[Sequence[TableSpec]], batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
+    def shard_compute(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> np.ndarray:
         """[S, 2] predicted (fwd, bwd) compute of each shard on its own."""
-        return self._costs_of_shards(shards, batch_size, precision, optimizer)[:, [0, 3]]
+        return self._costs_of_shards(shards, workload)[:, [0, 3]]
 
-    def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int = REFERENCE_BATCH, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
-        c = self._costs_of_shards(shards, batch_size, precision, optimizer)
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
+        c = self._costs_of_shards(shards, workload)
         return CostReport(
             devices=[DeviceCost(*map(float, row)) for row in c],
             backend=self.name,
             runner="sim",
             hardware=f"simulated: {self.calibration.hardware}, {self.calibration.kernel} kernel",
-            batch_size=batch_size,
-            precision=precision,
-            optimizer=optimizer,
+            batch_size=workload.batch_size,
+            precision=workload.precision,
+            optimizer=workload.optimizer,
             comm_modelled=True,
             details={"calibration_date": self.calibration.date, "comm": self.calibration.comm.get("source", "?")},
         )
@@ -239,9 +240,9 @@ def select_terms(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> tuple[tu
     return candidates[min(errors, key=errors.get)], errors
 
 
-def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> np.ndarray:
+def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> np.ndarray:
     """[S, len(TERMS)]: each shard's summed terms (launch = 1, active = has lookups)."""
-    X = np.array([table_terms(s, batch_size, precision, optimizer).sum(axis=0) for s in shards])
+    X = np.array([table_terms(s, workload).sum(axis=0) for s in shards])
     X[:, TERMS.index("launch")] = 1.0
     X[:, TERMS.index("active")] = X[:, TERMS.index("lookups")] > 0
     return X

@@ -2,6 +2,5 @@
 
 from dreamshard.planners import dreamshard, heuristics  # noqa: F401  (registers)
 from dreamshard.planners.base import PLANNERS, Planner, get_planner, register
-from dreamshard.planners.memory import InfeasibleError, feasible, pack
 
-__all__ = ["PLANNERS", "Planner", "get_planner", "register", "InfeasibleError", "feasible", "pack"]
+__all__ = ["PLANNERS", "Planner", "get_planner", "register"]

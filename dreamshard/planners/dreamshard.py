@@ -15,10 +15,10 @@ import torch
 
 from dreamshard.mdp import EpisodeBatch, FastPlayer, Prepared, predict, prepare
 from dreamshard.nets import COST_COMPONENTS, DreamShardModel, plan_cost
+from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan
 from dreamshard.planners.base import Planner, register
-from dreamshard.planners.heuristics import place_or_pack
-from dreamshard.planners.memory import infeasible_error, over_bounds
+from dreamshard.planners.heuristics import place_or_pack, task_infeasible
 from dreamshard.tasks import Task
 
 
@@ -55,12 +55,12 @@ class DreamShardPlanner(Planner):
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room)
 
     def plan(self, task: Task) -> Plan:
-        if over_bounds([t.bytes(task.precision, task.optimizer) for t in task.tables], task.max_memory_bytes, task.devices):
-            raise infeasible_error(task)  # at once: no episode can succeed
+        if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
+            raise task_infeasible(task)  # at once: no episode can succeed
         p = prepare(task, self.model.normalization, self.model.linear_features)
         placement, device_costs, overall = best_placement(self.model, p, self.best_of, self.seed, self.player)
         if placement is not None:
-            plan = Plan(task, [int(d) for d in placement], self.name)
+            plan = Plan.table_wise(task, [int(d) for d in placement], self.name)
         else:
             plan = place_or_pack(task, None, self.name)  # raises InfeasibleError if nothing fits
             batch = EpisodeBatch.of([p])

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
+from dreamshard.packing import infeasible_error, pack
 from dreamshard.plan import Plan
 from dreamshard.planners.base import Planner, register
-from dreamshard.planners.memory import infeasible_error, pack
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task
 
@@ -23,7 +23,7 @@ def greedy(task: Task, proxy: list[float]) -> list[int] | None:
     load = np.zeros(task.devices)
     placement = [-1] * len(task.tables)
     for i in sorted(range(len(proxy)), key=lambda i: -proxy[i]):
-        size = task.tables[i].bytes(task.precision, task.optimizer)
+        size = task.table_bytes(task.tables[i])
         legal = free >= size
         d = int(np.where(legal, load, np.inf).argmin())
         if not legal[d]:
@@ -37,11 +37,15 @@ def greedy(task: Task, proxy: list[float]) -> list[int] | None:
 def place_or_pack(task: Task, placement: list[int] | None, planner: str) -> Plan:
     """The heuristic's placement, or — when memory is too tight for it — a packing that fits."""
     if placement is not None:
-        return Plan(task, placement, planner)
-    packed = pack(task)
+        return Plan.table_wise(task, placement, planner)
+    packed = pack(task.sizes(), task.max_memory_bytes, task.devices)
     if packed is None:
-        raise infeasible_error(task)
-    return Plan(task, packed, planner, notes=[f"{planner} greedy ran out of memory; used a memory packing instead"])
+        raise task_infeasible(task)
+    return Plan.table_wise(task, packed, planner, notes=[f"{planner} greedy ran out of memory; used a memory packing instead"])
+
+
+def task_infeasible(task: Task):
+    return infeasible_error([t.name for t in task.tables], task.sizes(), task.max_memory_bytes, task.devices)
 
 
 class GreedyPlanner(Planner):
@@ -57,7 +61,7 @@ class SizeGreedyPlanner(GreedyPlanner):
     name, description = "size", "greedy by table bytes"
 
     def proxy(self, table, task):
-        return float(table.bytes(task.precision, task.optimizer))
+        return float(task.table_bytes(table))
 
 
 @register
@@ -92,7 +96,7 @@ class RandomPlanner(Planner):
         self.rng = np.random.default_rng(seed)
 
     def plan(self, task: Task) -> Plan:
-        sizes = [t.bytes(task.precision, task.optimizer) for t in task.tables]
+        sizes = task.sizes()
         free = np.full(task.devices, task.max_memory_bytes, np.int64)
         placement: list[int] | None = [-1] * len(task.tables)
         for i in self.rng.permutation(len(task.tables)):

@@ -44,7 +44,8 @@ from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.files import atomic_write
-from dreamshard.tables import PRECISION_BYTES, TableSpec
+from dreamshard.tables import TableSpec
+from dreamshard.tasks import Workload
 from dreamshard.validation import MeasurementError, OptionError
 
 FAULT_ENV = "DREAMSHARD_TEST_WORKER_FAULT"
@@ -464,16 +465,16 @@ class DistributedRunner(CostBackend):
         self.warmup, self.iters, self.input_sets, self.timeout_s, self.seed = warmup, iters, input_sets, timeout_s, seed
         self.name = f"{kernel}/distributed"
 
-    def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
         from dreamshard.costs.hardware import describe_hardware, software_versions
 
         D = len(shards)
         if D < 1:
             raise ValueError("a placement needs at least one device")
-        if batch_size < 1 or batch_size % D:
+        workload.validate("workload", OptionError)
+        batch_size, precision, optimizer = workload.batch_size, workload.precision, workload.optimizer
+        if batch_size % D:
             raise OptionError(f"batch size {batch_size} must be a positive multiple of the {D} devices (each gets B/D samples)")
-        if precision not in PRECISION_BYTES:
-            raise ValueError(f"precision must be fp16 or fp32, got {precision!r}")
         job = {"kind": "measure", "shards": [[t.to_dict() for t in s] for s in shards], "kernel": self.kernel, "batch_size": batch_size,
                "precision": precision, "optimizer": optimizer, "warmup": self.warmup, "iters": self.iters, "input_sets": self.input_sets,
                "seed": self.seed}
@@ -488,7 +489,7 @@ class DistributedRunner(CostBackend):
                           batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=e2e, comm_modelled=False, details=details)
 
 
-def measure_distributed(plan, kernel: str, batch_size: int, warmup: int = 3, iters: int = 10, timeout_s: float = DEFAULT_TIMEOUT_S,
+def measure_distributed(plan, kernel: str, batch_size: int | None = None, warmup: int = 3, iters: int = 10, timeout_s: float = DEFAULT_TIMEOUT_S,
                         device_type: str | None = None, precision: str | None = None, input_sets: int = 3) -> CostReport:
     """Measure ``plan`` (a ``dreamshard.plan.Plan``) with one process per device; see the module docstring.
     ``device_type`` None: the kernel decides (``runners.default_device``)."""
@@ -497,4 +498,4 @@ def measure_distributed(plan, kernel: str, batch_size: int, warmup: int = 3, ite
 
         device_type = default_device(kernel)
     runner = DistributedRunner(kernel, device_type, warmup, iters, input_sets, timeout_s)
-    return runner.evaluate(plan.shards(), batch_size, precision or plan.task.precision, plan.task.optimizer)
+    return runner.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size, precision))

@@ -21,7 +21,9 @@ from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import CommModel, load_comm_model
-from dreamshard.tables import PRECISION_BYTES, TableSpec
+from dreamshard.tables import TableSpec
+from dreamshard.tasks import Workload
+from dreamshard.validation import OptionError
 
 
 class SequentialRunner(CostBackend):
@@ -82,7 +84,7 @@ class SequentialRunner(CostBackend):
             torch.cuda.empty_cache()
         return fwd, bwd
 
-    def evaluate(self, shards: Sequence[Sequence[TableSpec]], batch_size: int, precision: str = "fp16", optimizer: str = "sgd") -> CostReport:
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
         import torch
 
         from dreamshard.costs.hardware import cpu_cores, describe_hardware, software_versions
@@ -90,10 +92,8 @@ class SequentialRunner(CostBackend):
         D = len(shards)
         if D < 1:
             raise ValueError("a placement needs at least one device")
-        if batch_size < 1:
-            raise ValueError(f"batch size must be positive, got {batch_size}")
-        if precision not in PRECISION_BYTES:
-            raise ValueError(f"precision must be fp16 or fp32, got {precision!r}")
+        workload.validate("workload", OptionError)
+        batch_size, precision, optimizer = workload.batch_size, workload.precision, workload.optimizer
         if D > 1:
             self.comm_model  # noqa: B018 - no model for this device kind: fail before measuring
         start = time.monotonic()
@@ -114,7 +114,7 @@ class SequentialRunner(CostBackend):
         dim_sums = [sum(t.dim for t in s) for s in shards]
         if D > 1:
             m = self.comm_model
-            fwd_comm, bwd_comm = m.placement_ms(dim_sums, batch_size, PRECISION_BYTES[precision])
+            fwd_comm, bwd_comm = m.placement_ms(dim_sums, batch_size, workload.elt_bytes)
             comm_info = {"comm_model": m.path or "(in memory)", "comm_model_fit": m.describe()}
         else:
             fwd_comm = bwd_comm = [0.0]
@@ -129,7 +129,7 @@ class SequentialRunner(CostBackend):
                           batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=None, comm_modelled=True, details=details)
 
 
-def measure_sequential(plan, kernel: str, batch_size: int, comm_model: CommModel | str | None = None, device: str | None = None,
+def measure_sequential(plan, kernel: str, batch_size: int | None = None, comm_model: CommModel | str | None = None, device: str | None = None,
                        warmup: int = 3, iters: int = 10, precision: str | None = None, input_sets: int = 3) -> CostReport:
     """Measure ``plan``'s compute shard by shard on ``device``; comm from ``comm_model``
     (a CommModel, a file, or None for the model shipped for this kind of device). ``device`` None:
@@ -139,4 +139,4 @@ def measure_sequential(plan, kernel: str, batch_size: int, comm_model: CommModel
 
         device = default_device(kernel)
     runner = SequentialRunner(kernel, comm_model, device, warmup, iters, input_sets)
-    return runner.evaluate(plan.shards(), batch_size, precision or plan.task.precision, plan.task.optimizer)
+    return runner.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size, precision))

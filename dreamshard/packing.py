@@ -1,25 +1,52 @@
-"""Memory: whether a task can be placed at all, and a placement that fits when heuristics stall.
+"""Bytes: memory amounts as users write them, and packing items of given sizes into devices.
 
-Placing tables within per-device memory is bin packing (NP-hard), so: quick bounds first, then
-first-fit decreasing, then an exhaustive search with symmetry breaking for what FFD misses
-(exact up to its node budget, which covers every task of a few dozen tables).
+Placing tables (or shards) within per-device memory is bin packing (NP-hard), so: quick bounds
+first, then first-fit decreasing, then an exhaustive search with symmetry breaking for what FFD
+misses (exact up to its node budget, which covers every task of a few dozen tables). Everything
+here works on plain sizes, below tasks and plans, so both can use it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
 
-from dreamshard.tasks import Task, format_bytes
+from dreamshard.validation import MAX_MEMORY_BYTES, InputError
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
-class InfeasibleError(ValueError):
-    """No placement within memory exists (or none was found within the search budget)."""
+def parse_memory(text: str | int) -> int:
+    """'5GB' → 5e9, '5GiB' → 5·2^30, '512MB', or plain bytes; at least 1 byte, at most MAX_MEMORY_BYTES."""
+    if isinstance(text, bool):
+        raise InputError(f"memory {text!r}: use a number with an optional unit, e.g. 5GB, 5GiB, 512MB or 5000000000")
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+        unit = m.group(2).upper() if m else None
+        if not m or unit not in _UNITS:
+            raise InputError(f"memory {str(text)!r:.40}: use a number with an optional unit, e.g. 5GB, 5GiB, 512MB or 5000000000")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise InputError(f"memory {text!r} must be at least 1 byte")
+    if value > MAX_MEMORY_BYTES:
+        raise InputError(f"memory {text!r} is over the limit of {format_bytes(MAX_MEMORY_BYTES)} per device")
+    return value
 
 
-def _sizes(task: Task) -> list[int]:
-    return [t.bytes(task.precision, task.optimizer) for t in task.tables]
+def format_bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+class InfeasibleError(InputError):
+    """No placement within memory exists (or none was found within the search budget): the task
+    asks for more than its devices hold, so it is bad input (exit status 2 in the CLI)."""
 
 
 def over_bounds(sizes: Sequence[int], cap: int, devices: int) -> bool:
@@ -28,9 +55,9 @@ def over_bounds(sizes: Sequence[int], cap: int, devices: int) -> bool:
     return bool(len(sizes)) and (max(sizes) > cap or sum(sizes) > devices * cap)
 
 
-def pack(task: Task, node_budget: int = 200_000) -> list[int] | None:
-    """A placement within memory, or None when none exists / none was found in the budget."""
-    sizes, cap, D = _sizes(task), task.max_memory_bytes, task.devices
+def pack(sizes: Sequence[int], cap: int, D: int, node_budget: int = 200_000) -> list[int] | None:
+    """A device for each item (of `sizes` bytes) on D devices of `cap` bytes, or None when none
+    exists / none was found in the budget."""
     if not sizes:
         return []
     if over_bounds(sizes, cap, D):
@@ -101,17 +128,13 @@ def pack(task: Task, node_budget: int = 200_000) -> list[int] | None:
     return placement
 
 
-def feasible(task: Task) -> bool:
-    return pack(task) is not None
-
-
-def infeasible_error(task: Task) -> InfeasibleError:
-    sizes = _sizes(task)
-    total, have = sum(sizes), task.devices * task.max_memory_bytes
-    msg = f"cannot place {len(sizes)} tables needing {format_bytes(total)} ({total} bytes) on {task.devices} devices with {format_bytes(have)} ({have} bytes) in all"
+def infeasible_error(names: Sequence[str], sizes: Sequence[int], cap: int, D: int, what: str = "tables") -> InfeasibleError:
+    """The one-line reason a packing failed, naming the largest item if it alone is too big."""
+    total, have = sum(sizes), D * cap
+    msg = f"cannot place {len(sizes)} {what} needing {format_bytes(total)} ({total} bytes) on {D} devices with {format_bytes(have)} ({have} bytes) in all"
     big = max(range(len(sizes)), key=lambda i: sizes[i])
-    if sizes[big] > task.max_memory_bytes:
-        msg += f"; table {task.tables[big].name} alone needs {sizes[big]} bytes > {task.max_memory_bytes} per device"
+    if sizes[big] > cap:
+        msg += f"; {what[:-1]} {names[big]} alone needs {sizes[big]} bytes > {cap} per device"
     elif total <= have:
-        msg += f"; no packing into {task.max_memory_bytes} bytes per device was found"
+        msg += f"; no packing into {cap} bytes per device was found"
     return InfeasibleError(msg)
