@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 benchmarks/timing_check.py --out $OUT
 
 For designed shards of 1 to 64 tables: the host time to enqueue one forward and one backward
-(perf_counter, GPU busy), which must stay under the runner's slack (runners.distributed.HOST_SLACK_MS),
+(perf_counter, GPU busy), which must stay under the runner's slack (runners.launch.HOST_SLACK_MS),
 and the runner's medians with the default slack and with 4x the slack, which must agree. Writes
 timing_check.json under --out.
 """
@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.calibrate import design_shards  # noqa: E402
-from dreamshard.costs.runners import distributed  # noqa: E402
+from dreamshard.costs.runners import launch  # noqa: E402
 from dreamshard.costs.runners.distributed import build_checked_tbe  # noqa: E402
 from dreamshard.costs.runners.sequential import SequentialRunner  # noqa: E402
 from dreamshard.streams import shard_batch  # noqa: E402
@@ -55,16 +55,16 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     shards = design_shards(args.shards, seed=3, max_bytes=16 * 10**9)
     shards = sorted(shards, key=len)
-    slack = distributed.HOST_SLACK_MS
+    slack = launch.HOST_SLACK_MS
     rows = []
     for tables in shards:
         hf, hb = host_enqueue_ms(tables, args.batch)
         times = {}
         for mult in (1, 4):
-            distributed.HOST_SLACK_MS = slack * mult
+            launch.HOST_SLACK_MS = slack * mult
             d = SequentialRunner("triton", device="cuda").evaluate([tables], Workload(args.batch)).devices[0]
             times[mult] = (d.fwd_comp_ms, d.bwd_comp_ms)
-        distributed.HOST_SLACK_MS = slack
+        launch.HOST_SLACK_MS = slack
         row = {"tables": len(tables), "host_fwd_ms": round(hf, 3), "host_bwd_ms": round(hb, 3),
                "fwd_ms": round(times[1][0], 4), "bwd_ms": round(times[1][1], 4),
                "fwd_ms_4x_slack": round(times[4][0], 4), "bwd_ms_4x_slack": round(times[4][1], 4)}

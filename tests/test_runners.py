@@ -15,7 +15,7 @@ from dreamshard.costs.base import CostReport
 from dreamshard.costs.comm import CommModel, alltoall_bytes, design_patterns, parse_sizes
 from dreamshard.costs.kernels import available_kernels
 from dreamshard.costs.runners import measure_distributed, measure_sequential
-from dreamshard.costs.runners.distributed import FAULT_ENV
+from dreamshard.costs.runners.launch import FAULT_ENV
 from dreamshard.plan import Plan, save_plans
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task

@@ -256,7 +256,7 @@ def design_patterns(devices: int, chunk_bytes: Sequence[int], elt: int = 2) -> l
 
 
 def alltoall_worker(job: dict, rank: int, world: int, device, clock, barrier) -> dict:
-    """One rank of the calibration (run inside a distributed-runner worker)."""
+    """One rank of the calibration (the launcher's worker, see ``measure_alltoall``)."""
     import torch
     import torch.distributed as dist
 
@@ -298,13 +298,15 @@ def measure_alltoall(devices: int = 2, chunk_bytes: Sequence[int] | None = None,
                      iters: int = 10, warmup: int = 3, timeout_s: float = 300.0) -> tuple[list[dict], dict]:
     """Real all-to-alls, one process per device; returns (points, info) — one point per rank,
     pattern and direction, its median time over ``iters``."""
-    from dreamshard.costs.runners.distributed import launch
+    # Not at the top: importing the runners package runs its __init__, whose sequential runner
+    # imports this module (a cycle at import time only, through the package).
+    from dreamshard.costs.runners.launch import launch
 
     if devices < 2:
         raise OptionError("calibrating the all-to-all needs --devices 2 or more")
     chunks = list(chunk_bytes) if chunk_bytes else DEFAULT_CHUNKS[device_type]
-    job = {"kind": "alltoall", "patterns": design_patterns(devices, chunks), "iters": iters, "warmup": warmup}
-    results, info = launch(job, devices, device_type, timeout_s)
+    job = {"patterns": design_patterns(devices, chunks), "iters": iters, "warmup": warmup}
+    results, info = launch(f"{__name__}:alltoall_worker", job, devices, device_type, timeout_s)
     return [p for r in results for p in r["points"]], info
 
 
