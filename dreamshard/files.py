@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from dreamshard.validation import InputError, OptionError, one_line
+# load_torch_file: nets.py and training.py import it from here, beside atomic_write
+from dreamshard.validation import OptionError, load_torch_file, one_line  # noqa: F401
 
 
 def _pid_alive(pid: int) -> bool:
@@ -78,27 +79,6 @@ def _unlink(p: Path) -> None:
         p.unlink()
     except OSError:
         pass
-
-
-def load_torch_file(path: str | Path, what: str, error: type[InputError] = InputError):
-    """`torch.load(..., weights_only=True)` of a file (gunzipped first if its name ends in .gz):
-    `error` with one line naming the file if it is not a readable torch file. Nothing in it runs."""
-    import gzip
-    import io
-
-    import torch
-
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path}: no such {what} file")
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable or unpicklable file is one user-facing error, never our bug
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise error(f"{path}: cannot read this {what} file ({type(e).__name__}: {first[:200]})") from None
 
 
 def check_out_path(path: str | Path, what: str = "--out", directory: bool = False) -> Path:

@@ -1,4 +1,4 @@
-"""The one validation layer: typed input errors, the limits on sizes, and the field parsers.
+"""The one validation layer: typed input errors, the limits on sizes, the field parsers and the safe torch-file reader.
 
 Every boundary (table, task, plan, model, checkpoint and DLRM files, every CLI option) checks its
 input with the parsers below and raises a subclass of `InputError` whose message names the file,
@@ -13,6 +13,7 @@ the limit named, instead of letting a plan claiming a billion devices run for mi
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Iterable
 
 # --------------------------------------------------------------------------------------------
@@ -184,6 +185,32 @@ def _show(value: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Torch files (models, checkpoints, DLRM datasets)
+# --------------------------------------------------------------------------------------------
+
+
+def load_torch_file(path: str | Path, what: str, error: type[InputError] = InputError):
+    """`torch.load(..., weights_only=True)` of a file (gunzipped first if its name ends in .gz):
+    `error` with one line naming the file if it is not a readable torch file. Nothing in it runs."""
+    import gzip
+    import io
+
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no such {what} file")
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable or unpicklable file is one user-facing error, never our bug
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise error(f"{path}: cannot read this {what} file ({type(e).__name__}: {first[:200]})") from None
+
+
+# --------------------------------------------------------------------------------------------
 # DLRM dataset files (streams.load_dlrm_file reads them; this is what they must hold)
 # --------------------------------------------------------------------------------------------
 
@@ -194,8 +221,6 @@ def check_dlrm_file(path) -> None:
     and below MAX_ROWS, offsets running from 0 to len(indices) without going back, and lengths
     [tables, batch] equal to the offsets' differences."""
     import torch
-
-    from dreamshard.files import load_torch_file
 
     data = load_torch_file(path, "DLRM dataset", DataError)
     if not (isinstance(data, (tuple, list)) and len(data) == 3 and all(isinstance(x, torch.Tensor) for x in data)):
