@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # One call on one H200 after a kernel change: the gpu tests, the mixed-shard benchmark and the
-# single-table grid of docs/kernels.md (each against the kernel before the range-based backward),
-# logs under $OUT. The runners' timing check (benchmarks/timing_check.py) is a separate call.
+# single-table grid of docs/kernels.md (each against the v4 kernel), logs under $OUT. The runners'
+# timing check (benchmarks/timing_check.py) is a separate call.
+#   bash benchmarks/gpu_kernels_check.sh          # the campaign of docs/kernels.md
+#   bash benchmarks/gpu_kernels_check.sh quick    # tests, then a short look: grid without torch/v4, tuning sweep on hot entries
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/gpu_tests.log"
+timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+if [ "${1:-}" = quick ]; then
+  timeout 100 python3 benchmarks/kernels_gpu.py --out "$OUT" --quick --shards 10,50,d32-25 --profile 50t-mixed > "$OUT/kernels_gpu.log" 2>&1
+  grep -E "speedup|bwd" "$OUT/kernels_gpu.log" | tail -8
+  timeout 230 python3 benchmarks/kernels_grid.py --out "$OUT" --quick --no-torch --sweep 0,2,3,5,31 --profile 2 > "$OUT/kernels_grid.log" 2>&1
+  tail -8 "$OUT/kernels_grid.log"
+  exit 0
+fi
 timeout 180 python3 benchmarks/kernels_gpu.py --out "$OUT" --baseline --quick --profile 50t-mixed > "$OUT/kernels_gpu.log" 2>&1
 grep -E "before|speedup" "$OUT/kernels_gpu.log" | tail -12
 timeout 240 python3 benchmarks/kernels_grid.py --out "$OUT" --baseline > "$OUT/kernels_grid.log" 2>&1

@@ -235,9 +235,9 @@ def profile_bwd(tri, indices, offsets, grad, out_dir, name) -> str:
 
 FWD_VARIANTS = [dict(fwd_lanes=l, fwd_unroll=u, fwd_warps=w) for l, u, w in
                 [(512, 4, 4), (1024, 2, 4), (1024, 8, 4), (2048, 4, 4), (2048, 4, 8), (4096, 4, 8)]]
-BWD_VARIANTS = [dict(bwd_lanes=l, bwd_pmax=px, bwd_programs=pr, bwd_max_chunks=mc) for l, px, pr, mc in
-                [(1024, 32, 8192, 512), (2048, 64, 8192, 512), (2048, 64, 32768, 512), (2048, 64, 131072, 512), (1024, 32, 32768, 512),
-                 (1024, 32, 131072, 512), (2048, 64, 1 << 30, 1), (1024, 32, 1 << 30, 1)]]
+BWD_VARIANTS = [dict(bwd_lanes=l, bwd_pmax=px, bwd_up_lanes=u, bwd_warps=w) for l, px, u, w in
+                [(2048, 32, 2048, 4), (4096, 32, 2048, 4), (8192, 64, 2048, 4), (4096, 64, 1024, 4), (4096, 64, 4096, 4),
+                 (4096, 64, 2048, 8), (8192, 128, 4096, 8), (2048, 64, 2048, 4)]]
 
 
 def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants):

@@ -124,9 +124,9 @@ def run_entry(i, entry, device, bw, args) -> dict:
 
 
 # the tuning variants of docs/kernels.md's notes (each against the defaults, {})
-SWEEP = [dict(bwd_lanes=l, bwd_pmax=px, bwd_programs=pr, bwd_max_chunks=mc) for l, px, pr, mc in
-         [(1024, 32, 8192, 512), (2048, 64, 8192, 512), (2048, 64, 32768, 512), (2048, 64, 131072, 512), (1024, 32, 32768, 512),
-          (1024, 32, 131072, 512), (2048, 64, 1 << 30, 1), (1024, 32, 1 << 30, 1)]]
+SWEEP = [dict(bwd_lanes=l, bwd_pmax=px, bwd_up_lanes=u, bwd_warps=w) for l, px, u, w in
+         [(2048, 32, 2048, 4), (4096, 32, 2048, 4), (8192, 64, 2048, 4), (4096, 64, 1024, 4), (4096, 64, 4096, 4),
+          (4096, 64, 2048, 8), (8192, 128, 4096, 8), (2048, 64, 2048, 4)]]
 
 
 def sweep_entry(i, entry, device) -> list[dict]:

@@ -243,11 +243,11 @@ def test_fbgemm_unavailable_is_explained(monkeypatch):
 def test_triton_interpreter(precision, optimizer):
     pytest.importorskip("triton")
     check_kernel("triton", precision, optimizer, seed=5, max_tables=4, max_rows=60, batch=12)
-    # one range per table walked in many chunks: a row's sum carried from chunk to chunk
-    check_kernel("triton", precision, optimizer, seed=6, max_tables=4, max_rows=20, batch=16,
-                 fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_programs=1)
-    # one-chunk ranges (hot rows cross many ranges: the fix-up) and 16-column blocks (SGD cuts every
-    # dim into blocks, the last one masked)
+    # 16-lookup tiles at every level: hot rows cross many tiles and are summed over several levels
+    stats = check_kernel("triton", precision, optimizer, seed=6, max_tables=4, max_rows=20, batch=16,
+                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16)
+    assert stats["crossing_rows"] > 0 and stats["levels"] >= 2
+    # ... and 16-column blocks (SGD cuts every dim into blocks, the last one masked)
     stats = check_kernel("triton", precision, optimizer, seed=7, max_tables=4, max_rows=10, batch=16,
-                         bwd_lanes=16, bwd_pmax=16, bwd_programs=1 << 30, bwd_max_chunks=1, bwd_max_tw=16)
+                         bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16, bwd_max_tw=16)
     assert stats["crossing_rows"] > 0

@@ -39,23 +39,24 @@ def test_kernel_matches_reference_cuda(kernel, precision, optimizer, seed):
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 def test_triton_hot_rows(precision, optimizer):
-    # few rows, many lookups: runs of one row span many backward slices (the fix-up path)
+    # few rows, many lookups: runs of one row span many tiles (summed in the levels above)
     stats = check_kernel("triton", precision, optimizer, seed=77, device="cuda", max_rows=40, batch=2048)
     assert stats["crossing_rows"] > 0
 
 
 @pytest.mark.parametrize("precision,optimizer", [("fp16", "sgd"), ("fp32", "rowwise_adagrad"), ("fp16", "rowwise_adagrad")])
 def test_triton_small_tiles(precision, optimizer):
-    # one range per table walked in many chunks (a row's sum carried from chunk to chunk) ...
-    check_kernel("triton", precision, optimizer, seed=78, device="cuda", max_rows=30, batch=64,
-                 fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_programs=1)
-    # ... and one-chunk ranges with 16-column blocks: hot rows cross many ranges (the fix-up)
+    # 16-lookup tiles at every level: hot rows cross many tiles and are summed over several levels ...
+    stats = check_kernel("triton", precision, optimizer, seed=78, device="cuda", max_rows=30, batch=64,
+                         fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16)
+    assert stats["crossing_rows"] > 0 and stats["levels"] >= 3
+    # ... and 16-column blocks
     stats = check_kernel("triton", precision, optimizer, seed=79, device="cuda", max_rows=30, batch=64,
-                         bwd_lanes=16, bwd_pmax=16, bwd_programs=1 << 30, bwd_max_chunks=1, bwd_max_tw=16)
+                         bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16, bwd_max_tw=16)
     assert stats["crossing_rows"] > 0
 
 
-REGIMES = {  # (rows, mean lookups per bag): hits per touched row ~1, ~10s, ~1000s, and rows over many ranges
+REGIMES = {  # (rows, mean lookups per bag): hits per touched row ~1, ~10s, ~1000s, and rows over many tiles (several levels)
     "cold": (500_000, 3),
     "warm": (20_000, 8),
     "hot": (50, 30),

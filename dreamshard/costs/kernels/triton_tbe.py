@@ -56,15 +56,12 @@ ALIGN = 16  # table starts in the flat buffer are multiples of this many element
 FWD_LANES = 1024  # elements of one forward tile: BAGS = FWD_LANES // DP
 FWD_UNROLL = 4  # lookups per bag issued together
 FWD_WARPS = 4
-BWD_LANES = 1024  # elements of one backward chunk: P = min(max(BWD_LANES // TW, 16), BWD_PMAX) lookups
-BWD_PMAX = 32  # the [P, P] 'same row' matrix lives in registers: 32 x 32 at most
+BWD_LANES = 4096  # elements of one level-0 tile: P = min(max(BWD_LANES // TW, 16), BWD_PMAX) lookups (half for fp32)
+BWD_UP_LANES = 2048  # elements (fp32 partial sums) of one tile of the levels above
+BWD_PMAX = 64  # the [P, P] 'same row' matrix: 64 x 64 at most
 BWD_MAX_TW = 256  # widest column block of an SGD backward (wider dims are cut into blocks)
-BWD_PROGRAMS = 32768  # (range, column block) programs a backward aims for: enough to fill every SM a few times
-BWD_MAX_CHUNKS = 512  # at most this many chunks per range (bounds a program's serial walk)
 BWD_WARPS = 4
 KEYS_BLOCK = 1024  # lookups per program of the key-building launch
-FIX_QLANES = 2048  # elements per step of the fix-up launch: Q = min(max(FIX_QLANES // TW, 16), 256) ranges
-FIX_WARPS = 2
 TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # backward tile widths (tl.dot needs >= 16)
 NUM_TW = len(TW_CLASSES)  # spelled as the literal 7 in the kernels
 assert NUM_TW == 7
@@ -110,7 +107,7 @@ def _bwd_class(dim: int, tw: int) -> int:
 
 
 def _chunk(tw: int, lanes: int, pmax: int) -> int:
-    return min(max(lanes // tw, 16), pmax)
+    return min(max(lanes // tw, 16), max(pmax, 16))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -227,185 +224,126 @@ def _apply_rows(w_ptr, state_ptr, key, waddr, w, st, g, wmask2, rmask, D, lr, ep
 
 
 @triton.jit
-def _bwd_range(keys_ptr, segs_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr,
-               pid, cb, t, r0, r1, s0, send, B, D, w_off, col_off, row_start, sumD, slot, lr, eps,
-               TW: tl.constexpr, EXACT: tl.constexpr, P: tl.constexpr, ADAGRAD: tl.constexpr, VEC: tl.constexpr):
-    """Sorted lookups [r0, r1) of table t, columns [cb*TW, cb*TW + TW) of its dim (see the module doc)."""
-    kfirst = tl.load(keys_ptr + r0)
-    klast = tl.load(keys_ptr + r1 - 1)
-    # a row can cross the range's ends only as its first or last row (the keys are sorted)
-    head_p = tl.load(keys_ptr + r0 - 1, mask=r0 > s0, other=-1) == kfirst
-    tail_p = tl.load(keys_ptr + r1, mask=r1 < send, other=-1) == klast
-    single = kfirst == klast
-    c0 = cb * TW
-    col = tl.arange(0, TW)
-    if EXACT:
-        cmask = col < TW
-    else:
-        cmask = (c0 + col) < D
-    lane = tl.arange(0, P)
-    sl = tl.multiple_of(slot + c0 + tl.zeros((P,), dtype=tl.int64), 4)
-    for s in range(r0, r1, P):
-        # the sorted lookups' rows and bags: two coalesced loads, the only ones the gather waits for
-        pos = s + lane
-        m = pos < r1
-        key = tl.load(keys_ptr + pos, mask=m, other=-1)
-        seg = tl.load(segs_ptr + pos, mask=m, other=0)
-        key_next = tl.load(keys_ptr + pos + 1, mask=pos + 1 < r1, other=-3)
-        is_end = m & (key != key_next)  # the row's last lookup in this range
-        ours = is_end & ((key != kfirst) | (head_p == 0)) & ((key != klast) | (tail_p == 0))
-        local = (key - row_start).to(tl.int64)
-        if EXACT:
-            wmask = tl.broadcast_to(ours[:, None], (P, TW))
+def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, w_ptr, state_ptr,
+                 meta_ptr, segt_ptr, pid_base, seg_lo, seg_hi, T, NSEG, B, sumD, lr, eps,
+                 CLS: tl.constexpr, LEVEL0: tl.constexpr, P: tl.constexpr, ADAGRAD: tl.constexpr, VEC: tl.constexpr):
+    """One tile of P consecutive sorted elements of one (level, table) segment, columns
+    [cb*TW, cb*TW + TW) of the table's dim. Level 0: the elements are the sorted lookups (value =
+    the gradient row of the lookup's bag); level k >= 1: the entries written by level k-1 (value =
+    an fp32 partial sum, key -1 = no row). No loop: one gather, one 0/1 'same row' matrix product,
+    the updates of the rows whose elements all lie in the tile, and the partial sums of the tile's
+    first and last rows when they continue into a neighbouring tile (the entries of level k+1)."""
+    TW: tl.constexpr = 16 << (CLS % 7)
+    EXACT: tl.constexpr = CLS < 7
+    pid = tl.program_id(0) + pid_base
+    cb = tl.program_id(1)
+    # segment table: [table, first program, first element, end element, value base, out entry base,
+    # out value base] x NSEG; the program's segment: the last of the launch's segments [seg_lo, seg_hi)
+    # that begins at or before it (a binary search: no program-to-segment array to build)
+    sg = seg_lo
+    hi = seg_hi
+    while hi - sg > 1:
+        mid = (sg + hi) // 2
+        if tl.load(segt_ptr + NSEG + mid) <= pid:
+            sg = mid
         else:
-            wmask = ours[:, None] & cmask[None, :]
-        b = (seg - t * B).to(tl.int64)
-        gaddr = tl.multiple_of(b * sumD + col_off + c0, 4)
-        g = tl.load(grad_ptr + gaddr[:, None] + col[None, :], mask=m[:, None] & cmask[None, :], other=0.0)
-        # acc[i] = sum of g[j] over the chunk's lookups j of i's row: a 0/1 [P, P] matrix times g
-        same = (key[:, None] == key[None, :]) & m[None, :]
+            hi = mid
+    t = tl.load(segt_ptr + sg)
+    D = tl.load(meta_ptr + T + t)
+    if cb * TW < D:  # the launch's grid has the most column blocks of any of its tables
+        j = pid - tl.load(segt_ptr + NSEG + sg)
+        e0 = tl.load(segt_ptr + 2 * NSEG + sg)
+        e1 = tl.load(segt_ptr + 3 * NSEG + sg)
+        w_off = tl.multiple_of(tl.load(meta_ptr + 2 * T + t), 16)
+        row_start = tl.load(meta_ptr + 4 * T + t)
+        s = e0 + j * P
+        s_end = tl.minimum(s + P, e1)
+        c0 = cb * TW
+        col = tl.arange(0, TW)
+        if EXACT:
+            cmask = col < TW
+        else:
+            cmask = (c0 + col) < D
+        lane = tl.arange(0, P)
+        pos = s + lane
+        m = pos < s_end
+        if LEVEL0:
+            kp = keys_ptr
+        else:
+            kp = ekeys_ptr
+        # keys (-1: no row) of the tile, of the element after each, and of the tile's neighbours
+        # (in the keys' own dtype: int16 or int32 unless the shard has 2^31 rows; the [P, P] compare
+        # of int64 keys costs registers)
+        key = tl.load(kp + pos, mask=m, other=-1)
+        key_next = tl.load(kp + pos + 1, mask=pos + 1 < e1, other=-1)
+        kfirst = tl.load(kp + s)
+        klast = tl.load(kp + s_end - 1)
+        kprev = tl.load(kp + s - 1, mask=s > e0, other=-1)
+        knext = tl.load(kp + s_end, mask=s_end < e1, other=-1)
+        head_x = (kfirst >= 0) & (kprev == kfirst)  # the first row began in an earlier tile
+        tail_x = (klast >= 0) & (knext == klast)  # the last row goes on in a later tile
+        single = kfirst == klast
+        if LEVEL0:
+            col_off = tl.load(meta_ptr + 3 * T + t)
+            seg = tl.load(segs_ptr + pos, mask=m, other=0)
+            b = (seg - t * B).to(tl.int64)
+            gaddr = tl.multiple_of(b * sumD + col_off + c0, 4)
+            if EXACT:  # a mask constant along the row: vector loads
+                gmask = tl.broadcast_to(m[:, None], (P, TW))
+            else:
+                gmask = m[:, None] & cmask[None, :]
+            g = tl.load(grad_ptr + gaddr[:, None] + col[None, :], mask=gmask, other=0.0)
+        else:
+            fl = tl.load(eflags_ptr + pos, mask=m, other=0).to(tl.int32)
+            vaddr = tl.multiple_of(tl.load(segt_ptr + 4 * NSEG + sg) + (pos - e0) * D + c0, 4)
+            if EXACT:
+                vmask = tl.broadcast_to(((fl & 2) != 0)[:, None], (P, TW))
+            else:
+                vmask = ((fl & 2) != 0)[:, None] & cmask[None, :]
+            g = tl.load(vals_ptr + vaddr[:, None] + col[None, :], mask=vmask, other=0.0)
+        # rows updated here: their last element is in the tile and none of them lies outside it
+        ours = (key >= 0) & (key != key_next) & ((key != kfirst) | (head_x == 0)) & ((key != klast) | (tail_x == 0))
+        # acc[i] = sum of the tile's values of i's row (rows are contiguous: a 0/1 matrix product,
+        # fp16 operands with fp32 accumulation for fp16 gradients, exact products; fp32 otherwise)
+        same = key[:, None] == key[None, :]
         if g.dtype == tl.float16:
             acc = tl.dot(same.to(tl.float16), g, out_dtype=tl.float32)
         else:
             acc = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
-        # the chunk's first row may have begun in an earlier chunk: its sum so far was left in the
-        # range's slot_last (memory, not registers: a [TW] carry in registers costs ~80 of them)
-        kprev = tl.load(keys_ptr + s - 1, mask=s > r0, other=-1)
-        acc += tl.load(slot_last_ptr + sl[:, None] + col[None, :], mask=(key == kprev)[:, None] & cmask[None, :], other=0.0)
+        # the rows updated here are loaded only now (loaded before the product, they stay live across it)
+        key64 = key.to(tl.int64)
+        local = key64 - row_start
         if EXACT:
             waddr = tl.multiple_of(w_off + local * D + c0, VEC)[:, None] + col[None, :]
+            wmask = tl.broadcast_to(ours[:, None], (P, TW))
         else:
             waddr = tl.multiple_of(w_off + local * D + c0, 4)[:, None] + col[None, :]
-        # the rows updated here are loaded only now: loaded before the gather (to overlap it) they
-        # cost ~50 more registers and measured no faster
+            wmask = ours[:, None] & cmask[None, :]
         w = tl.load(w_ptr + waddr, mask=wmask, other=0.0)
         if ADAGRAD:
-            st = tl.load(state_ptr + key, mask=ours, other=0.0)
+            st = tl.load(state_ptr + key64, mask=ours, other=0.0)
         else:
             st = tl.zeros((P,), dtype=tl.float32)
-        _apply_rows(w_ptr, state_ptr, key, waddr, w, st, acc, wmask, ours, D, lr, eps, ADAGRAD)
-        # rows that cross the range's ends: fp32 partial sums for the fix-up launch. slot_last also
-        # holds the last row's sum so far for the next chunk; at the range's end, the sum of its tail
-        # row, which the fix-up reads. Barriers: every thread has read the carry before it is
-        # overwritten, and the new carry is written before the next chunk reads it.
-        tl.debug_barrier()
-        wr_first = is_end & (key == kfirst) & (head_p | (tail_p & single))
-        tl.store(slot_first_ptr + sl[:, None] + col[None, :], acc, mask=wr_first[:, None] & cmask[None, :])
-        tl.store(slot_last_ptr + sl[:, None] + col[None, :], acc, mask=(lane == tl.minimum(r1 - s, P) - 1)[:, None] & cmask[None, :])
-        tl.debug_barrier()
-    if cb == 0:
-        # bit 0: a row crosses into the next range; bit 1: one row only; bit 2: a row comes from the
-        # previous range; bit 3: a crossing row begins here (the fix-up launch starts from these ranges)
-        tail_i = tail_p.to(tl.int32)
-        head_i = head_p.to(tl.int32)
-        single_i = single.to(tl.int32)
-        begins = tail_i * (1 - head_i * single_i)
-        tl.store(flags_ptr + pid, (tail_i + 2 * single_i + 4 * head_i + 8 * begins).to(tl.int8))
+        _apply_rows(w_ptr, state_ptr, key64, waddr, w, st, acc, wmask, ours, D, lr, eps, ADAGRAD)
+        # the partial sums of rows that cross the tile's ends: entry 2j (the first row) and 2j+1 (the
+        # last row) of the next level; a tile of one row that crosses keeps its sum in entry 2j
+        head_o = head_x | (tail_x & single)
+        tail_v = tail_x & (single == 0)
+        ob = tl.load(segt_ptr + 6 * NSEG + sg) + 2 * j * D + c0
+        oaddr = tl.multiple_of(ob + (lane != 0).to(tl.int64) * D, 4)
+        omask = ((lane == 0) & head_o) | ((lane == s_end - 1 - s) & tail_v)
+        if EXACT:
+            tl.store(vals_ptr + oaddr[:, None] + col[None, :], acc, mask=tl.broadcast_to(omask[:, None], (P, TW)))
+        else:
+            tl.store(vals_ptr + oaddr[:, None] + col[None, :], acc, mask=omask[:, None] & cmask[None, :])
+        if cb == 0:
+            oe = tl.load(segt_ptr + 5 * NSEG + sg) + 2 * j
+            tl.store(ekeys_ptr + oe, tl.where(head_o, kfirst, -1))
+            tl.store(eflags_ptr + oe, tl.where(head_o, 3, 0).to(tl.int8))
+            tl.store(ekeys_ptr + oe + 1, tl.where(tail_x, klast, -1))
+            tl.store(eflags_ptr + oe + 1, tl.where(tail_x, 1 + 2 * tail_v.to(tl.int32), 0).to(tl.int8))
 
 
-@triton.jit
-def _bwd_kernel(keys_ptr, segs_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr,
-                meta_ptr, prog_table_ptr, dyn_ptr, pid_base, T, B, sumD, lr, eps,
-                CLASSES: tl.constexpr, LANES: tl.constexpr, PMAX: tl.constexpr, ADAGRAD: tl.constexpr, VEC: tl.constexpr):
-    pid = tl.program_id(0) + pid_base
-    cb = tl.program_id(1)
-    t = tl.load(prog_table_ptr + pid)
-    D = tl.load(meta_ptr + T + t)
-    tw = tl.load(dyn_ptr + 5 * T + t)
-    if cb * tw < D:  # the launch's grid has the most column blocks of any of its tables
-        cls = tl.load(dyn_ptr + 6 * T + t)
-        w_off = tl.multiple_of(tl.load(meta_ptr + 2 * T + t), 16)
-        col_off = tl.load(meta_ptr + 3 * T + t)
-        row_start = tl.load(meta_ptr + 4 * T + t)
-        # dyn: [first range, lookup start, lookup end, slot base, range length, tile width, class] x T
-        range_no = pid - tl.load(dyn_ptr + t)
-        s0 = tl.load(dyn_ptr + T + t)
-        send = tl.load(dyn_ptr + 2 * T + t)
-        rlen = tl.load(dyn_ptr + 4 * T + t)
-        r0 = s0 + range_no * rlen
-        r1 = tl.minimum(r0 + rlen, send)
-        slot = tl.load(dyn_ptr + 3 * T + t) + range_no * D
-        for c in tl.static_range(14):  # one branch per tile class the launch may have (as in _fwd_kernel)
-            if CLASSES & (1 << c):
-                if cls == c:
-                    TW: tl.constexpr = 16 << (c % 7)
-                    P: tl.constexpr = min(max(LANES // TW, 16), PMAX)
-                    _bwd_range(keys_ptr, segs_ptr, grad_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr,
-                               pid, cb, t, r0, r1, s0, send, B, D, w_off, col_off, row_start, sumD, slot, lr, eps,
-                               TW, c < 7, P, ADAGRAD, min(VEC, TW))
-
-
-@triton.jit
-def _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, cb, nprog, s0, send, rlen,
-             slot_base, pfirst, D, w_off, row_start, lr, eps, TW: tl.constexpr, EXACT: tl.constexpr,
-             QLANES: tl.constexpr, ADAGRAD: tl.constexpr):
-    """The row that begins (crossing) in range p0: it is the key of p0's last lookup; it continues
-    through the ranges whose flags say 'one row, crossing' and ends in the first range that is not.
-    Sum p0's tail partial and the head partials of the ranges after it, then update the row once."""
-    Q: tl.constexpr = min(max(QLANES // TW, 16), 256)
-    c0 = cb * TW
-    col = tl.arange(0, TW)
-    if EXACT:
-        cmask = col < TW
-    else:
-        cmask = (c0 + col) < D
-    last = tl.minimum(s0 + (p0 - pfirst + 1) * rlen, send) - 1
-    key = tl.load(keys_ptr + last).to(tl.int64)
-    acc = tl.load(slot_last_ptr + slot_base + (p0 - pfirst) * D + c0 + col, mask=cmask, other=0.0)
-    acc2 = tl.zeros((Q, TW), dtype=tl.float32)
-    q0 = p0 + 1
-    more = p0 >= 0
-    while more:
-        q = q0 + tl.arange(0, Q)
-        f = tl.load(flags_ptr + q, mask=q < nprog, other=0).to(tl.int32)
-        through = (f & 3) == 3  # one row, crossing into the next range
-        stop = tl.min(tl.where(through, nprog, q), axis=0)  # the range where the row ends
-        qa = slot_base + (q - pfirst) * D + c0
-        acc2 += tl.load(slot_first_ptr + qa[:, None] + col[None, :], mask=(q <= stop)[:, None] & cmask[None, :], other=0.0)
-        more = stop >= q0 + Q
-        q0 += Q
-    g = (acc + tl.sum(acc2, axis=0))[None, :]
-    waddr = (w_off + (key - row_start) * D + c0 + col)[None, :]
-    keys = key + tl.zeros((1,), dtype=tl.int64)
-    rmask = keys >= 0
-    wmask = rmask[:, None] & cmask[None, :]
-    w = tl.load(w_ptr + waddr, mask=wmask, other=0.0)
-    if ADAGRAD:
-        st = tl.load(state_ptr + keys, mask=rmask, other=0.0)
-    else:
-        st = tl.zeros((1,), dtype=tl.float32)
-    _apply_rows(w_ptr, state_ptr, keys, waddr, w, st, g, wmask, rmask, D, lr, eps, ADAGRAD)
-
-
-@triton.jit
-def _fix_kernel(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, first, meta_ptr, prog_table_ptr,
-                dyn_ptr, T, nprog, lr, eps, CLASSES: tl.constexpr, QLANES: tl.constexpr, ADAGRAD: tl.constexpr):
-    """One program per (range, column block) of one backward launch: if a crossing row begins in the
-    range, fix it up. The programs read the flags themselves, so the host never reads them back (no
-    sync); most exit after one load."""
-    p0 = first + tl.program_id(0)
-    cb = tl.program_id(1)
-    if (tl.load(flags_ptr + p0).to(tl.int32) & 8) != 0:
-        t = tl.load(prog_table_ptr + p0)
-        D = tl.load(meta_ptr + T + t)
-        tw = tl.load(dyn_ptr + 5 * T + t)
-        if cb * tw < D:
-            cls = tl.load(dyn_ptr + 6 * T + t)
-            w_off = tl.load(meta_ptr + 2 * T + t)
-            row_start = tl.load(meta_ptr + 4 * T + t)
-            pfirst = tl.load(dyn_ptr + t)
-            s0 = tl.load(dyn_ptr + T + t)
-            send = tl.load(dyn_ptr + 2 * T + t)
-            slot_base = tl.load(dyn_ptr + 3 * T + t)
-            rlen = tl.load(dyn_ptr + 4 * T + t)
-            for c in tl.static_range(14):  # as in _bwd_kernel
-                if CLASSES & (1 << c):
-                    if cls == c:
-                        _fix_row(keys_ptr, w_ptr, state_ptr, slot_first_ptr, slot_last_ptr, flags_ptr, p0, cb, nprog, s0, send,
-                                 rlen, slot_base, pfirst, D, w_off, row_start, lr, eps, 16 << (c % 7), c < 7, QLANES, ADAGRAD)
-
-
-# ------------------------------------------------------------------------------------------------
 # the TBE
 # ------------------------------------------------------------------------------------------------
 
@@ -417,19 +355,17 @@ class TritonTBE(TBE):
                  lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cuda", seed: int = 0,
                  fwd_lanes: int = FWD_LANES, fwd_unroll: int = FWD_UNROLL, fwd_warps: int = FWD_WARPS,
                  bwd_lanes: int = BWD_LANES, bwd_pmax: int = BWD_PMAX, bwd_warps: int = BWD_WARPS,
-                 bwd_max_tw: int = BWD_MAX_TW, bwd_programs: int = BWD_PROGRAMS, bwd_max_chunks: int = BWD_MAX_CHUNKS) -> None:
+                 bwd_max_tw: int = BWD_MAX_TW, bwd_up_lanes: int = BWD_UP_LANES) -> None:
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
         self.bwd_lanes, self.bwd_pmax, self.bwd_warps = int(bwd_lanes), int(bwd_pmax), int(bwd_warps)
-        self.bwd_max_tw, self.bwd_programs, self.bwd_max_chunks = int(bwd_max_tw), int(bwd_programs), int(bwd_max_chunks)
-        for name in ("fwd_lanes", "bwd_lanes", "bwd_pmax", "bwd_max_tw"):
+        self.bwd_max_tw, self.bwd_up_lanes = int(bwd_max_tw), int(bwd_up_lanes)
+        for name in ("fwd_lanes", "bwd_lanes", "bwd_pmax", "bwd_max_tw", "bwd_up_lanes"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two, got {v}")
         if self.bwd_pmax < 16 or self.bwd_max_tw < 16:
             raise ValueError("bwd_pmax and bwd_max_tw must be >= 16 (tl.dot's smallest tile)")
-        if self.bwd_programs < 1 or self.bwd_max_chunks < 1:
-            raise ValueError("bwd_programs and bwd_max_chunks must be >= 1")
         T = self.num_tables
         self._w_off, self._row_start = [], [0]
         off = 0
@@ -467,11 +403,16 @@ class TritonTBE(TBE):
         self._tw = [_bwd_tile_width(d, whole_row, self.bwd_max_tw) for d in self.dims]
         self._bcls = [_bwd_class(d, tw) for d, tw in zip(self.dims, self._tw)]
         self._nblk = [-(-d // tw) for d, tw in zip(self.dims, self._tw)]
-        self._chunk = [_chunk(tw, self.bwd_lanes, self.bwd_pmax) for tw in self._tw]
+        # tile lengths per tile class: level 0 (gradient rows; fp32 ones cost twice the lanes) and the
+        # levels above (fp32 partial sums)
+        lanes0 = self.bwd_lanes // (2 if self.dtype == torch.float32 else 1)
+        self._pcls0 = [_chunk(16 << (c % NUM_TW), lanes0, self.bwd_pmax) for c in range(2 * NUM_TW)]
+        self._pcls1 = [_chunk(16 << (c % NUM_TW), self.bwd_up_lanes, self.bwd_pmax) for c in range(2 * NUM_TW)]
+        self._p0 = [self._pcls0[c] for c in self._bcls]
+        self._p1 = [self._pcls1[c] for c in self._bcls]
         self._bwd_order = sorted(range(T), key=lambda t: (self._bcls[t], t))
-        self._bwd_order_dev = torch.tensor(self._bwd_order, dtype=torch.int32, device=self.device)
         self._saved = None
-        self._last = None  # (lookups, ranges, flags) of the last backward, for last_backward_stats
+        self._last = None  # (lookups, level-0 tiles, levels, level-1 entry keys) of the last backward
         # the per-table lookup counts, read back to the host during the forward (see _prefetch_bounds)
         on_gpu = self.device.type == "cuda"
         self._bounds_host = torch.empty(T + 1, dtype=torch.int64, pin_memory=on_gpu)
@@ -542,23 +483,53 @@ class TritonTBE(TBE):
 
     @property
     def last_backward_stats(self) -> dict[str, int]:
-        """Lookups, ranges and crossing (hot) rows of the last backward; reads the GPU, so only for tests."""
+        """Lookups, level-0 tiles, levels and rows that cross tiles (summed in the levels above) of the
+        last backward; reads the GPU, so only for tests."""
         if self._last is None:
             return {}
-        n, nprog, flags = self._last
-        return {"lookups": n, "ranges": nprog, "crossing_rows": int(((flags.to(torch.int32) & 8) != 0).sum()) if flags is not None else 0}
+        n, tiles, levels, ek = self._last
+        return {"lookups": n, "tiles": tiles, "levels": levels, "crossing_rows": int(torch.unique(ek[ek >= 0]).numel())}
 
     # ---------------------------------------------------------------- backward
-    def _range_lengths(self, lookups: list[int]) -> list[int]:
-        """Lookups per range of each table: equal shares of the backward's work (gathered elements,
-        padding included) over ``bwd_programs`` programs, whole chunks, at most ``bwd_max_chunks``."""
-        work = sum(n * b * tw for n, b, tw in zip(lookups, self._nblk, self._tw))
-        per_program = max(1, work // self.bwd_programs)
-        lengths = []
-        for tw, p in zip(self._tw, self._chunk):
-            chunks = min(max(per_program // (p * tw), 1), self.bwd_max_chunks)
-            lengths.append(chunks * p)
-        return lengths
+    def _plan(self, bounds: list[int]) -> tuple[list[list[int]], list[tuple[int, int, int, int, int, int, int]], int, int, int]:
+        """The backward's tiles, level by level. Level 0 cuts each table's sorted lookups into tiles of
+        P0 lookups; level k >= 1 cuts the 2 entries per tile that level k-1 wrote (the partial sums
+        of its first and last rows) into tiles of P1 entries, until a table has one tile. Returns the
+        segment table (one row per (level, table): table, first program, first and end element, value
+        base, out entry base, out value base), the launches ((level, class, first program, programs,
+        column blocks, first segment, end segment): one per level and tile class) and the entry and
+        value counts. Host arithmetic only: the lookup counts came to the host during the forward."""
+        segs: list[list[int]] = []
+        launches: list[list[int]] = []
+        nprog = ne = nv = 0
+        active = [t for t in self._bwd_order if bounds[t + 1] > bounds[t]]
+        inputs: dict[int, tuple[int, int, int]] = {}
+        level = 0
+        while active:
+            nxt = []
+            for t in active:
+                if level == 0:
+                    n, e0, vb, p = bounds[t + 1] - bounds[t], bounds[t], 0, self._p0[t]
+                else:
+                    (n, e0, vb), p = inputs[t], self._p1[t]
+                tiles = -(-n // p)
+                cls = self._bcls[t]
+                if launches and launches[-1][0] == level and launches[-1][1] == cls:
+                    launches[-1][3] += tiles
+                    launches[-1][4] = max(launches[-1][4], self._nblk[t])
+                    launches[-1][6] += 1
+                else:
+                    launches.append([level, cls, nprog, tiles, self._nblk[t], len(segs), len(segs) + 1])
+                segs.append([t, nprog, e0, e0 + n, vb, ne, nv])
+                nprog += tiles
+                if tiles > 1:
+                    inputs[t] = (2 * tiles, ne, nv)
+                    nxt.append(t)
+                ne += 2 * tiles
+                nv += 2 * tiles * self.dims[t]
+            active = nxt
+            level += 1
+        return segs, [tuple(x) for x in launches], nprog, ne, nv
 
     def backward(self, grad_output: torch.Tensor) -> None:
         if self._saved is None:
@@ -578,58 +549,31 @@ class TritonTBE(TBE):
         bstart = torch.searchsorted(offsets, first, right=True) - 1  # bag of each block's first lookup
         bstart = torch.cat([bstart, torch.full((1,), offsets.numel() - 2, dtype=bstart.dtype, device=dev)])
         _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, n, batch, BLOCK=KEYS_BLOCK, num_warps=4)
-        # 2. group by row; the bags in sorted order (one coalesced pass, so the reduction's loads
-        # of a chunk's rows and bags do not wait on each other)
+        # 2. group by row; the bags in sorted order (one coalesced pass, so a tile's loads of its rows
+        # and bags do not wait on each other)
         keys_sorted, perm = torch.sort(keys, stable=True)
         segs = segid[perm]
-        # 3. ranges of the sorted lookups, per table
+        # 3. the tiles of every level (host arithmetic on the lookup counts read during the forward)
         if self._bounds_ready is not None:
             self._bounds_ready.synchronize()  # copied during the forward: long done, no GPU stall
         bounds = self._bounds_host.tolist()  # [T+1] lookup range of each table
-        lookups = [bounds[t + 1] - bounds[t] for t in range(T)]
-        rlen = self._range_lengths(lookups)
-        counts = [-(-lookups[t] // rlen[t]) for t in range(T)]
-        # ranges are numbered table by table, tables grouped by tile class: one launch per class
-        pfirst, slot_base = [0] * T, [0] * T
-        nprog = nslot = 0
-        launches = []  # [class, first range, ranges, most column blocks]
-        for t in self._bwd_order:
-            if launches and launches[-1][0] == self._bcls[t]:
-                launches[-1][2] += counts[t]
-                launches[-1][3] = max(launches[-1][3], self._nblk[t])
-            else:
-                launches.append([self._bcls[t], nprog, counts[t], self._nblk[t]])
-            pfirst[t], slot_base[t] = nprog, nslot
-            nprog += counts[t]
-            nslot += counts[t] * self.dims[t]
-        dyn_host = torch.tensor([pfirst, bounds[:-1], bounds[1:], slot_base, rlen, self._tw, self._bcls,
-                                 [counts[t] for t in self._bwd_order]], dtype=torch.int64)
-        dyn = dyn_host.to(dev, non_blocking=True).contiguous()
-        prog_table = torch.repeat_interleave(self._bwd_order_dev, dyn[7], output_size=nprog)
-        slot_first = torch.empty(max(nslot, 1), dtype=torch.float32, device=dev)
-        slot_last = torch.empty(max(nslot, 1), dtype=torch.float32, device=dev)
-        flags = torch.empty(nprog, dtype=torch.int8, device=dev)
+        plan, launches, nprog, ne, nv = self._plan(bounds)
+        nseg = len(plan)
+        segt = torch.tensor([list(col) for col in zip(*plan)], dtype=torch.int64).to(dev, non_blocking=True).contiguous()
+        ekeys = torch.empty(max(ne, 1), dtype=self._key_dtype, device=dev)
+        eflags = torch.empty(max(ne, 1), dtype=torch.int8, device=dev)
+        vals = torch.empty(max(nv, 1), dtype=torch.float32, device=dev)
         adagrad = self.optimizer == "rowwise_adagrad"
         state = self._state if adagrad else self._flat  # unused pointer when SGD
-        for cls, first, count, blocks in launches:
-            if count == 0:
-                continue
+        # 4. one launch per level and tile class; level k+1 reads what level k wrote (stream order)
+        for level, cls, pfirst, count, blocks, sg0, sg1 in launches:
             tw = TW_CLASSES[cls % NUM_TW]
-            _bwd_kernel[(count, blocks)](
-                keys_sorted, segs, grad, self._flat, state, slot_first, slot_last, flags,
-                self._meta, prog_table, dyn, first, T, batch, self.total_dim, self.lr, self.eps,
-                CLASSES=1 << cls, LANES=self.bwd_lanes, PMAX=self.bwd_pmax, ADAGRAD=adagrad, VEC=self._vec,
-                num_warps=self.bwd_warps if tw <= 256 else 8,
+            _tile_kernel[(count, blocks)](
+                keys_sorted, segs, grad, vals, ekeys, eflags, self._flat, state, self._meta, segt,
+                pfirst, sg0, sg1, T, nseg, batch, self.total_dim, self.lr, self.eps,
+                CLS=cls, LEVEL0=level == 0, P=(self._pcls0 if level == 0 else self._pcls1)[cls],
+                ADAGRAD=adagrad, VEC=self._vec, num_warps=self.bwd_warps if tw <= 256 else 8,
             )
-        # 4. rows whose lookups cross ranges: one fix-up program per (range, column block), which checks
-        # the range's flags itself (one launch per class, like the backward's; no host read-back)
-        self._last = (n, nprog, flags)
-        for cls, first, count, blocks in launches:
-            if count == 0:
-                continue
-            tw = TW_CLASSES[cls % NUM_TW]
-            _fix_kernel[(count, blocks)](
-                keys_sorted, self._flat, state, slot_first, slot_last, flags, first, self._meta, prog_table, dyn,
-                T, nprog, self.lr, self.eps, CLASSES=1 << cls, QLANES=FIX_QLANES, ADAGRAD=adagrad,
-                num_warps=FIX_WARPS if tw < 128 else 4,
-            )
+        tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)
+        ne0 = 2 * tiles0
+        self._last = (n, tiles0, 1 + max(lv for lv, *_ in launches), ekeys[:ne0])
