@@ -3,7 +3,7 @@
 Why a mixture: the published histograms are lookup-weighted averages over tables, so they are
 *linear* in the fraction of tables of each kind once the mean pooling factor is fixed. We grid
 table archetypes (log10 rows × zipf alpha × pooling factor), compute each one's expected reuse
-statistics at the file's batch size (streams.reuse_stats), and solve a non-negative least
+statistics at the file's batch size (bins.reuse_stats), and solve a non-negative least
 squares problem for their weights:
   - lookup-weighted reuse histogram = published,
   - mean pooling factor (lookups per table-sample) = published,
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from dreamshard.streams import reuse_stats
+from dreamshard.bins import reuse_stats
 from dreamshard.synth import published_stats
 
 LOG10_ROWS = np.arange(2.0, 7.51, 0.5)

@@ -4,7 +4,7 @@
 
 Draws random (rows, pooling factor, distribution) triples in the synthetic pool's range (rows
 10^2–10^8, pooling 0.1–300, zipf alpha 0.2–1.5, one in ten uniform), then times
-`streams.reuse_bins_many` on all of them (after the one-time set-up of its tables, timed
+`bins.reuse_bins_many` on all of them (after the one-time set-up of its tables, timed
 apart), and the former per-table sum (`_reference_stats` in tests/test_streams.py) on the first
 `--reference` of them, reporting the largest difference between the two. One thread.
 """
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     from dreamshard.costs.hardware import cpu_model
-    from dreamshard.streams import _cell_tables, reuse_stats_many
+    from dreamshard.bins import _cell_tables, reuse_stats_many
 
     rng = np.random.default_rng(args.seed)
     n = args.tables
@@ -49,7 +49,7 @@ def main() -> None:
         got = reuse_stats_many(rows, pf, dists)
         times.append(time.perf_counter() - t0)
     best = min(times)
-    print(f"batched (streams.reuse_stats_many): {n:,} tables in {best:.3f} s = {n / best:,.0f} tables/s (best of 3; one-time set-up {setup:.2f} s)")
+    print(f"batched (bins.reuse_stats_many): {n:,} tables in {best:.3f} s = {n / best:,.0f} tables/s (best of 3; one-time set-up {setup:.2f} s)")
     if args.reference:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from test_streams import _reference_stats

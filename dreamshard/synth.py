@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dreamshard.streams import reuse_bins_many, reuse_stats_many
+from dreamshard.bins import REFERENCE_BATCH, reuse_bins_many, reuse_stats_many
 from dreamshard.files import atomic_write
-from dreamshard.tables import REFERENCE_BATCH, TableSpec, load_tables, save_tables
+from dreamshard.tables import TableSpec, load_tables, save_tables
 
 DIMS = (4, 8, 16, 32, 64, 128)
 STATS_FILES = {

@@ -2,8 +2,7 @@
 
 A table is what a planner places: its size decides where it *may* go (memory), its access
 pattern decides what it *costs* there. DreamShard describes the access pattern with a 17-bin
-reuse histogram (DESIGN.md §2): bin i holds the fraction of the table's distinct accessed rows
-whose access count in one batch falls in (0,1], (1,2], (2,4], ..., (2^14, 2^15], and > 2^15.
+reuse histogram (DESIGN.md §2; the bins and their maths are bins.py's).
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+# BIN_LABELS, REFERENCE_BATCH: cli.py, costs/sim.py and tasks.py import them from here
+from dreamshard.bins import BIN_LABELS, NUM_BINS, REFERENCE_BATCH, reuse_bins, reuse_bins_many  # noqa: F401
 from dreamshard.files import atomic_write
 from dreamshard.validation import (
     DIM_MULTIPLE,
@@ -36,14 +37,10 @@ from dreamshard.validation import (
     parse_int,
 )
 
-NUM_BINS = 17
-BIN_EDGES = [0] + [2**i for i in range(16)]  # lower edges: (0,1], (1,2], (2,4], ... , (2^15, inf)
-BIN_LABELS = [f"({BIN_EDGES[i]},{BIN_EDGES[i + 1]}]" for i in range(16)] + [f"({2**15},inf)"]
 NUM_FEATURES = 4 + NUM_BINS
 FEATURE_NAMES = ["dim", "rows", "pooling_factor", "size"] + [f"bin_{i}" for i in range(NUM_BINS)]
 PRECISION_BYTES = {"fp16": 2, "fp32": 4}
 OPTIMIZERS = ("sgd", "rowwise_adagrad")
-REFERENCE_BATCH = 65_536  # batch size at which reuse bins are defined (the 2021 DLRM file's)
 MAX_BIN = 1.0 + 1e-6  # a bin is a fraction; rounding may put it a hair over 1
 
 
@@ -187,8 +184,6 @@ def table_from_record(rec: dict, where: str, label: str = "column", derive_bins:
     """Validate one record (a CSV row, or a JSON object with `label` "key") and build its spec,
     deriving bins from the distribution if none are given (with derive_bins=False, leaving
     `_PENDING_BINS` for the caller to fill in a batch)."""
-    from dreamshard.streams import reuse_bins  # streams imports this module
-
     if not isinstance(rec, dict):
         raise TableError(f"{where}: expected a table (an object with {', '.join(REQUIRED_COLUMNS)}), got {type(rec).__name__} {rec!r:.40}")
     for col in REQUIRED_COLUMNS:
@@ -297,8 +292,6 @@ def load_tables(path: str | Path) -> list[TableSpec]:
 def _derive_pending_bins(tables: list[TableSpec]) -> list[TableSpec]:
     """Fill the bins left pending by `table_from_record` in one batched call (~20,000 tables/s;
     one call per table was ~150 tables/s)."""
-    from dreamshard.streams import reuse_bins_many
-
     pending = [i for i, t in enumerate(tables) if t.bins is _PENDING_BINS]
     if pending:
         bins = reuse_bins_many([tables[i].rows for i in pending], [tables[i].pooling_factor for i in pending], [tables[i].distribution for i in pending])

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from dreamshard.streams import empirical_reuse, load_dlrm_file, reuse_stats, reuse_stats_many, shard_batch, synthetic_bags, table_bags, tables_from_dlrm
+from dreamshard.bins import BIN_EDGES, NUM_BINS, reuse_stats, reuse_stats_many
+from dreamshard.streams import empirical_reuse, load_dlrm_file, shard_batch, synthetic_bags, table_bags, tables_from_dlrm
 from dreamshard.tables import TableError, TableSpec
 
 
@@ -109,7 +110,7 @@ def _reference_stats(rows: int, pooling_factor: float, distribution: str, batch_
 
     lookups = batch_size * pooling_factor
     if lookups <= 0:
-        return {"bins": [0.0] * 17, "lookup_bins": [0.0] * 17, "unique": 0.0, "lookups": 0.0}
+        return {"bins": [0.0] * NUM_BINS, "lookup_bins": [0.0] * NUM_BINS, "unique": 0.0, "lookups": 0.0}
     ranks = np.arange(min(rows, 2048), dtype=np.float64)
     weight = np.ones_like(ranks)
     if rows > 2048:
@@ -124,7 +125,7 @@ def _reference_stats(rows: int, pooling_factor: float, distribution: str, batch_
         e = 1.0 - alpha
         p = (np.log(x1) - np.log(x0)) / np.log(rows + 1.0) if abs(e) < 1e-9 else (x1**e - x0**e) / ((rows + 1.0) ** e - 1.0)
     lam = lookups * p
-    ks = np.array([0] + [2**i for i in range(16)], dtype=np.float64)
+    ks = np.array(BIN_EDGES, dtype=np.float64)
     ones = np.ones((1, lam.size))
     in_bin = np.diff(np.vstack([gammaincc(ks[:, None] + 1, lam[None, :]), ones]), axis=0)
     below = np.vstack([np.zeros_like(lam), gammaincc(ks[1:, None], lam[None, :])])
