@@ -238,7 +238,8 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
     pid = tl.program_id(0) + pid_base
     cb = tl.program_id(1)
     # segment table: [table, first program, first element, end element, value base, out entry base,
-    # out value base] x NSEG; the program's segment: the last of the launch's segments [seg_lo, seg_hi)
+    # out value base, dim, weight offset, output column offset, first global row] x NSEG (all of a
+    # program's metadata in one round trip); the program's segment: the last of the launch's segments [seg_lo, seg_hi)
     # that begins at or before it (a binary search: no program-to-segment array to build)
     sg = seg_lo
     hi = seg_hi
@@ -249,13 +250,17 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
         else:
             hi = mid
     t = tl.load(segt_ptr + sg)
-    D = tl.load(meta_ptr + T + t)
+    j = pid - tl.load(segt_ptr + NSEG + sg)
+    e0 = tl.load(segt_ptr + 2 * NSEG + sg)
+    e1 = tl.load(segt_ptr + 3 * NSEG + sg)
+    vbase = tl.load(segt_ptr + 4 * NSEG + sg)
+    oe = tl.load(segt_ptr + 5 * NSEG + sg) + 2 * j
+    ov = tl.load(segt_ptr + 6 * NSEG + sg)
+    D = tl.load(segt_ptr + 7 * NSEG + sg)
+    w_off = tl.multiple_of(tl.load(segt_ptr + 8 * NSEG + sg), 16)
+    col_off = tl.load(segt_ptr + 9 * NSEG + sg)
+    row_start = tl.load(segt_ptr + 10 * NSEG + sg)
     if cb * TW < D:  # the launch's grid has the most column blocks of any of its tables
-        j = pid - tl.load(segt_ptr + NSEG + sg)
-        e0 = tl.load(segt_ptr + 2 * NSEG + sg)
-        e1 = tl.load(segt_ptr + 3 * NSEG + sg)
-        w_off = tl.multiple_of(tl.load(meta_ptr + 2 * T + t), 16)
-        row_start = tl.load(meta_ptr + 4 * T + t)
         s = e0 + j * P
         s_end = tl.minimum(s + P, e1)
         c0 = cb * TW
@@ -283,34 +288,9 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
         head_x = (kfirst >= 0) & (kprev == kfirst)  # the first row began in an earlier tile
         tail_x = (klast >= 0) & (knext == klast)  # the last row goes on in a later tile
         single = kfirst == klast
-        if LEVEL0:
-            col_off = tl.load(meta_ptr + 3 * T + t)
-            seg = tl.load(segs_ptr + pos, mask=m, other=0)
-            b = (seg - t * B).to(tl.int64)
-            gaddr = tl.multiple_of(b * sumD + col_off + c0, 4)
-            if EXACT:  # a mask constant along the row: vector loads
-                gmask = tl.broadcast_to(m[:, None], (P, TW))
-            else:
-                gmask = m[:, None] & cmask[None, :]
-            g = tl.load(grad_ptr + gaddr[:, None] + col[None, :], mask=gmask, other=0.0)
-        else:
-            fl = tl.load(eflags_ptr + pos, mask=m, other=0).to(tl.int32)
-            vaddr = tl.multiple_of(tl.load(segt_ptr + 4 * NSEG + sg) + (pos - e0) * D + c0, 4)
-            if EXACT:
-                vmask = tl.broadcast_to(((fl & 2) != 0)[:, None], (P, TW))
-            else:
-                vmask = ((fl & 2) != 0)[:, None] & cmask[None, :]
-            g = tl.load(vals_ptr + vaddr[:, None] + col[None, :], mask=vmask, other=0.0)
         # rows updated here: their last element is in the tile and none of them lies outside it
         ours = (key >= 0) & (key != key_next) & ((key != kfirst) | (head_x == 0)) & ((key != klast) | (tail_x == 0))
-        # acc[i] = sum of the tile's values of i's row (rows are contiguous: a 0/1 matrix product,
-        # fp16 operands with fp32 accumulation for fp16 gradients, exact products; fp32 otherwise)
-        same = key[:, None] == key[None, :]
-        if g.dtype == tl.float16:
-            acc = tl.dot(same.to(tl.float16), g, out_dtype=tl.float32)
-        else:
-            acc = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
-        # the rows updated here are loaded only now (loaded before the product, they stay live across it)
+        # their current values, loaded beside the gather (both wait only on the keys)
         key64 = key.to(tl.int64)
         local = key64 - row_start
         if EXACT:
@@ -324,12 +304,36 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
             st = tl.load(state_ptr + key64, mask=ours, other=0.0)
         else:
             st = tl.zeros((P,), dtype=tl.float32)
+        if LEVEL0:
+            seg = tl.load(segs_ptr + pos, mask=m, other=0)
+            b = (seg - t * B).to(tl.int64)
+            gaddr = tl.multiple_of(b * sumD + col_off + c0, 4)
+            if EXACT:  # a mask constant along the row: vector loads
+                gmask = tl.broadcast_to(m[:, None], (P, TW))
+            else:
+                gmask = m[:, None] & cmask[None, :]
+            g = tl.load(grad_ptr + gaddr[:, None] + col[None, :], mask=gmask, other=0.0)
+        else:
+            fl = tl.load(eflags_ptr + pos, mask=m, other=0).to(tl.int32)
+            vaddr = tl.multiple_of(vbase + (pos - e0) * D + c0, 4)
+            if EXACT:
+                vmask = tl.broadcast_to(((fl & 2) != 0)[:, None], (P, TW))
+            else:
+                vmask = ((fl & 2) != 0)[:, None] & cmask[None, :]
+            g = tl.load(vals_ptr + vaddr[:, None] + col[None, :], mask=vmask, other=0.0)
+        # acc[i] = sum of the tile's values of i's row (rows are contiguous: a 0/1 matrix product,
+        # fp16 operands with fp32 accumulation for fp16 gradients, exact products; fp32 otherwise)
+        same = key[:, None] == key[None, :]
+        if g.dtype == tl.float16:
+            acc = tl.dot(same.to(tl.float16), g, out_dtype=tl.float32)
+        else:
+            acc = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
         _apply_rows(w_ptr, state_ptr, key64, waddr, w, st, acc, wmask, ours, D, lr, eps, ADAGRAD)
         # the partial sums of rows that cross the tile's ends: entry 2j (the first row) and 2j+1 (the
         # last row) of the next level; a tile of one row that crosses keeps its sum in entry 2j
         head_o = head_x | (tail_x & single)
         tail_v = tail_x & (single == 0)
-        ob = tl.load(segt_ptr + 6 * NSEG + sg) + 2 * j * D + c0
+        ob = ov + 2 * j * D + c0
         oaddr = tl.multiple_of(ob + (lane != 0).to(tl.int64) * D, 4)
         omask = ((lane == 0) & head_o) | ((lane == s_end - 1 - s) & tail_v)
         if EXACT:
@@ -337,13 +341,13 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
         else:
             tl.store(vals_ptr + oaddr[:, None] + col[None, :], acc, mask=omask[:, None] & cmask[None, :])
         if cb == 0:
-            oe = tl.load(segt_ptr + 5 * NSEG + sg) + 2 * j
             tl.store(ekeys_ptr + oe, tl.where(head_o, kfirst, -1))
             tl.store(eflags_ptr + oe, tl.where(head_o, 3, 0).to(tl.int8))
             tl.store(ekeys_ptr + oe + 1, tl.where(tail_x, klast, -1))
             tl.store(eflags_ptr + oe + 1, tl.where(tail_x, 1 + 2 * tail_v.to(tl.int32), 0).to(tl.int8))
 
 
+# ------------------------------------------------------------------------------------------------
 # the TBE
 # ------------------------------------------------------------------------------------------------
 
@@ -496,7 +500,7 @@ class TritonTBE(TBE):
         P0 lookups; level k >= 1 cuts the 2 entries per tile that level k-1 wrote (the partial sums
         of its first and last rows) into tiles of P1 entries, until a table has one tile. Returns the
         segment table (one row per (level, table): table, first program, first and end element, value
-        base, out entry base, out value base), the launches ((level, class, first program, programs,
+        base, out entry base, out value base, dim, weight offset, output column offset, first row), the launches ((level, class, first program, programs,
         column blocks, first segment, end segment): one per level and tile class) and the entry and
         value counts. Host arithmetic only: the lookup counts came to the host during the forward."""
         segs: list[list[int]] = []
@@ -520,7 +524,7 @@ class TritonTBE(TBE):
                     launches[-1][6] += 1
                 else:
                     launches.append([level, cls, nprog, tiles, self._nblk[t], len(segs), len(segs) + 1])
-                segs.append([t, nprog, e0, e0 + n, vb, ne, nv])
+                segs.append([t, nprog, e0, e0 + n, vb, ne, nv, self.dims[t], self._w_off[t], self.col_offsets[t], self._row_start[t]])
                 nprog += tiles
                 if tiles > 1:
                     inputs[t] = (2 * tiles, ne, nv)
