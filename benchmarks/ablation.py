@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from dreamshard.files import atomic_write
 
 # Our changes to the reference: (label, ours, reference, kept in `default`). A kept change is
 # ablated by reverting it in `default`; a change left out, by adding it to `default`.
@@ -46,14 +47,14 @@ def variants() -> dict[str, tuple[str, dict]]:
 
 
 def run_one(name: str, base: str, overrides: dict, seed: int, args) -> dict:
-    import numpy as np
     import torch
 
     torch.set_num_threads(1)
     from dreamshard.costs.sim import SimBackend
     from dreamshard.planners.dreamshard import DreamShardPlanner
+    from dreamshard.report import evaluate
     from dreamshard.tasks import load_tasks
-    from dreamshard.training import get_config, measure, train
+    from dreamshard.training import get_config, train
 
     sim = SimBackend(args.calibration) if args.calibration else SimBackend()
     train_tasks, test_tasks = load_tasks(args.train), load_tasks(args.test)
@@ -68,29 +69,21 @@ def run_one(name: str, base: str, overrides: dict, seed: int, args) -> dict:
         train(cfg, train_tasks, sim, model_path, log=out / f"{tag}-s{seed}.jsonl", progress=False)
     seconds = time.time() - t0
     planner = DreamShardPlanner(model_path, best_of=overrides.get("best_of"))
-    t1 = time.time()
-    plans = [planner.plan(t) for t in test_tasks]
-    plan_ms = (time.time() - t1) / len(test_tasks) * 1000
-    costs = [r.overall_ms for r in measure(sim, test_tasks, [p.placement for p in plans], cfg.batch_size)]
-    return {"variant": name, "seed": seed, "config": dataclasses.asdict(cfg), "best_of": planner.best_of, "mean_ms": float(np.mean(costs)), "costs": costs, "fallbacks": sum(bool(p.notes) for p in plans), "train_s": seconds, "plan_ms": plan_ms, "backend": sim.name}
+    results = evaluate({name: planner}, test_tasks, sim, cfg.batch_size)
+    s = results.summary()[name]
+    return {"variant": name, "seed": seed, "config": dataclasses.asdict(cfg), "best_of": planner.best_of, "mean_ms": s.mean_ms, "costs": results.costs(name),
+            "fallbacks": sum(bool(r.notes) for r in results.rows), "train_s": seconds, "plan_ms": s.mean_planning_ms, "backend": results.source}
 
 
 def heuristics(args) -> dict:
-    import numpy as np
-
     from dreamshard.costs.sim import SimBackend
-    from dreamshard.planners import get_planner
+    from dreamshard.report import evaluate
     from dreamshard.tasks import load_tasks
-    from dreamshard.training import measure
 
     sim = SimBackend(args.calibration) if args.calibration else SimBackend()
-    tasks = load_tasks(args.test)
-    out = {}
-    for name in HEURISTICS:
-        planner = get_planner(name)
-        costs = [r.overall_ms for r in measure(sim, tasks, [planner.plan(t).placement for t in tasks], 65_536)]
-        out[name] = {"mean_ms": float(np.mean(costs)), "costs": costs}
-    out["_backend"] = sim.name
+    results = evaluate(HEURISTICS, load_tasks(args.test), sim, 65_536)
+    out: dict = {name: {"mean_ms": s.mean_ms, "costs": results.costs(name)} for name, s in results.summary().items()}
+    out["_backend"] = results.source
     return out
 
 
@@ -100,9 +93,7 @@ def _job(item):
     if path.exists():
         return json.loads(path.read_text())
     r = run_one(name, base, overrides, seed, args)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(r))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(r))
     print(f"{name} seed {seed}: {r['mean_ms']:.4f} ms (trained in {r['train_s']:.0f} s)", flush=True)
     return r
 
@@ -164,7 +155,7 @@ def main() -> None:
     results = [json.loads(p.read_text()) for p in sorted(out.glob("result-*.json"))]  # every seed so far
     hpath = out / "heuristics.json"
     if not hpath.exists():
-        hpath.write_text(json.dumps(heuristics(args)))
+        atomic_write(hpath, json.dumps(heuristics(args)))
     print(markdown(results, json.loads(hpath.read_text())))
 
 

@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from dreamshard.costs.runners import SequentialRunner  # noqa: E402
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.report import evaluate  # noqa: E402
 from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
 from dreamshard.tasks import sample_tasks, split_pool  # noqa: E402
 
@@ -76,21 +77,18 @@ def main() -> None:
     t0 = time.time()
     for label, count, devices, cap in SETTINGS:
         tasks = sample_tasks(test_half, args.tasks, (count, count), devices, cap, seed=1)
-        row = {"setting": label, "tasks": len(tasks), "planners": {}}
-        for name in PLANNERS:
-            plans = [get_planner(name).plan(t) for t in tasks]
-            measured = [runner.evaluate_plan(p, B) for p in plans]
-            simulated = [sim.evaluate_plan(p, B) for p in plans]
-            row["planners"][name] = {"measured_ms": [r.overall_ms for r in measured], "simulated_ms": [r.overall_ms for r in simulated]}
-            print(f"[{time.time() - t0:6.0f}s] {label}, {name}: measured {np.mean(row['planners'][name]['measured_ms']):.3f} ms, "
-                  f"simulated {np.mean(row['planners'][name]['simulated_ms']):.3f} ms", flush=True)
-        results["settings"].append(row)
-        results["hardware"] = measured[0].hardware
+
+        def done(r, label=label):
+            print(f"[{time.time() - t0:6.0f}s] {label}, task {r.task + 1}/{len(tasks)}, {r.planner}: measured {r.overall_ms:.3f} ms", flush=True)
+
+        measured = evaluate(PLANNERS, tasks, runner, B, progress=done)
+        simulated = measured.priced_by(sim, B)  # the same plans: planned once
+        results["settings"].append({"setting": label, "tasks": len(tasks), "measured_by": measured.source, "simulated_by": simulated.source,
+                                    "planners": {name: {"measured_ms": measured.costs(name), "simulated_ms": simulated.costs(name)} for name in PLANNERS}})
+        results["hardware"] = measured.rows[0].report.hardware
         # written after every setting, so a run cut short keeps what it measured
-        with open(os.path.join(args.out, "gpu_planners.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        with open(os.path.join(args.out, "gpu_planners.md"), "w") as f:
-            f.write(markdown(results))
+        atomic_write(os.path.join(args.out, "gpu_planners.json"), json.dumps(results, indent=1))
+        atomic_write(os.path.join(args.out, "gpu_planners.md"), markdown(results))
     print(markdown(results))
 
 

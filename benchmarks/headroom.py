@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 
 from dreamshard.costs.sim import SimBackend, overall, table_terms
-from dreamshard.planners import get_planner
+from dreamshard.report import evaluate
 from dreamshard.tasks import load_tasks
 
 
@@ -23,7 +23,7 @@ def local_search(sim: SimBackend, task, placement: np.ndarray) -> tuple[np.ndarr
     tables, D = task.tables, task.devices
     terms = table_terms(tables, task.workload)
     sizes = np.array(task.sizes())
-    cost = float(overall(sim.costs_batch(tables, placement[None], D, terms=terms))[0])
+    cost = float(overall(sim.costs_batch(tables, placement[None], D, task.workload, terms))[0])
     while True:
         used = np.bincount(placement, weights=sizes, minlength=D)
         moves = [(t, d) for t in range(len(tables)) for d in range(D)
@@ -33,7 +33,7 @@ def local_search(sim: SimBackend, task, placement: np.ndarray) -> tuple[np.ndarr
         cands = np.repeat(placement[None], len(moves), axis=0)
         for i, (t, d) in enumerate(moves):
             cands[i, t] = d
-        costs = overall(sim.costs_batch(tables, cands, D, terms=terms))
+        costs = overall(sim.costs_batch(tables, cands, D, task.workload, terms))
         best = int(np.argmin(costs))
         if costs[best] >= cost - 1e-9:
             return placement, cost
@@ -45,16 +45,16 @@ def main() -> None:
     ap.add_argument("--tasks", required=True, help="tasks JSONL (dreamshard data tasks)")
     args = ap.parse_args()
     sim = SimBackend()
-    floors, starts, searched = [], [], []
-    for task in load_tasks(args.tasks):
-        single = sim.shard_compute([[t] for t in task.tables])
+    tasks = load_tasks(args.tasks)
+    lookup = evaluate(["lookup"], tasks, sim)
+    floors, searched = [], []
+    for task, row in zip(tasks, lookup.rows):
+        single = sim.shard_compute([[t] for t in task.tables], task.workload)
         floors.append(float(single.sum(axis=1).max()))
-        start = np.array(get_planner("lookup").plan(task).placement)
-        starts.append(float(overall(sim.costs_batch(task.tables, start[None], task.devices))[0]))
-        searched.append(local_search(sim, task, start)[1])
-    print(f"{len(floors)} tasks, {sim.name}")
+        searched.append(local_search(sim, task, np.array(row.plan.placement))[1])
+    print(f"{len(tasks)} tasks, {lookup.source}")
     print(f"most expensive table's compute alone: {np.mean(floors):.3f} ms (mean)")
-    print(f"lookup heuristic: {np.mean(starts):.4f} ms; after single-table moves on the true cost: {np.mean(searched):.4f} ms")
+    print(f"lookup heuristic: {lookup.summary()['lookup'].mean_ms:.4f} ms; after single-table moves on the true cost: {np.mean(searched):.4f} ms")
 
 
 if __name__ == "__main__":

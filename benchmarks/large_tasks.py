@@ -33,6 +33,7 @@ def main() -> None:
     from dreamshard.costs.sim import SimBackend
     from dreamshard.packing import InfeasibleError, pack
     from dreamshard.planners import PLANNERS, get_planner
+    from dreamshard.report import evaluate
     from dreamshard.synth import PoolConfig, synth_pool
     from dreamshard.tasks import Task
 
@@ -49,13 +50,8 @@ def main() -> None:
         tables = pool[:T]
         sizes = [t.bytes() for t in tables]
         task = Task(tables, D, max(int(sum(sizes) / D * 1.3), max(sizes)))
-        for name, planner in planners.items():
-            t0 = time.perf_counter()
-            plan = planner.plan(task)
-            t1 = time.perf_counter()
-            sim.evaluate_plan(plan)
-            t2 = time.perf_counter()
-            print(f"| {T:,} | {D:,} | {name} | {t1 - t0:.3f} | {t2 - t1:.3f} | {'; '.join(plan.notes)} |")
+        for r in evaluate(planners, [task], sim).rows:
+            print(f"| {T:,} | {D:,} | {r.planner} | {r.planning_ms / 1000:.3f} | {r.pricing_ms / 1000:.3f} | {r.error or '; '.join(r.notes)} |")
     print("\n| tables | devices | memory per device | packing (s) | outcome |")
     print("|---:|---:|---|---:|---|")
     for T, D in cases:

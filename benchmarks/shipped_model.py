@@ -81,10 +81,12 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from dreamshard.costs.sim import SimBackend
+    from dreamshard.files import atomic_write
     from dreamshard.planners import get_planner
+    from dreamshard.report import evaluate
     from dreamshard.synth import load_pool
     from dreamshard.tasks import sample_tasks, split_pool
-    from dreamshard.training import get_config, measure, train
+    from dreamshard.training import get_config, train
 
     sim = SimBackend()
     pool_dir = str(Path(args.pool).resolve())
@@ -114,19 +116,13 @@ def main() -> None:
     ours = get_planner("dreamshard", model=str(out))
     for label, count, devices, cap in TEST_SETTINGS:
         tests = sample_tasks(test_half, args.test_tasks, count, devices, cap, seed=1, pool=pool_dir)
-        row = {"setting": label, "tasks": len(tests)}
-        priced = []  # (task, placement, report) of every planner: the cost net's held-out test
-        for name in ["dreamshard", *HEURISTICS]:
-            planner = ours if name == "dreamshard" else get_planner(name)
-            t0 = time.time()
-            plans = [planner.plan(t) for t in tests]
-            ms = (time.time() - t0) / len(tests) * 1000
-            reports = measure(sim, tests, [p.placement for p in plans], 65_536)
-            priced += list(zip(tests, [p.placement for p in plans], reports))
-            row[name] = float(np.mean([r.overall_ms for r in reports]))
-            if name == "dreamshard":
-                row["plan_ms"] = ms
-                row["fallbacks"] = sum(bool(p.notes) for p in plans)
+        # heuristics built afresh per setting: random's draws start from its seed in each one
+        evaluated = evaluate({"dreamshard": ours, **{name: get_planner(name) for name in HEURISTICS}}, tests, sim, 65_536)
+        summary = evaluated.summary()
+        row = {"setting": label, "tasks": len(tests), **{name: s.mean_ms for name, s in summary.items()}}
+        row["plan_ms"] = summary["dreamshard"].mean_planning_ms
+        row["fallbacks"] = sum(bool(r.notes) for r in evaluated.of("dreamshard"))
+        priced = [(r.plan.task, r.plan.placement, r.report) for r in evaluated.rows]  # every planner's plans: the cost net's held-out test
         best = min(row[h] for h in HEURISTICS)
         row["vs_best_heuristic"] = row["dreamshard"] / best - 1
         row["cost_net"] = cost_net_accuracy(ours.model, priced)
@@ -134,7 +130,7 @@ def main() -> None:
         print(f"{label}: dreamshard {row['dreamshard']:.4f} ms ({row['vs_best_heuristic']:+.2%} vs best heuristic); " + ", ".join(f"{h} {row[h]:.4f}" for h in HEURISTICS))
         print("   cost net on these held-out plans: " + ", ".join(f"{k} {v:.3f}" for k, v in row["cost_net"].items()))
     if args.report:
-        Path(args.report).write_text(json.dumps(results, indent=1))
+        atomic_write(args.report, json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -682,8 +682,73 @@ def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# demo
+# comparing planners: `compare` and `demo` (dreamshard/report.py)
 # --------------------------------------------------------------------------------------------
+
+
+def every_planner() -> tuple[list[str], dict[str, list[str]]]:
+    """The registered planners that plan with their defaults, `random` (the baseline) first and the
+    rest by name, so a planner added to the registry shows up in `demo` and `compare` by itself;
+    and those that need arguments → the arguments."""
+    from dreamshard.planners import PLANNERS
+    from dreamshard.report import missing_arguments
+
+    names = sorted(PLANNERS, key=lambda n: (n != "random", n))
+    needs = {n: missing_arguments(n) for n in names}
+    return [n for n in names if not needs[n]], {n: m for n, m in needs.items() if m}
+
+
+def parse_planner_list(text: str) -> list[str]:
+    """--planners a,b,c: registered names, each once, each able to plan with its defaults."""
+    from dreamshard.planners import PLANNERS
+    from dreamshard.report import missing_arguments
+
+    names = [n.strip() for n in text.split(",")]
+    for i, n in enumerate(names):
+        if not n:
+            raise OptionError(f"--planners {text!r:.60}: an empty name; give comma-separated names, e.g. lookup,dreamshard")
+        if n not in PLANNERS:
+            raise OptionError(f"--planners: unknown planner {n!r:.40}; choose from {', '.join(sorted(PLANNERS))}")
+        if n in names[:i]:
+            raise OptionError(f"--planners: {n} is listed twice")
+        if missing_arguments(n):
+            raise OptionError(f"--planners: {n} needs {', '.join(missing_arguments(n))}, which compare cannot give it")
+    return names
+
+
+@cli.command("compare")
+@click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="tasks JSONL (from `dreamshard data tasks`)")
+@click.option("--planners", "planner_list", help="comma-separated, e.g. lookup,size_lookup,dreamshard  [default: every planner that needs no arguments]")
+@click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
+              help="what prices the plans: the calibrated simulator, or a kernel measured by --runner (auto: as for `measure`)")
+@click.option("--runner", default="sequential", show_default=True, type=click.Choice(["distributed", "sequential"]),
+              help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
+@click.option("--batch-size", type=BATCH, help="global batch B  [default: each task's (65536) on GPUs and the simulator, 1024 for a kernel on CPU]")
+@click.option("--out", type=OUT_DIR, help="folder for results.md, results.csv and results.json")
+@click.pass_context
+def compare_cmd(ctx, tasks_file, planner_list, backend, runner, device, batch_size, out) -> None:
+    """Plan every task with each planner, price every plan with one backend, and compare."""
+    from dreamshard.report import evaluate
+    from dreamshard.tasks import load_tasks
+
+    if backend == "sim":
+        refuse_unused(ctx, ["runner", "device"], "with --backend sim (the simulator measures nothing)")
+    names = parse_planner_list(planner_list) if planner_list is not None else every_planner()[0]
+    cost_backend, dev_type = _cost_backend(backend, runner, device, iters=10, warmup=3, timeout=300.0, comm_model=None)
+    if batch_size is None and dev_type == "cpu":
+        batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
+    tasks = load_tasks(tasks_file)
+    with progress_bar() as bar:
+        job = bar.add_task(f"planning and pricing ({cost_backend.name})", total=len(tasks) * len(names))
+        results = evaluate(names, tasks, cost_backend, batch_size, progress=lambda row: bar.advance(job))
+    out_console = _wide_console()
+    out_console.print(results.summary_table())
+    for line in results.note_lines():
+        out_console.print(f"[yellow]note:[/yellow] {line}")
+    if out:
+        paths = results.write(out)
+        out_console.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
 @cli.command("demo")
@@ -692,7 +757,8 @@ def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
 @click.option("--tables", "n_tables", default=80, show_default=True, type=click.IntRange(1, limits.MAX_TABLES), help="tables per task")
 def demo(workdir: str, devices: int, n_tables: int) -> None:
     """Synthesize the DLRM-like pool, draw a held-out task, plan it with every planner, compare."""
-    from dreamshard.planners import get_planner
+    from dreamshard.costs.sim import SimBackend
+    from dreamshard.report import evaluate
     from dreamshard.synth import PoolConfig, load_pool, synth_pool, write_pool
     from dreamshard.tasks import sample_tasks, split_pool
 
@@ -707,23 +773,18 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     _, test = split_pool(tables, 0)
     task = sample_tasks(test, 1, (n_tables, n_tables), devices, 5 * 10**9, seed=1, pool=str(pool_dir.resolve()))[0]
     console.print(f"task: {n_tables} held-out tables on {devices} devices, 5 GB each (pool: {pool_dir})")
-    from dreamshard.costs.sim import SimBackend
-
-    sim = SimBackend()
-    results = []
-    for name in ("random", "size", "dim", "lookup", "size_lookup", "dreamshard"):
-        plan = get_planner(name).plan(task)  # dreamshard: the shipped model, trained on the pool's train tables
-        report = sim.evaluate_plan(plan)
-        results.append((name, report))
-        console.print(device_summary(plan, f"planner {name}: cost {report.overall_ms:.3f} ms", report))
-    t = Table(title=f"embedding step cost, B=65,536, fp16 — {sim.name}")
-    t.add_column("planner")
-    t.add_column("cost (ms)", justify="right")
-    t.add_column("vs random", justify="right")
-    base = results[0][1].overall_ms
-    for name, report in sorted(results, key=lambda x: x[1].overall_ms):
-        t.add_row(name, f"{report.overall_ms:.3f}", f"{report.overall_ms / base - 1:+.1%}")
-    console.print(t)
+    names, skipped = every_planner()
+    for name, needs in skipped.items():
+        console.print(f"[dim]skipped planner {name}: it needs {', '.join(needs)}[/dim]")
+    results = evaluate(names, [task], SimBackend())  # dreamshard: the shipped model, trained on the pool's train tables
+    for row in results.rows:
+        if row.ok:
+            console.print(device_summary(row.plan, f"planner {row.planner}: cost {row.overall_ms:.3f} ms", row.report))
+        else:
+            console.print(f"planner {row.planner}: {row.error}")
+    console.print(results.summary_table(baseline="random"))
+    for line in results.note_lines():
+        console.print(f"[yellow]note:[/yellow] {line}")
 
 
 def exit_on_sigterm() -> None:
