@@ -263,9 +263,9 @@ def planners_cmd() -> None:
     """List the registered planners."""
     from dreamshard.planners import PLANNERS
 
-    t = Table("name", "description")
+    t = Table("name", "kind", "options", "description")
     for name, cls in sorted(PLANNERS.items()):
-        t.add_row(name, cls.description)
+        t.add_row(name, cls.kind, ", ".join(f"{k}={v}" for k, v in cls.options().items()), cls.description)
     console.print(t)
 
 
@@ -301,10 +301,11 @@ def device_summary(plan, title: str, report=None) -> Table:
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="for randomized planners")
-@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="with --planner dreamshard: a model from `dreamshard train` (default: the shipped H200 model)")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="for the planners that use a cost net (dreamshard, neuroshard): a model from `dreamshard train` (default: the shipped H200 model)")
+@click.option("--split", is_flag=True, help="let the planner cut tables into column shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: a split search; neuroshard always splits)")
 @click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
 @click.pass_context
-def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, out) -> None:
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, split, out) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
@@ -315,8 +316,11 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         raise OptionError(f"--planner: unknown planner {planner_name!r}; choose from {', '.join(sorted(PLANNERS))}")
     if (tables_file is None) == (tasks_file is None):
         raise OptionError("give either TABLES_FILE (with --devices and --max-memory) or --tasks FILE.jsonl")
-    if model_path is not None and planner_name != "dreamshard":
-        raise OptionError(f"--model is for --planner dreamshard, not {planner_name!r}")
+    options = PLANNERS[planner_name].options()
+    if model_path is not None and "model" not in options:
+        raise OptionError(f"--model is for the planners with a cost net ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'model' in c.options())}), not {planner_name!r}")
+    if split and "split" not in options:
+        raise OptionError(f"--split: planner {planner_name!r} does not split tables; these do: {', '.join(n for n, c in sorted(PLANNERS.items()) if 'split' in c.options())}")
     if tasks_file:
         if devices is not None or max_memory is not None:
             raise OptionError("--devices and --max-memory are for TABLES_FILE; a task file gives its own")
@@ -328,16 +332,20 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
         tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool).validate(str(tables_file), OptionError)]
-    kwargs = {"seed": seed} if planner_name in ("random", "dreamshard") else {}
+    kwargs = {"seed": seed} if "seed" in options else {}
     if model_path is not None:
         kwargs["model"] = model_path
+    if split:
+        kwargs["split"] = True
     planner = get_planner(planner_name, **kwargs)
     with progress_bar() as bar:
         job = bar.add_task(f"planning with {planner_name}", total=len(tasks))
         plans = planner.plan_many(tasks, progress=lambda: bar.advance(job))
     save_plans(plans, out)
     if len(plans) == 1:
-        console.print(device_summary(plans[0], f"{planner_name}: {len(tasks[0].tables)} tables on {tasks[0].devices} devices"))
+        cut = plans[0].split_tables()
+        console.print(device_summary(plans[0], f"{planner_name}: {len(tasks[0].tables)} tables on {tasks[0].devices} devices"
+                                     + (f", {len(cut)} split into column shards" if cut else "")))
         if plans[0].predicted:
             console.print(predicted_table(plans[0].predicted))
     elif plans and all(p.predicted for p in plans):

@@ -225,21 +225,65 @@ class _GumbelNoise:
         return self.block[k - self.start]
 
 
+class NumpyCostNet:
+    """A frozen cost net on accumulated per-device state, in NumPy.
+
+    A device's *state* is the sum of its tables' rows (`rows`): the cost heads' first-layer
+    pre-activations (linear in the shard sum) followed by the shard vector itself. Adding a table
+    to a device is one row addition; `costs` and `overall` read predictions off the state. The
+    fast player and the search planners (which place column shards as tables of their own) share
+    it."""
+
+    def __init__(self, cost_net: CostNet):
+        self.cost_net = cost_net
+        heads = cost_net.heads
+        # three heads fused: first layers side by side [H, 3·64], second layers one einsum
+        self.W1 = np.concatenate([_np(h[0].weight).T for h in heads], axis=1)
+        self.b1 = np.concatenate([_np(h[0].bias) for h in heads])
+        self.W2blk = np.stack([_np(h[2].weight)[0] for h in heads])  # [3, 64]
+        self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
+        ov = cost_net.overall_head
+        self.Wo1, self.bo1, self.wo2, self.bo2 = _np(ov[0].weight).T, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
+        self.nP = self.W1.shape[1]
+        self.scale = float(cost_net.scale)
+
+    def encode(self, x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(shard-vector encodings [T, H], head pre-activations [T, nP]) of table features [T, F]."""
+        with torch.inference_mode():
+            cenc = self.cost_net.encode(torch.from_numpy(x))
+            return cenc, cenc @ torch.from_numpy(self.W1)
+
+    def rows(self, x: np.ndarray) -> np.ndarray:
+        """[T, nP + H]: what each table adds to its device's state."""
+        cenc, P = self.encode(x)
+        return torch.cat([P, cenc], dim=1).numpy()
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The state of empty devices, [*shape, nP + H] (first-layer bias included)."""
+        state = np.zeros((*shape, self.nP + self.Wo1.shape[0]), np.float32)  # Wo1: [H, hidden]
+        state[..., : self.nP] = self.b1
+        return state
+
+    def costs(self, pre: np.ndarray) -> np.ndarray:
+        """Heads on pre-activations that already include the first-layer bias → [..., 3] units
+        (block-diagonal second layer as one einsum: a [.., 192] @ [192, 3] matmul is 2-3x slower
+        at these sizes)."""
+        h = np.maximum(pre, 0.0)
+        return np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, self.W2blk.shape[1]), self.W2blk) + self.b2
+
+    def overall(self, csum: np.ndarray) -> np.ndarray:
+        """[..., D, H] shard vectors → [...] the overall head's cost, units."""
+        z = csum.max(axis=-2)
+        return np.maximum(z @ self.Wo1 + self.bo1, 0.0) @ self.wo2 + self.bo2
+
+
 class FastPlayer:
     """Plays K episodes of one task at once with a frozen cost net and policy, in NumPy."""
 
     def __init__(self, cost_net: CostNet, policy: PolicyNet, keep_room: bool = False):
         self.cost_net, self.policy, self.keep_room = cost_net, policy, keep_room
-        heads = cost_net.heads
-        # three heads fused: first layers side by side [H, 3·64], second layers block-diagonal [3·64, 3]
-        self.W1 = np.concatenate([_np(h[0].weight).T for h in heads], axis=1)
-        self.b1 = np.concatenate([_np(h[0].bias) for h in heads])
-        hid = heads[0][0].out_features
-        self.W2 = np.zeros((3 * hid, 3), np.float32)
-        for i, h in enumerate(heads):
-            self.W2[i * hid : (i + 1) * hid, i] = _np(h[2].weight)[0]
-        self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
-        self.W2blk = np.stack([_np(h[2].weight)[0] for h in heads])  # [3, 64]
+        self.net = NumpyCostNet(cost_net)
+        self.W1, self.b1 = self.net.W1, self.net.b1
         self.ce = [(_np(m.weight).T, _np(m.bias)) for m in policy.cost_encoder if isinstance(m, torch.nn.Linear)]
         latent = policy.encoder[-2].out_features
         if policy.sees_table:
@@ -251,14 +295,7 @@ class FastPlayer:
             w = _np(policy.head.weight)[0]
             self.Wa, self.Wb = w[:latent, None], w[latent:, None]
             self.bh = float(policy.head.bias.detach())
-        ov = cost_net.overall_head
-        self.Wo1, self.bo1, self.wo2, self.bo2 = _np(ov[0].weight).T, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
-
-    def _costs(self, pre: np.ndarray) -> np.ndarray:
-        """Heads on pre-activations that already include the first-layer bias (block-diagonal
-        second layer as one einsum: a [.., 192] @ [192, 3] matmul is 2-3x slower at these sizes)."""
-        h = np.maximum(pre, 0.0)
-        return np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, self.W2blk.shape[1]), self.W2blk) + self.b2
+        self._costs = self.net.costs
 
     def _shard_logits(self, cw: np.ndarray, hq: np.ndarray) -> np.ndarray:
         """The reference policy's logit of each device from its cost-encoder pre-activations
@@ -267,8 +304,12 @@ class FastPlayer:
         c = np.maximum(np.maximum(cw, 0.0) @ w2 + b2, 0.0)
         return (hq + c @ self.Wb)[..., 0]
 
-    def play(self, p: Prepared, greedy: np.ndarray, rng: np.random.Generator | None = None):
-        """(placement [K, T], stuck [K], device costs [K, D, 3] units, overall [K] units)."""
+    def play(self, p: Prepared, greedy: np.ndarray, rng: np.random.Generator | None = None, active: np.ndarray | None = None):
+        """(placement [K, T], stuck [K], device costs [K, D, 3] units, overall [K] units).
+
+        `active` [K, T] (optional): episode k places only the tables it marks, so one batch can
+        play different subsets of one table list (the split search plays several cuts of a
+        task at once: every cut's pieces are tables of the list)."""
         K, T, D = len(greedy), len(p.sizes), p.devices
         # Per-table work in torch (one matmul per layer over all T tables); NumPy's BLAS wakes
         # its thread pool for matrices this size, which costs more than the maths on a busy CPU.
@@ -316,7 +357,10 @@ class FastPlayer:
                 others = np.where(devices == top[:, None], second[:, None], first[:, None])
                 ok = legal & (np.maximum(others, free - sizes[step]) >= largest_next[step])
                 legal = np.where(ok.any(1, keepdims=True), ok, legal)
-            stuck |= ~legal.any(1)
+            blocked = ~legal.any(1)
+            go = ~stuck if active is None else ~stuck & active[:, t]
+            stuck |= blocked & go
+            go &= ~blocked
             if self.policy.sees_table:
                 after = self._costs(S + rows[t, :nP])
                 c = np.maximum(np.maximum(cw + after @ w1a, 0.0) @ w2 + b2, 0.0)
@@ -324,7 +368,7 @@ class FastPlayer:
             else:
                 logits = shard_logits
             a = np.where(legal, logits + noise.step(step), -np.inf).argmax(1)
-            k = ks[~stuck] if stuck.any() else ks
+            k = ks if go.all() else ks[go]
             a = a[k]
             placement[k, t] = a
             used[k, a] += sizes[step]
@@ -333,6 +377,4 @@ class FastPlayer:
             cw[k, a] = costs[k, a] @ w1c + b1
             if shard_logits is not None:
                 shard_logits[k, a] = self._shard_logits(cw[k, a], hq[k, a])
-        z = csum.max(axis=1)
-        overall = np.maximum(z @ self.Wo1 + self.bo1, 0.0) @ self.wo2 + self.bo2
-        return placement, stuck, costs, overall
+        return placement, stuck, costs, self.net.overall(csum)

@@ -4,6 +4,14 @@ With `best_of` K > 1 it plays the greedy episode and K − 1 sampled ones in one
 the placement the cost net predicts cheapest. The returned plan carries the cost net's predicted
 per-device costs. If every episode runs out of memory (the policy placed big tables badly), the
 plan falls back to a memory packing and says so in its notes.
+
+With `split=True` it also decides which tables to cut into column shards — a split search with
+the policy inside (docs/dreamshard.md, "Splitting"): from the policy's table-wise plan, the cost
+net repeatedly halves a piece on the device it predicts slowest and moves one half to the device
+that lowers the predicted step most (`split_descent`, at most `max_splits` cuts, each kept only if
+it lowers the prediction); the policy then places the pieces afresh as tables of their own. Of
+the table-wise plan, the plan of the descent and the policy's plan of its pieces, the one the cost
+net predicts cheapest is returned, so a split is made only where the model says it pays.
 """
 
 from __future__ import annotations
@@ -14,11 +22,13 @@ import numpy as np
 import torch
 
 from dreamshard.mdp import EpisodeBatch, FastPlayer, Prepared, predict, prepare
-from dreamshard.nets import COST_COMPONENTS, DreamShardModel, plan_cost
+from dreamshard.nets import DreamShardModel, plan_cost
 from dreamshard.packing import over_bounds
-from dreamshard.plan import Plan
+from dreamshard.plan import Plan, Shard
+from dreamshard.planners import splits
 from dreamshard.planners.base import Planner, register
 from dreamshard.planners.heuristics import place_or_pack, task_infeasible
+from dreamshard.planners.scoring import PieceScorer, predicted_dict
 from dreamshard.tasks import Task
 
 
@@ -35,23 +45,61 @@ def best_placement(model: DreamShardModel, p: Prepared, best_of: int, seed: int 
     return placement[k], costs[k] * scale, float(overall[k]) * scale
 
 
-def predicted_dict(device_costs: np.ndarray, overall: float, model_label: str) -> dict:
-    devices = [{**{c: float(v) for c, v in zip(COST_COMPONENTS, row)}, "total_ms": float(row.sum())} for row in device_costs]
-    # overall_ms: the overall head; max_device_ms: max over devices of the per-device totals
-    return {"source": f"dreamshard cost net ({model_label})", "overall_ms": float(overall), "max_device_ms": max(d["total_ms"] for d in devices), "devices": devices}
+def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], max_splits: int, candidates: int = 4, targets: int = 8) -> tuple[list[Shard], list[int], float]:
+    """Greedy descent in split space on the cost net: halve one of the `candidates` costliest
+    pieces on the device predicted slowest and move one half to one of the `targets` devices
+    predicted fastest (with memory for it), the cut and target that lower the predicted plan cost
+    most; stop when no cut lowers it or after `max_splits` cuts. → (pieces, devices, cost units)."""
+    task, net = scorer.task, scorer.net
+    nP, cap = net.nP, task.max_memory_bytes
+    pieces, devices = list(pieces), list(devices)
+    state = scorer.state(pieces, np.array(devices))
+    used = np.zeros(task.devices, np.int64)
+    np.add.at(used, devices, [task.table_bytes(s) for s in splits.specs(task, pieces)])
+    cost = float(scorer.score(state))
+    for _ in range(max_splits):
+        totals = net.costs(state[:, :nP]).sum(-1)
+        slow = int(totals.argmax())
+        rows = scorer.rows([pieces])[0]
+        single = net.costs(rows[:, :nP] + net.b1)[:, :2].sum(-1)
+        cut = sorted((i for i, d in enumerate(devices) if d == slow and splits.can_halve(pieces[i])), key=lambda i: -single[i])[:candidates]
+        to = np.array([d for d in np.argsort(totals, kind="stable") if d != slow][:targets], np.int64)
+        if not cut or not len(to):
+            break
+        halves = [splits.cut(pieces[i], 2) for i in cut]
+        hrows = scorer.rows(halves)  # [C, 2, R]
+        C, K = len(cut), len(to)
+        trial = np.repeat(np.repeat(state[None, None], C, 0), K, 1)  # [C, K, D, R]
+        trial[:, :, slow] += (hrows[:, 0] - rows[cut])[:, None]
+        trial[np.arange(C)[:, None], np.arange(K)[None, :], to[None, :]] += hrows[:, 1][:, None]
+        moved = np.array([task.table_bytes(h[1].spec(task.tables[h[1].table])) for h in halves])
+        fits = used[to][None, :] + moved[:, None] <= cap
+        score = np.where(fits, scorer.score(trial), np.inf)
+        c, k = np.unravel_index(int(score.argmin()), score.shape)
+        if not score[c, k] < cost * (1 - 1e-3):  # a cut must pay by more than rounding
+            break
+        i, (keep, move) = cut[c], halves[c]
+        used[slow] -= task.table_bytes(pieces[i].spec(task.tables[pieces[i].table])) - task.table_bytes(keep.spec(task.tables[keep.table]))
+        used[to[k]] += moved[c]
+        pieces[i] = keep
+        pieces.append(move)
+        devices.append(int(to[k]))
+        state, cost = trial[c, k], float(score[c, k])
+    return pieces, devices, cost
 
 
 @register
 class DreamShardPlanner(Planner):
-    name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model)"
+    name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
+    kind = "learned"
 
-    def __init__(self, model: str | Path | None = None, best_of: int | None = None, seed: int = 0):
+    def __init__(self, model: str | Path | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8):
         self.model = DreamShardModel.load(model)
         self.label = "shipped H200 model" if model is None else str(model)
         self.best_of = int(best_of) if best_of is not None else self.model.best_of
         if self.best_of < 1:
             raise ValueError(f"best_of must be >= 1, got {best_of}")
-        self.seed = seed
+        self.seed, self.split, self.max_splits = seed, bool(split), int(max_splits)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room)
 
     def plan(self, task: Task) -> Plan:
@@ -69,4 +117,53 @@ class DreamShardPlanner(Planner):
             device_costs, overall = costs[0].numpy() * scale, float(ov[0]) * scale
             plan.notes = ["dreamshard policy ran out of memory; used a memory packing instead"]
         plan.predicted = predicted_dict(device_costs, overall, self.label)
-        return plan
+        return self._split(task, plan) if self.split and self.max_splits > 0 else plan
+
+    def _split(self, task: Task, table_wise: Plan) -> Plan:
+        """The cheapest by the cost net of: the table-wise plan, the split descent from it, and
+        the policy's placements of a ladder of cuts (`cut_ladder`), all played in one batch."""
+        scorer = PieceScorer(self.model, task)
+        whole = splits.whole(task)
+        best = (float(scorer.score(scorer.state(whole, np.array(table_wise.placement)))), whole, table_wise.placement)
+        pieces, devices, cost = split_descent(scorer, whole, table_wise.placement, self.max_splits)
+        if cost < best[0]:
+            best = (cost, pieces, devices)
+        rows = scorer.rows([whole])[0]
+        single = scorer.net.costs(rows[:, : scorer.net.nP] + scorer.net.b1)[:, :2].sum(-1)
+        cuts = cut_ladder(whole, single, self.max_splits)
+        if cuts:
+            superset = list(dict.fromkeys(p for c in cuts for p in c))
+            index = {p: i for i, p in enumerate(superset)}
+            active = np.zeros((len(cuts), len(superset)), bool)
+            for j, c in enumerate(cuts):
+                active[j, [index[p] for p in c]] = True
+            K = max(1, self.best_of // len(cuts))  # about the table-wise play's episodes in all
+            greedy = np.tile(np.arange(K) == 0, len(cuts))  # per cut: the greedy episode, then sampled ones
+            prepared = prepare(splits.as_task(task, superset), self.model.normalization, self.model.linear_features)
+            placement, stuck, costs, overall = self.player.play(prepared, greedy, np.random.default_rng(self.seed), np.repeat(active, K, axis=0))
+            score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
+            e = int(score.argmin())
+            if score[e] < best[0]:
+                chosen = cuts[e // K]
+                best = (float(score[e]), chosen, [int(placement[e, index[p]]) for p in chosen])
+        cost, pieces, devices = best
+        if len(pieces) == len(whole):
+            return table_wise
+        return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label))
+
+
+def cut_ladder(whole: list[Shard], single: np.ndarray, max_cut: int) -> list[list[Shard]]:
+    """Cuts of a task to let the policy place: the j costliest tables (by the cost net, alone)
+    halved, for j = 1, 2, 4, ... up to `max_cut`, and the 1 and 2 costliest in quarters — where
+    their widths allow. Every cut is a list of pieces covering every table."""
+    order = [i for i in np.argsort(-single, kind="stable") if splits.can_halve(whole[i])]
+    ladder, seen = [], set()
+    steps = [(j, 2) for j in (1, 2, 4, 8, 16) if j <= max_cut] + [(1, 4), (2, 4)]
+    for j, parts in steps:
+        chosen = {int(i): min(parts, whole[i].width // 4) for i in order[:j]}
+        key = tuple(sorted(chosen.items()))
+        if not chosen or key in seen:
+            continue
+        seen.add(key)
+        ladder.append([q for i, p in enumerate(whole) for q in (splits.cut(p, chosen[i]) if i in chosen else [p])])
+    return ladder
