@@ -781,15 +781,26 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     _, test = split_pool(tables, 0)
     task = sample_tasks(test, 1, (n_tables, n_tables), devices, 5 * 10**9, seed=1, pool=str(pool_dir.resolve()))[0]
     console.print(f"task: {n_tables} held-out tables on {devices} devices, 5 GB each (pool: {pool_dir})")
+    from dreamshard.planners import PLANNERS, get_planner
+
     names, skipped = every_planner()
     for name, needs in skipped.items():
         console.print(f"[dim]skipped planner {name}: it needs {', '.join(needs)}[/dim]")
-    results = evaluate(names, [task], SimBackend())  # dreamshard: the shipped model, trained on the pool's train tables
+    # every planner as it comes, and those that can cut tables also with --split
+    planners = {label: planner for n in names for label, planner in
+                [(n, get_planner(n))] + ([(f"{n} --split", get_planner(n, split=True))] if "split" in PLANNERS[n].options() else [])}
+    results = evaluate(planners, [task], SimBackend())  # dreamshard: the shipped model, trained on the pool's train tables
+    placed = [row for row in results.rows if row.ok]
     for row in results.rows:
-        if row.ok:
-            console.print(device_summary(row.plan, f"planner {row.planner}: cost {row.overall_ms:.3f} ms", row.report))
-        else:
+        if not row.ok:
             console.print(f"planner {row.planner}: {row.error}")
+    # the cheapest table-wise plan beside the cheapest plan of all (a split one where splitting pays)
+    table_wise = min((r for r in placed if not r.split_tables), key=lambda r: r.overall_ms, default=None)
+    best = min(placed, key=lambda r: r.overall_ms, default=None)
+    for row, what in ((table_wise, "best table-wise plan"), (best, "best plan")):
+        if row is not None and (what == "best table-wise plan" or row is not table_wise):
+            cut = f", split: {', '.join(f'{t} in {n}' for t, n in row.split_tables.items())}" if row.split_tables else ""
+            console.print(device_summary(row.plan, f"{what}: {row.planner}, cost {row.overall_ms:.3f} ms{cut}", row.report))
     console.print(results.summary_table(baseline="random"))
     for line in results.note_lines():
         console.print(f"[yellow]note:[/yellow] {line}")

@@ -260,8 +260,12 @@ def test_compare_refuses_runner_with_sim(task_file):
 def test_demo_every_planner(tmp_path, needy_planner):
     r = run("demo", "--workdir", tmp_path / "demo", "--devices", 2, "--tables", 10)
     assert r.exit_code == 0, r.output
-    for name in PLANNERS:
+    table = r.output[r.output.index("embedding step cost"):]
+    for name, cls in PLANNERS.items():
         if name != needy_planner:
-            assert f"planner {name}: cost" in r.output
+            assert f"\n│ {name} " in table  # every planner in the summary table ...
+            if "split" in cls.options():
+                assert f"│ {name} " in table and "--split" in table  # ... and those that cut tables with --split too
+    assert "best table-wise plan:" in r.output
     assert "skipped planner needy: it needs budget" in r.output
     assert "vs random" in r.output and SimBackend().name in r.output
