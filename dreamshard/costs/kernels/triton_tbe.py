@@ -11,30 +11,26 @@ lookups in step (unrolled), gathers the rows with 16-byte vector loads and accum
 Mixed dims share the launch through a branch on the table's dim class, each branch compiled with
 its own tile shape. Masked columns move no bytes, so a padded tile costs lanes, not bandwidth.
 
-backward - no atomics on the weights, every row updated once, in a fixed summation order:
+backward - no atomics on the weights, every row updated once, in a fixed summation order, no loops:
   1. one launch writes, per lookup, its global row (``row_start[t] + index``) and its bag
      (lookup-parallel, coalesced; the bag comes from a binary search over ``offsets``);
-  2. ``torch.sort`` (stable radix sort, int32 keys) groups the lookups by global row;
-  3. the sorted lookups of each table are cut into equal *ranges* (thousands of lookups: as many
-     ranges as keep every SM busy, see ``_ranges``), and each range into *column blocks* of the
-     table's dim (``TW`` columns, chosen per dim so that dims like 192 or 320 are covered by
-     3 x 64 and 5 x 64 columns, not padded to 256 or 512). One program per (range, column
-     block) walks its range in chunks of ``P`` lookups: it gathers the chunk's output-gradient
-     rows as a ``[P, TW]`` tile, sums the lookups of each row with a 0/1 "same row" ``[P, P]``
-     matrix times the tile (tensor cores for fp16: exact products, fp32 accumulation), adds the
-     sum carried over from the previous chunk to the chunk's first row (through the range's
-     partial-sum slot: a carry held in registers cost ~80 of them), and applies the optimizer
-     once to every row whose lookups all lie in the range. So a hot row is summed chunk after
-     chunk within its ranges, with one partial per range, not one per chunk;
-  4. rows whose lookups cross range boundaries (only the first and last row of a range can)
-     leave fp32 partial sums; a fix-up launch, one program per range, checks whether such a row
-     begins in its range, sums the partials along the row's ranges and updates the row once.
-A range holds thousands of lookups, so even a row read millions of times spans only a few
-hundred ranges. The backward never waits for the GPU: the range grid needs each table's lookup
-count, which the forward already copied to the host on a side stream, and the fix-up finds its
-work on the device. So the host can enqueue a training step ahead of the GPU, as with FBGEMM's TBE.
-Row-wise Adagrad needs a row's whole gradient before any column is updated, so its tables use
-one column block of the dim rounded up to a power of two.
+  2. ``torch.sort`` (stable radix sort; int16 keys for shards of < 32k rows) groups the lookups by
+     global row; the bags are gathered in sorted order;
+  3. level 0: each table's sorted lookups are cut into tiles of P lookups and its dim into column
+     blocks of ``TW`` columns (chosen per dim so that dims like 192 or 320 are covered by 3 x 64
+     and 5 x 64 columns, not padded to 256 or 512). One program per (tile, column block), no loop:
+     it loads its keys and bags, gathers the gradient rows as a ``[P, TW]`` tile together with the
+     current rows it will update, sums each row's lookups with a 0/1 "same row" ``[P, P]`` matrix
+     times the tile (tensor cores for fp16: exact products, fp32 accumulation) and updates every
+     row whose lookups all lie in the tile. The tile's first and last rows, if they continue into
+     a neighbouring tile, leave fp32 partial sums as two *entries* (key, flags, value);
+  4. level k >= 1: the same kernel over level k-1's entries (2 per tile), until each table has one
+     tile; a row read millions of times is summed over a few levels of fully parallel launches.
+The backward never waits for the GPU: the tiles of every level follow from each table's lookup
+count, which the forward already copied to the host on a side stream. So the host can enqueue a
+training step ahead of the GPU, as with FBGEMM's TBE. Row-wise Adagrad needs a row's whole
+gradient before any column is updated, so its tables use one column block of the dim rounded up
+to a power of two.
 """
 
 from __future__ import annotations
