@@ -1,11 +1,12 @@
-"""How long `--planner dreamshard` takes to plan 200 tables on 8 devices, on one CPU core.
+"""How long `--planner dreamshard` (and with `--split`) takes to plan 200 tables on 8 devices, on
+one CPU core; `neuroshard`'s time beside it.
 
     python benchmarks/plan_speed.py [--model MODEL.pt] [--pool DIR] [--repeats 30]
 
 The whole `planner.plan(task)` call is timed (features, table order, the greedy and sampled
 episodes, picking the best, the Plan with its predictions), after warm-up runs. One core: the
 process is pinned to one CPU where the OS allows it, and torch and the BLAS libraries are held to
-one thread. Target (issue 5): ≤ 50 ms.
+one thread. Target (issues 5 and 11): ≤ 50 ms for dreamshard, with and without splits.
 """
 
 from __future__ import annotations
@@ -55,19 +56,24 @@ def main() -> None:
     tables = [pool[i] for i in sorted(rng.choice(len(pool), args.tables, replace=False))]
     task = Task(tables, args.devices, 80 * 10**9)
     print(f"{args.tables} tables on {args.devices} devices; CPU: {cpu_model()} ({pinned}, 1 thread); torch {torch.__version__}, Python {platform.python_version()}")
-    for best_of in (None, 1):
-        planner = DreamShardPlanner(args.model, best_of=best_of)
-        for _ in range(3):
+    from dreamshard.planners.neuroshard import NeuroShardPlanner
+
+    runs = [(f"best of {DreamShardPlanner(args.model).best_of} (the model's setting)", DreamShardPlanner(args.model), args.repeats),
+            ("best of 1 (greedy)", DreamShardPlanner(args.model, best_of=1), args.repeats),
+            ("--split, the model's best of", DreamShardPlanner(args.model, split=True), args.repeats),
+            ("neuroshard (no target)", NeuroShardPlanner(args.model), max(3, args.repeats // 10))]
+    for label, planner, repeats in runs:
+        for _ in range(2):
             planner.plan(task)
         times = []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             plan = planner.plan(task)
             times.append((time.perf_counter() - t0) * 1000)
         times.sort()
-        label = f"best of {planner.best_of}" + (" (the model's setting)" if best_of is None else " (greedy)")
-        verdict = "OK" if statistics.median(times) <= 50 else "OVER 50 ms"
-        print(f"{label:>32}: median {statistics.median(times):6.1f} ms, min {times[0]:6.1f}, p90 {times[int(0.9 * len(times)) - 1]:6.1f}  [{verdict}]  predicted {plan.predicted['max_device_ms']:.3f} ms")
+        verdict = "" if planner.name == "neuroshard" else "  [OK]" if statistics.median(times) <= 50 else "  [OVER 50 ms]"
+        cut = f", {len(plan.split_tables())} tables split" if plan.split_tables() else ""
+        print(f"{label:>32}: median {statistics.median(times):7.1f} ms, min {times[0]:7.1f}, p90 {times[int(0.9 * len(times)) - 1]:7.1f}{verdict}  predicted {plan.predicted['max_device_ms']:.3f} ms{cut}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""Column splits on the simulator: the splitting planners against the table-wise ones on many
+held-out tasks (docs/dreamshard.md, "Splitting").
+
+    python benchmarks/splits_sim.py [--tasks 20] [--out benchmarks/results/splits_sim.md]
+
+The four test settings of benchmarks/shipped_model.py, `--tasks` held-out tasks each from the
+synthetic pool's *test* half (seed 2: not the tasks benchmarks/gpu_splits.py measures), the
+planners of benchmarks/gpu_splits.py, every plan priced by the simulator (H200 calibration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from gpu_splits import PLANNERS, TABLE_WISE  # noqa: E402
+from shipped_model import TEST_SETTINGS  # noqa: E402
+
+from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.report import evaluate  # noqa: E402
+from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
+from dreamshard.tasks import sample_tasks, split_pool  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=20)
+    ap.add_argument("--out", default="benchmarks/results/splits_sim.md")
+    args = ap.parse_args()
+    _, test_half = split_pool(synth_pool(PoolConfig(seed=0)), 0)
+    sim = SimBackend()
+    planners = {label: get_planner(name, **kw) for label, (name, kw) in PLANNERS.items()}
+    md = [f"Priced by the {sim.name}; `python benchmarks/splits_sim.py --tasks {args.tasks}`.", ""]
+    for label, count, devices, cap in TEST_SETTINGS:
+        tasks = sample_tasks(test_half, args.tasks, count, devices, cap, seed=2)
+        res = evaluate(planners, tasks, sim)
+        best_tw = np.min([res.costs(name) for name in TABLE_WISE], axis=0)
+        md += [f"**{label}** ({len(tasks)} held-out tasks)", "",
+               "| planner | mean ms | vs best table-wise (mean of per-task ratios) | tasks worse than best table-wise by > 1% | tasks with a split | mean planning ms |",
+               "|---|---:|---:|---:|---:|---:|"]
+        for name in PLANNERS:
+            m = np.array(res.costs(name))
+            r = m / best_tw - 1
+            rows = [x for x in res.rows if x.planner == name]
+            md.append(f"| {name} | {m.mean():.3f} | {r.mean():+.1%} | {int(np.sum(r > 0.01))} of {len(m)} | "
+                      f"{sum(bool(x.split_tables) for x in rows)} | {np.mean([x.planning_ms for x in rows]):.0f} |")
+        md.append("")
+        print("\n".join(md[-len(PLANNERS) - 4 :]), flush=True)
+    atomic_write(args.out, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
