@@ -243,11 +243,9 @@ def data_dlrm(file, out, dim) -> None:
     """Turn a DLRM-dataset file ((indices, offsets, lengths), .pt or .pt.gz) into a pool."""
     from dreamshard.streams import tables_from_dlrm
     from dreamshard.tables import save_tables
-    from dreamshard.validation import check_dlrm_file
 
     if dim % limits.DIM_MULTIPLE:
         raise OptionError(f"--dim {dim} is not a multiple of {limits.DIM_MULTIPLE}")
-    check_dlrm_file(file)  # integer indices >= 0, consistent offsets: before anything is derived from them
     tables = tables_from_dlrm(file, dim)
     save_tables(tables, Path(out) / "tables.csv")
     console.print(f"wrote {len(tables)} tables from {file} to {Path(out) / 'tables.csv'}")
@@ -449,17 +447,6 @@ def _report_path(plan_path: str, backend: str, runner: str) -> Path:
     return p.with_name(f"{p.stem}.cost-{tag}{suffix}")
 
 
-def _load_calibration(path: str | None):
-    """The simulator's calibration file (None: the shipped one); DataError if it is not one."""
-    from dreamshard.costs.sim import Calibration
-    from dreamshard.validation import DataError
-
-    try:
-        return Calibration.load(path)
-    except ValueError as e:  # sim.py reports a bad calibration file as ValueError
-        raise DataError(str(e)) from None
-
-
 def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: int, timeout: float, comm_model: str | None, calibration: str | None = None):
     """(CostBackend, device type) for the --backend/--runner/--device options of `measure` and `train`:
     the calibrated simulator, or a kernel measured by a runner (auto: triton on CUDA, else fbgemm
@@ -467,7 +454,7 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: in
     if backend == "sim":
         from dreamshard.costs.sim import SimBackend
 
-        return SimBackend(_load_calibration(calibration)), "cuda"  # None: the shipped H200 calibration
+        return SimBackend(calibration), "cuda"  # None: the shipped H200 calibration
     from dreamshard.costs.kernels import available_kernels, unavailable_reason
     from dreamshard.costs.runners import DistributedRunner, SequentialRunner, default_device
 
@@ -584,7 +571,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     from dreamshard.costs.runners import default_device
     from dreamshard.tasks import Workload
 
-    calibration = _load_calibration(validate_file) if validate_file else None
+    calibration = cal.Calibration.load(validate_file) if validate_file else None
     kernel = kernel or calibration.kernel
     dev = default_device(kernel) if device == "auto" else device
     batch_size = batch_size or (calibration.batch_size if calibration else 65_536 if dev == "cuda" else 2048)

@@ -14,8 +14,6 @@ than the file's.
 
 from __future__ import annotations
 
-import gzip
-import io
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -25,6 +23,7 @@ import torch
 
 from dreamshard.bins import NUM_BINS, count_bins, zipf_alpha
 from dreamshard.tables import TableError, TableSpec
+from dreamshard.validation import check_dlrm_file
 
 _PRIME = 2_147_483_647  # 2^31 - 1: coprime with every table size below it
 
@@ -124,26 +123,9 @@ def shard_batch(tables: Sequence[TableSpec], batch_size: int, step: int = 0, dev
 
 
 def load_dlrm_file(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(indices, offsets, lengths) from a `.pt` or `.pt.gz` file; lengths is [T, B]."""
-    path = Path(path)
-    if not path.is_file():
-        raise TableError(f"{path}: no such file")
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-        data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is one user-facing error
-        raise TableError(f"{path}: not a DLRM dataset file ({type(e).__name__}: {e})") from None
-    if not (isinstance(data, (tuple, list)) and len(data) == 3):
-        raise TableError(f"{path}: expected a tuple (indices, offsets, lengths)")
-    indices, offsets, lengths = (torch.as_tensor(x).to(torch.int64) for x in data)
-    if lengths.dim() != 2:
-        raise TableError(f"{path}: lengths must be [tables, batch], got shape {tuple(lengths.shape)}")
-    T, B = lengths.shape
-    if offsets.numel() != T * B + 1 or int(offsets[-1]) != indices.numel():
-        raise TableError(f"{path}: offsets ({offsets.numel()}) do not match {T} tables × {B} samples and {indices.numel()} indices")
-    return indices, offsets, lengths
+    """(indices, offsets, lengths) from a `.pt` or `.pt.gz` file; lengths is [T, B]. The file is
+    held to `validation.check_dlrm_file` (DataError naming the file and the fault)."""
+    return check_dlrm_file(path)
 
 
 @lru_cache(maxsize=4)

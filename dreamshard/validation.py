@@ -215,11 +215,11 @@ def load_torch_file(path: str | Path, what: str, error: type[InputError] = Input
 # --------------------------------------------------------------------------------------------
 
 
-def check_dlrm_file(path) -> None:
-    """DataError unless `path` (.pt or .pt.gz) holds (indices, offsets, lengths) as the DLRM
-    dataset stores them: integer tensors (float indices are refused, not truncated), indices >= 0
-    and below MAX_ROWS, offsets running from 0 to len(indices) without going back, and lengths
-    [tables, batch] equal to the offsets' differences."""
+def check_dlrm_file(path):
+    """(indices, offsets, lengths) as int64 tensors, or DataError unless `path` (.pt or .pt.gz)
+    holds them as the DLRM dataset stores them: integer tensors (float indices are refused, not
+    truncated), indices >= 0 and below MAX_ROWS, offsets running from 0 to len(indices) without
+    going back, and lengths [tables, batch] equal to the offsets' differences."""
     import torch
 
     data = load_torch_file(path, "DLRM dataset", DataError)
@@ -250,3 +250,4 @@ def check_dlrm_file(path) -> None:
         raise DataError(f"{path}: lengths differ from the offsets' differences")
     if float(lengths.double().mean(dim=1).max()) > MAX_POOLING_FACTOR:
         raise DataError(f"{path}: a table's mean bag length is over the limit of {MAX_POOLING_FACTOR:g} lookups per sample")
+    return indices.to(torch.int64), offsets.to(torch.int64), lengths.to(torch.int64)

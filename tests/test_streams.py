@@ -7,7 +7,8 @@ import torch
 
 from dreamshard.bins import BIN_EDGES, NUM_BINS, reuse_stats, reuse_stats_many
 from dreamshard.streams import empirical_reuse, load_dlrm_file, shard_batch, synthetic_bags, table_bags, tables_from_dlrm
-from dreamshard.tables import TableError, TableSpec
+from dreamshard.tables import TableSpec
+from dreamshard.validation import DataError
 
 
 @pytest.mark.parametrize("rows,pf,dist", [(5_000, 4.0, "zipf:1.2"), (300_000, 12.0, "zipf:0.8"), (2_000, 1.0, "uniform")])
@@ -75,11 +76,11 @@ def test_dlrm_format_loader(tmp_path, suffix):
 def test_dlrm_loader_rejects_bad_files(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a torch file")
-    with pytest.raises(TableError, match="not a DLRM dataset file"):
+    with pytest.raises(DataError, match="cannot read this DLRM dataset file"):
         load_dlrm_file(bad)
     wrong = tmp_path / "wrong.pt"
     torch.save((torch.zeros(3, dtype=torch.int64), torch.zeros(5, dtype=torch.int64), torch.ones(2, 2, dtype=torch.int64)), wrong)
-    with pytest.raises(TableError, match="offsets"):
+    with pytest.raises(DataError, match="offsets"):
         load_dlrm_file(wrong)
 
 

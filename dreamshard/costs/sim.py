@@ -36,7 +36,9 @@ import numpy as np
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array
 from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec
+from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
+from dreamshard.validation import DataError, one_line
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
 BWD_TERMS = ("launch", "active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
@@ -69,10 +71,7 @@ class Calibration:
     fit: dict = field(default_factory=dict)  # training-set errors and sample counts
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(asdict(self), indent=1))
 
     @staticmethod
     def load(path: str | Path | None = None) -> "Calibration":
@@ -81,12 +80,15 @@ class Calibration:
         else:
             path = Path(path)
             if not path.is_file():
-                raise ValueError(f"{path}: no such calibration file")
-            text = path.read_text()
+                raise DataError(f"{path}: no such calibration file")
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise DataError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
         try:
             return Calibration(**json.loads(text))
-        except (TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path or DEFAULT_CALIBRATION}: not a calibration file ({e})") from None
+        except (TypeError, json.JSONDecodeError, RecursionError) as e:
+            raise DataError(f"{path or DEFAULT_CALIBRATION}: not a calibration file ({one_line(e)})") from None
 
     @property
     def label(self) -> str:

@@ -30,9 +30,10 @@ from typing import Sequence
 
 import torch
 
+from dreamshard.tables import OPTIMIZERS
+from dreamshard.validation import DIM_MULTIPLE, MAX_DIM, MIN_DIM
+
 PRECISIONS = {"fp16": torch.float16, "fp32": torch.float32}
-OPTIMIZERS = ("sgd", "rowwise_adagrad")
-MIN_DIM, MAX_DIM, DIM_MULTIPLE = 4, 1024, 4
 INIT_RANGE = 0.01
 
 
