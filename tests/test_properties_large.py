@@ -88,6 +88,7 @@ def planner_configs() -> dict[str, tuple[str, dict]]:
     for name, cls in sorted(PLANNERS.items()):
         configs[name] = (name, SMALL_SEARCH.get(name, {}))
         if "split" in cls.options():
+        if name == "torchrec": continue  # noqa: E701  TorchRec's planner: ~0.1 s a task, and it refuses tight tasks others place by design (its memory reservation): tests/test_torchrec_planner.py
             configs[f"{name}+split"] = (name, {**SMALL_SEARCH.get(name, {}), "split": True})
     return configs
 
