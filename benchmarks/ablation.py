@@ -51,10 +51,10 @@ def run_one(name: str, base: str, overrides: dict, seed: int, args) -> dict:
 
     torch.set_num_threads(1)
     from dreamshard.costs.sim import SimBackend
+    from dreamshard.learned.dreamshard import get_config, train
     from dreamshard.planners.dreamshard import DreamShardPlanner
     from dreamshard.report import evaluate
     from dreamshard.tasks import load_tasks
-    from dreamshard.training import get_config, train
 
     sim = SimBackend(args.calibration) if args.calibration else SimBackend()
     train_tasks, test_tasks = load_tasks(args.train), load_tasks(args.test)

@@ -33,8 +33,8 @@ TEST_SETTINGS = [
 def cost_net_accuracy(model, priced) -> dict:
     """MAPE and Spearman of the cost net on measured plans of unseen tables: per device and
     component, and per plan (the max-device score and the overall head)."""
-    from dreamshard.mdp import EpisodeBatch, predict, prepare
-    from dreamshard.training import mape, spearman
+    from dreamshard.learned.loop import mape, spearman
+    from dreamshard.learned.mdp import EpisodeBatch, predict, prepare
 
     items = [prepare(t, model.normalization, model.linear_features) for t, _, _ in priced]
     batch = EpisodeBatch.of(items)
@@ -82,11 +82,11 @@ def main() -> None:
 
     from dreamshard.costs.sim import SimBackend
     from dreamshard.files import atomic_write
+    from dreamshard.learned.dreamshard import get_config, train
     from dreamshard.planners import get_planner
     from dreamshard.report import evaluate
     from dreamshard.synth import load_pool
     from dreamshard.tasks import sample_tasks, split_pool
-    from dreamshard.training import get_config, train
 
     sim = SimBackend()
     pool_dir = str(Path(args.pool).resolve())

@@ -364,7 +364,7 @@ def predicted_table(predicted: dict) -> Table:
 
 
 # --------------------------------------------------------------------------------------------
-# training (DreamShard: dreamshard/training.py)
+# training (DreamShard: the `dreamshard` planner's fit, loop in dreamshard/learned/dreamshard.py)
 # --------------------------------------------------------------------------------------------
 
 
@@ -389,8 +389,9 @@ def predicted_table(predicted: dict) -> Table:
 @click.pass_context
 def train_cmd(ctx, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
     """Train a DreamShard model: measure sampled plans, fit the cost net, RL on the cost net."""
+    from dreamshard.learned.dreamshard import get_config
+    from dreamshard.planners.dreamshard import DreamShardPlanner
     from dreamshard.tasks import load_tasks
-    from dreamshard.training import get_config, train
 
     if calibration and backend != "sim":
         raise OptionError("--calibration is for --backend sim")
@@ -405,8 +406,8 @@ def train_cmd(ctx, tasks_file, backend, calibration, runner, device, comm_model,
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
     console.print(f"training DreamShard ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, {cfg.total_budget()} measurements")
-    model = train(cfg, tasks, cost_backend, out, log=log_file, resume=resume, eval_tasks=evals)
-    console.print(f"wrote {out} ({model.meta['measurements']} measurements by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
+    planner = DreamShardPlanner.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals)
+    console.print(f"wrote {out} ({planner.model.meta['measurements']} measurements by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,13 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dreamshard.costs.sim import SimBackend
-from dreamshard.mdp import EpisodeBatch, FastPlayer, prepare, rollout
-from dreamshard.nets import CostNet, DreamShardModel, PolicyNet, plan_cost
+from dreamshard.learned.dreamshard import Config, get_config, train
+from dreamshard.learned.loop import measure
+from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, prepare, rollout
+from dreamshard.learned.nets import CostNet, DreamShardModel, PolicyNet, plan_cost
 from dreamshard.planners import get_planner
 from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.tables import NUM_FEATURES, TableSpec
 from dreamshard.tasks import Task, sample_tasks, save_tasks, split_pool
-from dreamshard.training import Config, get_config, measure, train
 from dreamshard.validation import ModelError
 
 HEURISTICS = ["random", "size", "dim", "lookup", "size_lookup"]
@@ -206,8 +207,28 @@ def test_resume_after_a_kill_continues_exactly(pool, tmp_path):
         train(small_config(iterations=4, lr=1e-3), tasks, sim, tmp_path / "b.pt", progress=False, resume=True)
 
 
+def test_learned_planner_role_fit_save_load_plan(pool, tmp_path):
+    """`DreamShardPlanner.fit` is `train` behind the role; save → load plans the same."""
+    from dreamshard.planners.base import LearnedPlanner
+    from dreamshard.planners.dreamshard import DreamShardPlanner
+
+    train_half, test_half = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 4, (6, 10), 2, 10**12, seed=1)
+    sim, cfg = SimBackend(), small_config(iterations=2)
+    planner = DreamShardPlanner.fit(tasks, sim, tmp_path / "m.pt", cfg, progress=False, best_of=2)
+    assert isinstance(planner, LearnedPlanner) and planner.kind == "learned" and planner.best_of == 2
+    direct = train(cfg, tasks, sim, tmp_path / "direct.pt", progress=False)
+    for a, b in ((planner.model.cost_net, direct.cost_net), (planner.model.policy, direct.policy)):
+        for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(va, vb), k
+    planner.save(tmp_path / "saved.pt")
+    loaded = DreamShardPlanner.load(tmp_path / "saved.pt", best_of=2)
+    for task in sample_tasks(test_half, 3, (8, 12), 3, 10**12, seed=2):
+        assert loaded.plan(task).placement == planner.plan(task).placement
+
+
 def test_advantages_normalise_per_task_and_penalise_stuck_episodes():
-    from dreamshard.training import advantages
+    from dreamshard.learned.dreamshard import advantages
 
     returns = torch.tensor([-1.0, -2.0, -3.0, -10.0, -20.0, 0.0])
     groups = torch.tensor([0, 0, 0, 1, 1, 1])

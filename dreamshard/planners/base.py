@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from typing import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
 from dreamshard.validation import OptionError
+
+if TYPE_CHECKING:
+    from dreamshard.costs.base import CostBackend
 
 PLANNERS: dict[str, type["Planner"]] = {}
 
@@ -36,6 +40,35 @@ class Planner(ABC):
             if progress:
                 progress()
         return plans
+
+
+class LearnedPlanner(Planner):
+    """The role of a planner with a trained model (`kind` "learned"): `fit` trains one on tasks
+    against a cost backend — the only place a planner meets a backend, passed in — `save` writes
+    it, `load` (or the constructor's `model` option) reads it back, `plan` uses it.
+
+    A learned planner is one file here in dreamshard/planners/ like every planner (the registry
+    finds it through this package's __init__.py); its nets and training loop live in
+    dreamshard/learned/, whose loop.py holds what every training loop needs (measuring sampled
+    plans under a budget, checkpoints, log, progress)."""
+
+    kind = "learned"
+
+    @classmethod
+    @abstractmethod
+    def fit(cls, tasks: Sequence[Task], backend: "CostBackend", out: str | Path, config=None, **options) -> "LearnedPlanner":
+        """Train a model on `tasks`, measuring sampled plans with `backend`; write it to `out`
+        (its resumable checkpoint beside it). → the planner that plans with it; `options` are
+        the constructor's (other than `model`) and the training loop's own."""
+
+    @abstractmethod
+    def save(self, path: str | Path) -> None:
+        """Write the planner's model to `path` (atomically)."""
+
+    @classmethod
+    def load(cls, path: str | Path, **options) -> "LearnedPlanner":
+        """The planner with the model at `path`; `options` as the constructor's."""
+        return cls(model=path, **options)
 
 
 def register(cls: type[Planner]) -> type[Planner]:

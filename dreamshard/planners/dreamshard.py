@@ -1,4 +1,7 @@
 """The `dreamshard` planner: a trained policy plays the cost net's MDP — milliseconds, no GPU.
+A `LearnedPlanner`: `fit` trains a model (the loop of dreamshard/learned/dreamshard.py, as
+`dreamshard train` does), `save`/`load` or the `model` option give its file; the shipped H200
+model by default.
 
 With `best_of` K > 1 it plays the greedy episode and K − 1 sampled ones in one batch and keeps
 the placement the cost net predicts cheapest. The returned plan carries the cost net's predicted
@@ -17,32 +20,24 @@ net predicts cheapest is returned, so a split is made only where the model says 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
-from dreamshard.mdp import EpisodeBatch, FastPlayer, Prepared, predict, prepare
-from dreamshard.nets import DreamShardModel, plan_cost
+from dreamshard.learned.dreamshard import Config, get_config, train
+from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, best_placement, predict, prepare
+from dreamshard.learned.nets import DreamShardModel, plan_cost
 from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
-from dreamshard.planners.base import Planner, register
+from dreamshard.planners.base import LearnedPlanner, register
 from dreamshard.planners.heuristics import place_or_pack, task_infeasible
 from dreamshard.planners.scoring import PieceScorer, predicted_dict
 from dreamshard.tasks import Task
 
-
-def best_placement(model: DreamShardModel, p: Prepared, best_of: int, seed: int = 0, player: FastPlayer | None = None) -> tuple[np.ndarray | None, np.ndarray | None, float | None]:
-    """(placement [T], predicted per-device costs [D, 3] ms, predicted overall ms), or Nones if stuck."""
-    player = player or FastPlayer(model.cost_net, model.policy, model.keep_room)
-    greedy = np.zeros(best_of, bool)
-    greedy[0] = True  # episode 0 is the greedy one: best_of=1 is the reference's argmax policy
-    placement, stuck, costs, overall = player.play(p, greedy, np.random.default_rng(seed))
-    if stuck.all():
-        return None, None, None
-    k = int(np.where(stuck, np.inf, plan_cost(costs, overall, model.score)).argmin())
-    scale = float(model.cost_net.scale)
-    return placement[k], costs[k] * scale, float(overall[k]) * scale
+if TYPE_CHECKING:
+    from dreamshard.costs.base import CostBackend
 
 
 def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], max_splits: int, candidates: int = 4, targets: int = 8) -> tuple[list[Shard], list[int], float]:
@@ -89,18 +84,32 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
 
 
 @register
-class DreamShardPlanner(Planner):
-    name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
-    kind = "learned"
+class DreamShardPlanner(LearnedPlanner):
+    """`model`: a model file, a `DreamShardModel`, or None for the shipped H200 model."""
 
-    def __init__(self, model: str | Path | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8):
-        self.model = DreamShardModel.load(model)
-        self.label = "shipped H200 model" if model is None else str(model)
+    name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
+
+    def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8):
+        self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
+        self.label = "shipped H200 model" if model is None else "trained model" if isinstance(model, DreamShardModel) else str(model)
         self.best_of = int(best_of) if best_of is not None else self.model.best_of
         if self.best_of < 1:
             raise ValueError(f"best_of must be >= 1, got {best_of}")
         self.seed, self.split, self.max_splits = seed, bool(split), int(max_splits)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room)
+
+    @classmethod
+    def fit(cls, tasks: Sequence[Task], backend: CostBackend, out: str | Path, config: Config | None = None, *, log: str | Path | None = None,
+            resume: bool = False, eval_tasks: Sequence[Task] | None = None, progress: bool = True, stop_after: int | None = None, **options) -> "DreamShardPlanner":
+        """DreamShard's training (`learned.dreamshard.train`, config `default` unless given) on
+        `tasks` against `backend`; the model goes to `out`, its checkpoint to `out`.ckpt."""
+        model = train(config or get_config("default"), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after)
+        planner = cls(model=model, **options)
+        planner.label = str(out)
+        return planner
+
+    def save(self, path: str | Path) -> None:
+        self.model.save(path)
 
     def plan(self, task: Task) -> Plan:
         if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):

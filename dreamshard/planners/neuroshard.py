@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamshard.nets import DreamShardModel
+from dreamshard.learned.nets import DreamShardModel
 from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dreamshard.mdp import NumpyCostNet
-from dreamshard.nets import COST_COMPONENTS, DreamShardModel, plan_cost, table_features
+from dreamshard.learned.mdp import NumpyCostNet
+from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost, table_features
 from dreamshard.plan import Shard
 from dreamshard.planners import splits
 from dreamshard.tasks import Task

@@ -9,6 +9,9 @@ All E episodes of a batch advance together: step k places the k-th table of ever
 handful of tensor operations, so the Python loop runs T times (tables), never E × T. Episodes of
 different tasks are padded to the largest table and device counts: padding tables come last in
 the order and are skipped; padding devices are never legal.
+
+For planning, `FastPlayer` plays a trained policy in NumPy and `best_placement` keeps the
+cheapest of its greedy and sampled episodes by the cost net.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from dreamshard.nets import CostNet, PolicyNet, table_features
+from dreamshard.learned.nets import CostNet, DreamShardModel, PolicyNet, plan_cost, table_features
 from dreamshard.tasks import Task
 
 
@@ -378,3 +381,18 @@ class FastPlayer:
             if shard_logits is not None:
                 shard_logits[k, a] = self._shard_logits(cw[k, a], hq[k, a])
         return placement, stuck, costs, self.net.overall(csum)
+
+
+def best_placement(model: DreamShardModel, p: Prepared, best_of: int, seed: int = 0, player: FastPlayer | None = None) -> tuple[np.ndarray | None, np.ndarray | None, float | None]:
+    """The `dreamshard` planner's play: the greedy episode and `best_of` − 1 sampled ones in one
+    batch, the cheapest by the cost net → (placement [T], predicted per-device costs [D, 3] ms,
+    predicted overall ms), or Nones if every episode got stuck."""
+    player = player or FastPlayer(model.cost_net, model.policy, model.keep_room)
+    greedy = np.zeros(best_of, bool)
+    greedy[0] = True  # episode 0 is the greedy one: best_of=1 is the reference's argmax policy
+    placement, stuck, costs, overall = player.play(p, greedy, np.random.default_rng(seed))
+    if stuck.all():
+        return None, None, None
+    k = int(np.where(stuck, np.inf, plan_cost(costs, overall, model.score)).argmin())
+    scale = float(model.cost_net.scale)
+    return placement[k], costs[k] * scale, float(overall[k]) * scale

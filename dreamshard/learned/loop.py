@@ -1,0 +1,262 @@
+"""What a learned planner's training loop needs besides its own maths, so that each new learned
+planner (AutoShard, an RNN placer) writes only its loop:
+
+- `Measurer`: the cost backend as training meets it — sampled table-wise plans priced at the
+  training batch (one backend call per workload), counted against the budget of real
+  measurements; `complete` turns a stuck episode into a memory packing so it can be measured;
+- `Checkpoint`: the full state of a run beside its model (`MODEL.pt.ckpt`), written atomically
+  after every iteration, checked key by key on load, refused on resume if the run differs;
+- `RunLog` (one JSON line per iteration) and `Progress` (a bar on stderr);
+- `run_meta`: where a model came from; `mape`, `spearman`: a cost model's accuracy.
+
+None of it knows a particular planner's nets; the backend is always passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+import torch
+
+from dreamshard.files import atomic_write, load_torch_file
+from dreamshard.packing import pack
+from dreamshard.plan import Plan
+from dreamshard.tasks import Task, Workload
+from dreamshard.validation import MAX_BUDGET, MAX_ITERS, ModelError, OptionError, TaskError, one_line
+
+if TYPE_CHECKING:
+    from dreamshard.costs.base import CostBackend, CostReport
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring sampled plans
+# --------------------------------------------------------------------------------------------
+
+
+def spread(budget: int, iterations: int, iteration: int) -> int:
+    """A budget spread evenly over the iterations (earlier ones take the remainder)."""
+    return budget // iterations + (1 if iteration < budget % iterations else 0)
+
+
+def measure(backend: CostBackend, tasks: Sequence[Task], placements: Sequence[Sequence[int]], batch_size: int) -> list[CostReport]:
+    """Real costs of table-wise placements at the training batch: one backend call per workload."""
+    reports = [None] * len(tasks)
+    groups: dict[Workload, list[int]] = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault(t.workload.with_overrides(batch_size), []).append(i)
+    for workload, idx in groups.items():
+        shards = [Plan.table_wise(tasks[i], placements[i], "sampled").device_tables() for i in idx]
+        for i, r in zip(idx, backend.evaluate_many(shards, workload)):
+            reports[i] = r
+    return reports
+
+
+def complete(task: Task, placement: np.ndarray | None, stuck: bool) -> np.ndarray:
+    """A stuck episode's placement replaced by a memory packing (so it can still be measured)."""
+    if not stuck:
+        return placement
+    packed = pack(task.sizes(), task.max_memory_bytes, task.devices)
+    if packed is None:
+        raise TaskError(f"a training task of {len(task.tables)} tables does not fit on {task.devices} devices")
+    return np.array(packed, np.int64)
+
+
+class Measurer:
+    """The only place a training loop meets its cost backend. `sample` prices plans sampled for
+    training and counts them against `budget` real measurements; `evaluate` prices plans that
+    only report progress (held-out tasks) and counts nothing."""
+
+    def __init__(self, backend: CostBackend, batch_size: int, budget: int, used: int = 0):
+        self.backend, self.batch_size, self.budget, self.used = backend, batch_size, budget, used
+
+    def left(self) -> int:
+        return self.budget - self.used
+
+    def sample(self, tasks: Sequence[Task], placements: Sequence[Sequence[int]]) -> list[CostReport]:
+        if len(tasks) > self.left():
+            raise ValueError(f"{len(tasks)} measurements asked, {self.left()} left of the budget of {self.budget}")
+        reports = measure(self.backend, tasks, placements, self.batch_size)
+        self.used += len(tasks)
+        return reports
+
+    def evaluate(self, tasks: Sequence[Task], placements: Sequence[Sequence[int]]) -> list[CostReport]:
+        return measure(self.backend, tasks, placements, self.batch_size)
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def atomic_save(obj, path: str | Path) -> None:
+    """torch.save through the project's one atomic writer (files.atomic_write)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+# what every checkpoint carries besides its planner's own state: which run, how far
+RUN_KEYS = {"config": dict, "tasks": list, "backend": str, "iteration": int, "measurements": int}
+
+
+class Checkpoint:
+    """The full state of a training run in `MODEL.pt.ckpt` beside its model: the run (config,
+    task table names, backend), how far it got (iterations done, real measurements) and the
+    planner's own state under `keys` (name → type: nets, optimizer, replay buffer, random
+    streams), so that a resumed run gives the numbers of an uninterrupted one."""
+
+    def __init__(self, out: str | Path, fmt: str, keys: dict[str, type]):
+        out = Path(out)
+        self.path = out.with_name(out.name + ".ckpt")
+        self.format, self.keys = fmt, {**RUN_KEYS, **keys}
+
+    def save(self, config, tasks: list, backend: str, iteration: int, measurements: int, **state) -> None:
+        """Atomically: a kill mid-save leaves the previous checkpoint."""
+        run = {"config": dataclasses.asdict(config), "tasks": tasks, "backend": backend, "iteration": iteration, "measurements": measurements}
+        atomic_save({"format": self.format, **run, **state}, self.path)
+
+    def load(self) -> dict:
+        """The checkpoint, its keys and their types checked; ModelError otherwise."""
+        path = self.path
+        ck = load_torch_file(path, "checkpoint", ModelError)
+        if not isinstance(ck, dict) or ck.get("format") != self.format:
+            raise ModelError(f"{path}: not a dreamshard checkpoint (delete it, or start without --resume)")
+        for key, kind in self.keys.items():
+            if key not in ck:
+                raise ModelError(f"{path}: missing key {key!r} (delete it, or start without --resume)")
+            if not isinstance(ck[key], kind) or (kind is int and isinstance(ck[key], bool)):
+                raise ModelError(f"{path}, key {key!r}: expected a {kind.__name__}, got {type(ck[key]).__name__}")
+        if not 0 <= ck["measurements"] <= MAX_BUDGET or not 0 <= ck["iteration"] <= MAX_ITERS:
+            raise ModelError(f"{path}: iteration {ck['iteration']} / measurements {ck['measurements']} out of range")
+        return ck
+
+    def resume(self, config, tasks: list, backend: str) -> dict:
+        """The checkpoint of this very run (same options, tasks and backend); OptionError otherwise."""
+        if not self.path.is_file():
+            raise OptionError(f"--resume: no checkpoint {self.path} (start without --resume)")
+        ck = self.load()
+        options = dataclasses.asdict(config)
+        if ck["config"] != options:
+            changed = [k for k, v in options.items() if ck["config"].get(k) != v]
+            raise OptionError(f"--resume: options differ from the checkpoint's ({', '.join(changed) or 'unknown keys'}); rerun with the same ones")
+        if ck["tasks"] != tasks:
+            raise OptionError(f"--resume: the training tasks differ from the checkpoint's ({self.path})")
+        if ck.get("backend", backend) != backend:  # one replay buffer must not mix two backends' costs
+            raise OptionError(f"--resume: the checkpoint's measurements come from {ck['backend']}, not {backend}; rerun with the same backend")
+        return ck
+
+    def restore(self, ck: dict, restorers: dict[str, Callable[[object], object]]) -> None:
+        """Hand each saved value to its restorer; a tampered value names its key (ModelError)."""
+        for key, restore in restorers.items():
+            try:
+                restore(ck[key])
+            except (RuntimeError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+                raise ModelError(f"{self.path}, key {key!r}: cannot be restored ({type(e).__name__}: {one_line(e)[:200]})") from None
+
+
+def numpy_rng_restorer(rng: np.random.Generator) -> Callable[[dict], None]:
+    return lambda state: setattr(rng.bit_generator, "state", state)
+
+
+# --------------------------------------------------------------------------------------------
+# Progress: the log, the bar, the model's provenance, accuracy
+# --------------------------------------------------------------------------------------------
+
+
+class RunLog:
+    """The JSONL log, one line of numbers per iteration (or nothing, without a path). A resumed
+    run keeps the lines of finished iterations only: a kill between the log write and the
+    checkpoint must not leave a duplicate line once the iteration is redone."""
+
+    def __init__(self, path: str | Path | None, resume: bool, start: int, command: str = "train"):
+        self.path = Path(path) if path else None
+        if not self.path:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        old = self.path.read_text(errors="replace").splitlines() if (resume and self.path.is_file()) else []
+        kept = []
+        for i, line in enumerate(old, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                done = int(row.get("iteration", -1)) < start
+            except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+                raise OptionError(f"--log {self.path}: line {i} is not a log line of `{command}`; give another --log file") from None
+            if done:
+                kept.append(line + "\n")
+        atomic_write(self.path, "".join(kept))
+
+    def write(self, row: dict) -> None:
+        if self.path:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+class Progress:
+    """A rich progress bar over iterations on stderr, with the current phase and, once an
+    iteration is done, the numbers of its log row named in `shown` (log key → label)."""
+
+    def __init__(self, enabled: bool, total: int, start: int, shown: dict[str, str]):
+        self.bar, self.shown, self.last = None, shown, ""
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as Bar
+
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+            self.bar.start()
+            self.job = self.bar.add_task("training", total=total, completed=start)
+
+    def phase(self, it: int, what: str) -> None:
+        if self.bar:
+            self.bar.update(self.job, description=f"iteration {it + 1}: {what}{self.last}")
+
+    def done(self, it: int, row: dict) -> None:
+        if self.bar:
+            bits = [f"{label} {row[k]:.3f} ms" for k, label in self.shown.items() if k in row and not math.isnan(row[k])]
+            self.last = " · " + ", ".join(bits) if bits else ""
+            self.bar.update(self.job, advance=1, description=f"iteration {it + 1} done{self.last}")
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_meta(config, backend: str, tasks: Sequence[Task], used: int, iterations: int) -> dict:
+    """A trained model's provenance: its config, backend, measurements, training tasks, date, versions."""
+    import dreamshard.costs.hardware as hw
+
+    tables = sorted({t.name for task in tasks for t in task.tables})
+    return {
+        "config": dataclasses.asdict(config),
+        "backend": backend,
+        "measurements": used,
+        "iterations_done": iterations,
+        "train_tasks": len(tasks),
+        "train_tables": len(tables),
+        "table_counts": [min(len(t.tables) for t in tasks), max(len(t.tables) for t in tasks)],
+        "device_counts": sorted({t.devices for t in tasks}),
+        "date": now(),
+        "versions": {k: str(v) for k, v in hw.software_versions().items()},
+    }
+
+
+def mape(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - true) / np.maximum(true, 1e-12)))
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return math.nan
+    return float(spearmanr(a, b).statistic)

@@ -1,0 +1,318 @@
+"""DreamShard's two networks, the replay buffer of measured placements, and the model file.
+
+Shapes used throughout (DESIGN.md §2):
+  x          [E, T, F]  table features of E placements (episodes) of T tables each (zero-padded)
+  placement  [E, T]     device of each table, -1 for padding / not placed
+  z          [E, D, H]  shard vectors: the SUM of the per-table encodings of each device's tables
+Sums over tables and a max over devices are what make both nets work for any number of tables
+and devices, and make them invariant to the order of tables within a shard and of devices.
+
+Costs inside the nets are in *units* of `CostNet.scale` milliseconds (set from the first real
+measurements): the nets then see numbers near 1 whatever the hardware, from a 1 ms H200 step to a
+1 s CPU one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dreamshard.files import load_torch_file
+from dreamshard.learned.loop import atomic_save
+from dreamshard.tables import NUM_BINS, NUM_FEATURES, TableSpec, features
+from dreamshard.validation import ModelError, one_line
+
+COST_COMPONENTS = ("fwd_comp_ms", "bwd_comp_ms", "comm_ms")  # the three per-shard heads, in order
+MODEL_FORMAT = "dreamshard.model/1"
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "dreamshard_h200.pt"  # dreamshard/data/models
+
+
+LINEAR_FEATURES = ("dim/128", "pooling/64", "dim*pooling/4096", "distinct/64", "dim*distinct/4096")
+# A reuse bin's typical access count (counts are integers): 1 for (0,1], the mean of the
+# integers in (2^(j-1), 2^j], and 2^16 for the open bin > 2^15.
+_BIN_COUNT = np.array([1.0] + [(2 ** (j - 1) + 1 + 2**j) / 2 for j in range(1, NUM_BINS - 1)] + [2.0**16])
+
+
+def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool = False, precision: str = "fp16") -> np.ndarray:
+    """The nets' input: the 21 DreamShard features, plus (`linear`, our change) five on a linear
+    scale that say how much memory traffic a table makes per sample: its dim, its lookups
+    (pooling factor), the values it gathers (dim × pooling), its distinct rows (pooling factor /
+    mean access count of a touched row, from the reuse histogram) and their values (dim ×
+    distinct). A fused kernel's time is close to a sum of such traffic over the shard's tables;
+    from the log-scale or z-scored features a ReLU net has to build these products and ratios out
+    of line segments, and it gets them wrong on tables it has not seen (docs/dreamshard.md)."""
+    x = features(tables, normalization, precision)
+    if not linear:
+        return x
+    dim = np.array([t.dim for t in tables], np.float64)
+    pf = np.array([t.pooling_factor for t in tables], np.float64)
+    bins = np.array([t.bins for t in tables], np.float64).reshape(-1, len(_BIN_COUNT))
+    distinct = pf / np.maximum(bins @ _BIN_COUNT, 1.0)
+    extra = np.stack([dim / 128, pf / 64, dim * pf / 4096, distinct / 64, dim * distinct / 4096], axis=1).reshape(-1, len(LINEAR_FEATURES))
+    return np.concatenate([x, extra.astype(np.float32)], axis=1)
+
+
+def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def shard_sum(enc: torch.Tensor, placement: torch.Tensor, devices: int) -> torch.Tensor:
+    """[E, T, H] per-table encodings + [E, T] devices (-1 = none) → [E, D, H] per-device sums."""
+    onehot = F.one_hot(placement.clamp(min=0), devices).to(enc.dtype) * (placement >= 0).unsqueeze(-1).to(enc.dtype)
+    return torch.einsum("etd,eth->edh", onehot, enc)
+
+
+class CostNet(nn.Module):
+    """Predicts per-shard forward compute, backward compute and communication, and the overall
+    step cost of a placement.
+
+    The table encoder ends in a ReLU, so every shard vector is >= 0 and a device with no tables
+    (vector 0) or a padding device never wins the element-wise max over devices.
+    """
+
+    def __init__(self, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, head: int = 64):
+        super().__init__()
+        self.encoder = _mlp([features, hidden, latent], last_relu=True)
+        self.heads = nn.ModuleList([_mlp([latent, head, 1], last_relu=False) for _ in COST_COMPONENTS])
+        self.overall_head = _mlp([latent, head, 1], last_relu=False)
+        self.register_buffer("scale", torch.tensor(1.0))  # ms per unit of the targets
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+    def shard_costs(self, z: torch.Tensor) -> torch.Tensor:
+        """[..., H] shard vectors → [..., 3] (fwd_comp, bwd_comp, comm) in units."""
+        return torch.cat([h(z) for h in self.heads], dim=-1)
+
+    def overall(self, z: torch.Tensor, device_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[E, D, H] shard vectors → [E] overall cost in units (max over the real devices)."""
+        if device_mask is not None:
+            z = z.masked_fill(~device_mask.unsqueeze(-1), 0.0)
+        return self.overall_head(z.max(dim=1).values).squeeze(-1)
+
+    def shards(self, x: torch.Tensor, placement: torch.Tensor, devices: int) -> torch.Tensor:
+        return shard_sum(self.encode(x), placement, devices)
+
+    def forward(self, x: torch.Tensor, placement: torch.Tensor, device_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-device costs [E, D, 3], overall [E]), in units."""
+        z = self.shards(x, placement, device_mask.shape[1])
+        return self.shard_costs(z), self.overall(z, device_mask)
+
+
+class PolicyNet(nn.Module):
+    """One logit per device from [Σ second table encoder over the device's tables, MLP of the cost
+    net's predicted (fwd, bwd, comm) for the device's shard]; softmax over the legal devices.
+
+    `sees_table=False` is the reference network: its single linear head cannot tell which table is
+    being placed. `sees_table=True` (our change) adds what the placement would do — the cost net's
+    predictions for the shard *with* the table — and the table's own encoding, through a hidden
+    layer (a linear term in the table alone would shift every device's logit equally and change
+    nothing).
+    """
+
+    def __init__(self, sees_table: bool, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, cost_hidden: int = 64):
+        super().__init__()
+        self.sees_table = sees_table
+        self.encoder = _mlp([features, hidden, latent], last_relu=True)
+        self.cost_encoder = _mlp([6 if sees_table else 3, cost_hidden, latent], last_relu=True)
+        if sees_table:
+            self.head = _mlp([3 * latent, cost_hidden, 1], last_relu=False)
+        else:
+            self.head = nn.Linear(2 * latent, 1)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+    def logits(self, shard: torch.Tensor, costs: torch.Tensor, costs_after: torch.Tensor | None = None, table: torch.Tensor | None = None) -> torch.Tensor:
+        """shard [E, D, H] policy-encoder sums, costs [E, D, 3] predicted (detached), and with
+        `sees_table` costs_after [E, D, 3] and table [E, H] → logits [E, D]."""
+        if self.sees_table:
+            c = self.cost_encoder(torch.cat([costs, costs_after], dim=-1))
+            t = table.unsqueeze(1).expand(-1, shard.shape[1], -1)
+            return self.head(torch.cat([shard, c, t], dim=-1)).squeeze(-1)
+        return self.head(torch.cat([shard, self.cost_encoder(costs)], dim=-1)).squeeze(-1)
+
+
+SCORES = ("overall", "max_device")
+
+
+def plan_cost(device_costs, overall, score: str):
+    """The predicted cost of plans that RL minimises and best-of-K ranks by.
+
+    `overall` (reference): the overall head, fed the element-wise max of the shard vectors.
+    `max_device`: the paper's cost definition applied to the per-device heads,
+    max_d (fwd_comp + bwd_comp + comm); those heads are fitted on D targets per measured plan
+    instead of one, and a max over explicit device totals is harder for RL to exploit.
+    Works on torch tensors and NumPy arrays: device_costs [..., D, 3], overall [...].
+    """
+    if score == "overall":
+        return overall
+    if score != "max_device":
+        raise ValueError(f"score {score!r}: use one of {', '.join(SCORES)}")
+    total = device_costs.sum(-1)
+    return total.amax(-1) if isinstance(total, torch.Tensor) else total.max(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Replay buffer of measured placements
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    """One real measurement: the task's features (as the nets see them), where each table went,
+    the per-device (fwd_comp, bwd_comp, comm) in ms, and the overall cost in ms."""
+
+    x: np.ndarray  # [T, F] float32
+    placement: np.ndarray  # [T] int64
+    device_costs: np.ndarray  # [D, 3] float32
+    overall: float
+
+
+def collate(items: list[Measured]) -> dict[str, torch.Tensor]:
+    """Pad a list of measurements to [B, Tmax, F], [B, Tmax], [B, Dmax, 3], [B, Dmax], [B]."""
+    B = len(items)
+    T = max(len(m.placement) for m in items)
+    D = max(len(m.device_costs) for m in items)
+    x = np.zeros((B, T, items[0].x.shape[1]), np.float32)
+    placement = np.full((B, T), -1, np.int64)
+    costs = np.zeros((B, D, 3), np.float32)
+    dmask = np.zeros((B, D), bool)
+    for i, m in enumerate(items):
+        x[i, : len(m.x)] = m.x
+        placement[i, : len(m.placement)] = m.placement
+        costs[i, : len(m.device_costs)] = m.device_costs
+        dmask[i, : len(m.device_costs)] = True
+    overall = np.array([m.overall for m in items], np.float32)
+    return {"x": torch.from_numpy(x), "placement": torch.from_numpy(placement), "device_costs": torch.from_numpy(costs), "device_mask": torch.from_numpy(dmask), "overall": torch.from_numpy(overall)}
+
+
+class ReplayBuffer:
+    """Every real measurement so far (the paper keeps them all: there are only ~100)."""
+
+    def __init__(self) -> None:
+        self.items: list[Measured] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, item: Measured) -> None:
+        self.items.append(item)
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        return collate([self.items[i] for i in rng.integers(len(self.items), size=batch_size)])
+
+    def state_dict(self) -> dict:
+        return {
+            "x": [torch.from_numpy(m.x) for m in self.items],
+            "placement": [torch.from_numpy(m.placement) for m in self.items],
+            "device_costs": [torch.from_numpy(m.device_costs) for m in self.items],
+            "overall": [float(m.overall) for m in self.items],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.items = [
+            Measured(x.numpy(), p.numpy(), c.numpy(), float(o))
+            for x, p, c, o in zip(state["x"], state["placement"], state["device_costs"], state["overall"])
+        ]
+
+
+# --------------------------------------------------------------------------------------------
+# The model file: both nets + what is needed to use them
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DreamShardModel:
+    """A trained DreamShard: cost net, policy, and the inference settings it was trained with."""
+
+    cost_net: CostNet
+    policy: PolicyNet
+    normalization: str = "fixed"  # table features: "fixed" log scale or per-"task" z-scores
+    best_of: int = 1  # plans per task at inference: greedy + (best_of - 1) sampled, best by cost net
+    score: str = "overall"  # what a plan costs to the nets: see `plan_cost`
+    linear_features: bool = False  # see `table_features`
+    keep_room: bool = False  # MDP legality: see `mdp.keeps_room`
+    meta: dict | None = None  # where it came from: backend, tasks, config, measurements, date
+
+    @staticmethod
+    def create(sees_table: bool, normalization: str, best_of: int = 1, score: str = "overall", linear_features: bool = False, keep_room: bool = False) -> "DreamShardModel":
+        f = NUM_FEATURES + (len(LINEAR_FEATURES) if linear_features else 0)
+        return DreamShardModel(CostNet(features=f), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {})
+
+    def state(self) -> dict:
+        return {
+            "format": MODEL_FORMAT,
+            "cost_net": self.cost_net.state_dict(),
+            "policy": self.policy.state_dict(),
+            "sees_table": self.policy.sees_table,
+            "normalization": self.normalization,
+            "best_of": self.best_of,
+            "score": self.score,
+            "linear_features": self.linear_features,
+            "keep_room": self.keep_room,
+            "meta": self.meta or {},
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Atomic write (a kill mid-save never leaves a broken model file)."""
+        atomic_save(self.state(), path)
+
+    @staticmethod
+    def from_state(state: dict, where: str = "model") -> "DreamShardModel":
+        """A model from `state()`; ModelError naming `where` and the key for anything else."""
+        from dreamshard.validation import require_keys
+
+        if not isinstance(state, dict) or state.get("format") != MODEL_FORMAT:
+            raise ModelError(f"{where}: not a {MODEL_FORMAT} file (train one with `dreamshard train`)")
+        require_keys(state, ("cost_net", "policy", "sees_table", "normalization", "best_of"), where, ModelError)
+        for key, kind in (("sees_table", bool), ("normalization", str), ("best_of", int), ("score", str), ("linear_features", bool), ("keep_room", bool)):
+            if key in state and (not isinstance(state[key], kind) or (kind is int and isinstance(state[key], bool))):
+                raise ModelError(f"{where}, key {key!r}: {state[key]!r:.40} is not a {kind.__name__}")
+        if state["normalization"] not in ("fixed", "task"):
+            raise ModelError(f"{where}, key 'normalization': {state['normalization']!r:.40} is not 'fixed' or 'task'")
+        if not 1 <= state["best_of"] <= 10_000:
+            raise ModelError(f"{where}, key 'best_of': {state['best_of']} must be in 1..10000")
+        if state.get("score", "overall") not in SCORES:
+            raise ModelError(f"{where}, key 'score': {state['score']!r:.40} is not one of {', '.join(SCORES)}")
+        meta = state.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise ModelError(f"{where}, key 'meta': expected a dict")
+        model = DreamShardModel.create(
+            state["sees_table"],
+            state["normalization"],
+            state["best_of"],
+            state.get("score", "overall"),
+            state.get("linear_features", False),
+            state.get("keep_room", False),
+        )
+        for key, net in (("cost_net", model.cost_net), ("policy", model.policy)):
+            if not isinstance(state[key], dict):
+                raise ModelError(f"{where}, key {key!r}: expected a state dict of tensors")
+            try:
+                net.load_state_dict(state[key])
+            except (RuntimeError, TypeError, KeyError, AttributeError) as e:  # missing/unexpected keys, shapes, non-tensors
+                raise ModelError(f"{where}, key {key!r}: does not fit the network ({one_line(e)[:200]})") from None
+        model.meta = dict(meta or {})
+        model.cost_net.eval()
+        model.policy.eval()
+        return model
+
+    @staticmethod
+    def load(path: str | Path | None = None) -> "DreamShardModel":
+        path = Path(path) if path is not None else DEFAULT_MODEL
+        if not path.is_file():
+            hint = " (the shipped model is missing from this install)" if path == DEFAULT_MODEL else ""
+            raise ModelError(f"{path}: no such model file{hint}")
+        return DreamShardModel.from_state(load_torch_file(path, "model", ModelError), str(path))
