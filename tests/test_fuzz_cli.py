@@ -392,7 +392,7 @@ def test_fuzz_plan_files(base_plan, data):
 
 @pytest.fixture(scope="module")
 def model_state() -> dict:
-    from dreamshard.nets import DreamShardModel
+    from dreamshard.learned.nets import DreamShardModel
 
     return DreamShardModel.load().state()  # the shipped model's
 

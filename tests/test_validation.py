@@ -21,7 +21,7 @@ from dreamshard import validation
 from dreamshard.cli import cli
 from dreamshard.costs.runners.distributed import failure_message
 from dreamshard.files import atomic_write, remove_stale_temps
-from dreamshard.nets import DreamShardModel
+from dreamshard.learned.nets import DreamShardModel
 from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.validation import DataError, InputError, ModelError, check_dlrm_file, parse_float, parse_int
 
@@ -172,7 +172,7 @@ def test_checkpoint_that_is_not_ours(pool, tmp_path):
 
     tables = load_tables(pool / "tables.csv")
     save_tasks(sample_tasks(split_pool(tables, 0)[0], 2, (2, 3), 2, 10**13, seed=1, pool=str(pool)), tmp_path / "train.jsonl")
-    from dreamshard.training import CHECKPOINT_FORMAT
+    from dreamshard.learned.dreamshard import CHECKPOINT_FORMAT
 
     ckpt = tmp_path / "m.pt.ckpt"
     cases = [([1, 2], "not a dreamshard checkpoint"), ({"format": CHECKPOINT_FORMAT}, "missing key 'config'"),
