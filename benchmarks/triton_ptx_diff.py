@@ -1,12 +1,17 @@
 """Compile the Triton TBE's kernels of a git revision and of the working tree for sm_90, on the CPU
 (no GPU needed: Triton's own compiler and bundled ptxas), and report which variants' PTX differ.
 
-    python benchmarks/triton_ptx_diff.py [--rev HEAD]      # needs `pip install triton==3.6.0`
+    python benchmarks/triton_ptx_diff.py [--rev HEAD] [--regs]    # needs `pip install triton==3.6.0`
 
 A refactor that leaves every variant's PTX identical cannot change the kernels' speed, so it needs
 no new GPU measurement. Variants: the forward (fp16/fp32, power-of-two dims only and all classes),
-and for every dim class the backward (fp16 SGD, fp32 Adagrad, fp16 Adagrad with the scan
-reduction) and the fix-up (SGD, Adagrad).
+the key-building launch, and the tile kernel of the backward for every tile class (fp16 SGD, fp32
+row-wise Adagrad, fp16 row-wise Adagrad; level 0 and the levels above, with the tile lengths
+of the default tunables). Pointer arguments are
+compiled as 16-byte aligned (``tt.divisibility`` 16), as the JIT does for the tensors the real
+launches pass; without it Triton picks scalar loads and several times the registers, so counts taken
+that way overstate what the GPU runs. ``--regs`` prints each working-tree variant's registers and
+spill (``cuobjdump -res-usage``). A kernel or signature absent from the revision counts as differing.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,6 +33,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 PATH = "dreamshard/costs/kernels/triton_tbe.py"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
 def load(path: str, name: str):
@@ -36,11 +43,27 @@ def load(path: str, name: str):
     return module
 
 
-def ptx(fn, sig: dict, const: dict) -> str:
+def compile_(fn, sig: dict, const: dict, num_warps: int):
+    names = fn.arg_names
+    # 16-byte aligned pointers, as the JIT specialises the tensors of the real launches
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*")}
+    src = ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": num_warps})
+
+
+def ptx(cc) -> str:
     """The kernel's PTX without debug sections, line info or labels (they name files and lines)."""
-    cc = triton.compile(ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const), target=GPUTarget("cuda", 90, 64))
     code = cc.asm["ptx"].split(".section")[0]
     return "\n".join(line for line in code.splitlines() if not line.strip().startswith(("//", ".file", ".loc")) and "L__tmp" not in line)
+
+
+def regs(cc) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cc.asm["cubin"])
+        f.flush()
+        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", out)
+    return f"REG {m.group(1)} STACK {m.group(2)} SHARED {m.group(3)}" if m else out.strip()[-200:]
 
 
 def variants():
@@ -48,24 +71,28 @@ def variants():
         sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "meta_ptr": "*i64", "prog_table_ptr": "*i32",
                "pfirst_ptr": "*i64", "T": "i32", "B": "i32", "sumD": "i32"}
         for classes in ((1 << 7) - 1, ((1 << 7) - 1) * ((1 << 9) + 1), (1 << 18) - 1):
-            yield "_fwd_kernel", sig, {"CLASSES": classes, "LANES": 1024, "UNROLL": 4, "VEC": vec}
+            yield "_fwd_kernel", sig, {"CLASSES": classes, "LANES": 1024, "UNROLL": 4, "VEC": vec}, 4
+    sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "row_start_ptr": "*i64", "bstart_ptr": "*i64", "keys_ptr": "*i32", "segid_ptr": "*i32",
+           "N": "i32", "B": "i32"}
+    yield "_keys_kernel", sig, {"BLOCK": 1024}, 4
     for c in range(14):
+        tw = 16 << (c % 7)
         for dt, adagrad in (("fp16", False), ("fp32", True), ("fp16", True)):
-            if not adagrad and c % 7 > 4:  # SGD cuts dims into blocks of at most 256 columns
+            if not adagrad and tw > 256:  # SGD cuts dims into blocks of at most 256 columns
                 continue
-            sig = {"keys_ptr": "*i32", "segs_ptr": "*i32", "grad_ptr": f"*{dt}", "w_ptr": f"*{dt}", "state_ptr": "*fp32",
-                   "slot_first_ptr": "*fp32", "slot_last_ptr": "*fp32", "flags_ptr": "*i8", "meta_ptr": "*i64", "prog_table_ptr": "*i32",
-                   "dyn_ptr": "*i64", "pid_base": "i32", "T": "i32", "B": "i32", "sumD": "i32", "lr": "fp32", "eps": "fp32"}
-            yield "_bwd_kernel", sig, {"CLASSES": 1 << c, "LANES": 1024, "PMAX": 32, "ADAGRAD": adagrad, "VEC": 8 if dt == "fp16" else 4}
-        for adagrad in (False, True):
-            sig = {"keys_ptr": "*i32", "w_ptr": "*fp16", "state_ptr": "*fp32", "slot_first_ptr": "*fp32", "slot_last_ptr": "*fp32", "flags_ptr": "*i8",
-                   "first": "i32", "meta_ptr": "*i64", "prog_table_ptr": "*i32", "dyn_ptr": "*i64", "T": "i32", "nprog": "i32", "lr": "fp32", "eps": "fp32"}
-            yield "_fix_kernel", sig, {"CLASSES": 1 << c, "QLANES": 2048, "ADAGRAD": adagrad}
+            lanes0 = 4096 // (2 if dt == "fp32" else 1)
+            p0, p1 = min(max(lanes0 // tw, 16), 64), min(max(2048 // tw, 16), 64)
+            sig = {"keys_ptr": "*i16", "segs_ptr": "*i32", "grad_ptr": f"*{dt}", "vals_ptr": "*fp32", "ekeys_ptr": "*i16", "eflags_ptr": "*i8",
+                   "w_ptr": f"*{dt}", "state_ptr": "*fp32", "meta_ptr": "*i64", "segt_ptr": "*i64", "pid_base": "i32", "seg_lo": "i32",
+                   "seg_hi": "i32", "T": "i32", "NSEG": "i32", "B": "i32", "sumD": "i32", "lr": "fp32", "eps": "fp32"}
+            for level0, p in ((True, p0), (False, p1)):
+                yield "_tile_kernel", sig, {"CLS": c, "LEVEL0": level0, "P": p, "ADAGRAD": adagrad, "VEC": 8 if dt == "fp16" else 4}, (4 if tw <= 256 else 8)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD", help="git revision to compare the working tree with")
+    ap.add_argument("--regs", action="store_true", help="print the registers of every working-tree variant")
     args = ap.parse_args()
     sys.path.insert(0, ROOT)
     old_src = subprocess.run(["git", "show", f"{args.rev}:{PATH}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
@@ -76,9 +103,17 @@ def main() -> None:
         old, new = load(old_path, "old_triton_tbe"), load(os.path.join(ROOT, PATH), "new_triton_tbe")
         differ = []
         n = 0
-        for name, sig, const in variants():
+        for name, sig, const, warps in variants():
             n += 1
-            if ptx(getattr(old, name), sig, const) != ptx(getattr(new, name), sig, const):
+            cc = compile_(getattr(new, name), sig, const, warps)
+            if args.regs:
+                print(f"{name} {const} warps={warps}: {regs(cc)}", flush=True)
+            try:
+                same = ptx(compile_(getattr(old, name), sig, const, warps)) == ptx(cc)
+            except Exception as e:  # absent in the revision, or another signature
+                same = False
+                const = {**const, "old": type(e).__name__}
+            if not same:
                 differ.append(f"{name} {const}")
     for d in differ:
         print("differs:", d)
