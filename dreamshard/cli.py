@@ -775,8 +775,15 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     for name, needs in skipped.items():
         console.print(f"[dim]skipped planner {name}: it needs {', '.join(needs)}[/dim]")
     # every planner as it comes, and those that can cut tables also with --split
-    planners = {label: planner for n in names for label, planner in
-                [(n, get_planner(n))] + ([(f"{n} --split", get_planner(n, split=True))] if "split" in PLANNERS[n].options() else [])}
+    planners = {}
+    for n in names:
+        try:
+            planners[n] = get_planner(n)
+        except OptionError as e:  # e.g. torchrec where TorchRec is not installed
+            console.print(f"[dim]skipped planner {n}: {one_line(e)}[/dim]")
+            continue
+        if "split" in PLANNERS[n].options():
+            planners[f"{n} --split"] = get_planner(n, split=True)
     results = evaluate(planners, [task], SimBackend())  # dreamshard: the shipped model, trained on the pool's train tables
     placed = [row for row in results.rows if row.ok]
     for row in results.rows:
