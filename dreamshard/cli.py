@@ -300,10 +300,12 @@ def device_summary(plan, title: str, report=None) -> Table:
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="for randomized planners")
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="for the planners that use a cost net (dreamshard, neuroshard): a model from `dreamshard train` (default: the shipped H200 model)")
+@click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
+              help="for the planners that search on a cost backend (oracle): the simulator, or a kernel measured by the sequential runner")
 @click.option("--split", is_flag=True, help="let the planner cut tables into column shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: a split search; neuroshard always splits)")
 @click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
 @click.pass_context
-def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, split, out) -> None:
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, out) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
@@ -317,6 +319,8 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
     options = PLANNERS[planner_name].options()
     if model_path is not None and "model" not in options:
         raise OptionError(f"--model is for the planners with a cost net ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'model' in c.options())}), not {planner_name!r}")
+    if backend_name is not None and "backend" not in options:
+        raise OptionError(f"--backend is for the planners that search on a cost backend ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'backend' in c.options())}), not {planner_name!r}")
     if split and "split" not in options:
         raise OptionError(f"--split: planner {planner_name!r} does not split tables; these do: {', '.join(n for n, c in sorted(PLANNERS.items()) if 'split' in c.options())}")
     if tasks_file:
@@ -335,6 +339,8 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         kwargs["model"] = model_path
     if split:
         kwargs["split"] = True
+    if backend_name is not None:
+        kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto", 10, 3, 300.0, None)[0]
     planner = get_planner(planner_name, **kwargs)
     with progress_bar() as bar:
         job = bar.add_task(f"planning with {planner_name}", total=len(tasks))

@@ -132,7 +132,7 @@ class OraclePlanner(Planner):
 
     def __init__(self, backend: "CostBackend | None" = None, budget: int = 20_000, restarts: int = 4, seed: int = 0, split: bool = True):
         if backend is None or not callable(getattr(backend, "evaluate", None)):
-            raise OptionError("planner oracle needs a cost backend (backend=SimBackend() in Python; benchmarks/oracle_gap.py); the plan command cannot give it one yet")
+            raise OptionError("planner oracle needs a cost backend: `dreamshard plan --planner oracle --backend sim`, or backend=SimBackend() in Python")
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
             raise OptionError(f"planner oracle: budget {budget!r:.40} must be a positive number of evaluations")
         if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 0:
