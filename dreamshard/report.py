@@ -329,5 +329,6 @@ def missing_arguments(name: str) -> list[str]:
 
     from dreamshard.planners import PLANNERS
 
-    params = inspect.signature(PLANNERS[name]).parameters.values()
-    return [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    cls = PLANNERS[name]
+    params = inspect.signature(cls).parameters.values()
+    return [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)] + list(getattr(cls, "requires", ()))

@@ -23,6 +23,7 @@ class Planner(ABC):
     name: str = "?"
     description: str = ""
     kind: str = "?"  # "heuristic", "search" (over plans, scored by a model) or "learned" (a trained policy)
+    requires: tuple[str, ...] = ()  # options it cannot plan without, though they default to None (so a missing one is a one-line error)
 
     @classmethod
     def options(cls) -> dict[str, object]:

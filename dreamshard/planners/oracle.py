@@ -31,7 +31,6 @@ final pricing (`plan.predicted`, source: the backend's name) included. Determini
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import TYPE_CHECKING
 
@@ -129,6 +128,7 @@ class State:
 class OraclePlanner(Planner):
     name, description = "oracle", "simulated annealing on a cost backend's true cost: moves, swaps, column splits (needs backend=)"
     kind = "search"
+    requires = ("backend",)
 
     def __init__(self, backend: "CostBackend | None" = None, budget: int = 20_000, restarts: int = 4, seed: int = 0, split: bool = True):
         if backend is None or not callable(getattr(backend, "evaluate", None)):
@@ -442,11 +442,3 @@ class OraclePlanner(Planner):
         rows = np.repeat(np.append(state.dev[keep_idx], 0)[None], len(targets), axis=0)
         rows[:, -1] = targets
         return pieces, rows
-
-
-# `backend` defaults to None only so that a planner built without one (`dreamshard plan --planner
-# oracle`) fails with a one-line OptionError instead of a TypeError; the registry's signature says
-# it is required, so `report.missing_arguments` lists it and the demo and `compare` skip it.
-OraclePlanner.__signature__ = inspect.signature(OraclePlanner.__init__).replace(
-    parameters=[p.replace(default=inspect.Parameter.empty) if p.name == "backend" else p
-                for p in list(inspect.signature(OraclePlanner.__init__).parameters.values())[1:]])
