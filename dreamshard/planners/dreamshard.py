@@ -50,13 +50,13 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
     pieces, devices = list(pieces), list(devices)
     state = scorer.state(pieces, np.array(devices))
     used = np.zeros(task.devices, np.int64)
-    np.add.at(used, devices, [task.table_bytes(s) for s in splits.specs(task, pieces)])
+    np.add.at(used, devices, splits.sizes(task, pieces))
     cost = float(scorer.score(state))
     for _ in range(max_splits):
         totals = net.costs(state[:, :nP]).sum(-1)
         slow = int(totals.argmax())
         rows = scorer.rows([pieces])[0]
-        single = net.costs(rows[:, :nP] + net.b1)[:, :2].sum(-1)
+        single = scorer.alone(rows)
         cut = sorted((i for i, d in enumerate(devices) if d == slow and splits.can_halve(pieces[i])), key=lambda i: -single[i])[:candidates]
         to = np.array([d for d in np.argsort(totals, kind="stable") if d != slow][:targets], np.int64)
         if not cut or not len(to):
@@ -67,14 +67,15 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
         trial = np.repeat(np.repeat(state[None, None], C, 0), K, 1)  # [C, K, D, R]
         trial[:, :, slow] += (hrows[:, 0] - rows[cut])[:, None]
         trial[np.arange(C)[:, None], np.arange(K)[None, :], to[None, :]] += hrows[:, 1][:, None]
-        moved = np.array([task.table_bytes(h[1].spec(task.tables[h[1].table])) for h in halves])
+        moved = np.array(splits.sizes(task, [h[1] for h in halves]))
         fits = used[to][None, :] + moved[:, None] <= cap
         score = np.where(fits, scorer.score(trial), np.inf)
         c, k = np.unravel_index(int(score.argmin()), score.shape)
         if not score[c, k] < cost * (1 - 1e-3):  # a cut must pay by more than rounding
             break
         i, (keep, move) = cut[c], halves[c]
-        used[slow] -= task.table_bytes(pieces[i].spec(task.tables[pieces[i].table])) - task.table_bytes(keep.spec(task.tables[keep.table]))
+        before, after = splits.sizes(task, [pieces[i], keep])
+        used[slow] -= before - after
         used[to[k]] += moved[c]
         pieces[i] = keep
         pieces.append(move)
@@ -137,9 +138,7 @@ class DreamShardPlanner(LearnedPlanner):
         pieces, devices, cost = split_descent(scorer, whole, table_wise.placement, self.max_splits)
         if cost < best[0]:
             best = (cost, pieces, devices)
-        rows = scorer.rows([whole])[0]
-        single = scorer.net.costs(rows[:, : scorer.net.nP] + scorer.net.b1)[:, :2].sum(-1)
-        cuts = cut_ladder(whole, single, self.max_splits)
+        cuts = cut_ladder(whole, scorer.alone(scorer.rows([whole])[0]), self.max_splits)
         if cuts:
             superset = list(dict.fromkeys(p for c in cuts for p in c))
             index = {p: i for i, p in enumerate(superset)}

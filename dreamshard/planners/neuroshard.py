@@ -39,8 +39,8 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     C, n, D, S = len(pieces), len(pieces[0]), task.devices, len(caps)
     rows = scorer.rows(pieces)  # [C, n, R]
     nP = net.nP
-    single = net.costs(rows[..., :nP] + net.b1)[..., :2].sum(-1)  # [C, n] predicted compute alone
-    sizes = np.array([[task.table_bytes(s) for s in splits.specs(task, ps)] for ps in pieces], np.int64)
+    single = scorer.alone(rows)  # [C, n]
+    sizes = np.array([splits.sizes(task, ps) for ps in pieces], np.int64)
     dims = np.array([[p.width for p in ps] for ps in pieces], np.int64)
     order = np.argsort(-single, axis=1, kind="stable")  # [C, n]
     E = C * S  # episode e = candidate e // S at cap e % S
@@ -119,10 +119,8 @@ class NeuroShardPlanner(Planner):
 
     def _candidates(self, scorer: PieceScorer, pieces: list[Shard]) -> list[int]:
         """Pieces worth halving: the union of the `top` largest and the `top` costliest."""
-        net, task = scorer.net, scorer.task
-        rows = scorer.rows([pieces])[0]
-        single = net.costs(rows[:, : net.nP] + net.b1)[:, :2].sum(-1)
-        sizes = np.array([task.table_bytes(s) for s in splits.specs(task, pieces)])
+        single = scorer.alone(scorer.rows([pieces])[0])
+        sizes = np.array(splits.sizes(scorer.task, pieces))
         k = min(self.top, len(pieces))
         chosen = set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k])
         return sorted(int(i) for i in chosen if splits.can_halve(pieces[i]))

@@ -19,7 +19,7 @@ def predicted_dict(device_costs: np.ndarray, overall: float, model_label: str) -
 
 
 class PieceScorer:
-    """The cost net's view of pieces: each piece's state row, size and dim, cached per piece."""
+    """The cost net's view of pieces: each piece's state row, cached per piece."""
 
     def __init__(self, model: DreamShardModel, task: Task):
         self.model, self.task = model, task
@@ -37,6 +37,11 @@ class PieceScorer:
                 self._data.append(r)
         table = np.stack(self._data)
         return table[np.array([[self._rows[p] for p in ps] for ps in pieces])]
+
+    def alone(self, rows: np.ndarray) -> np.ndarray:
+        """[..., R] piece rows → [...] each piece's predicted compute (fwd + bwd) on a device of
+        its own, units: what the search planners rank pieces by."""
+        return self.net.costs(rows[..., : self.net.nP] + self.net.b1)[..., :2].sum(-1)
 
     def state(self, pieces: list[Shard], devices: np.ndarray) -> np.ndarray:
         """[D, R] the device states of one placement of `pieces`."""

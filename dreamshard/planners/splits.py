@@ -35,6 +35,11 @@ def specs(task: Task, pieces: Sequence[Shard]) -> list[TableSpec]:
     return [p.spec(task.tables[p.table]) for p in pieces]
 
 
+def sizes(task: Task, pieces: Sequence[Shard]) -> list[int]:
+    """Device bytes of each piece under the task's workload."""
+    return [task.table_bytes(s) for s in specs(task, pieces)]
+
+
 def as_task(task: Task, pieces: Sequence[Shard]) -> Task:
     """The task whose tables are the pieces (what a table-wise placer or the cost net sees)."""
     return Task(specs(task, pieces), task.devices, task.max_memory_bytes, task.workload, task.pool)
