@@ -236,18 +236,25 @@ def test_atomic_write_cleans_up_after_a_failure(tmp_path):
     assert target.read_text() == "old" and not list(tmp_path.glob("m.pt.tmp*"))
 
 
-def test_temp_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
-    """A checkpoint write killed outright (SIGKILL) leaves NAME.tmp<pid>; the next write removes it."""
-    target = tmp_path / "m.pt.ckpt"
-    code = ("import sys, time; from dreamshard.files import atomic_write; "
+def start_stuck_writer(target: Path, setup: str = "") -> tuple[subprocess.Popen, Path]:
+    """A process whose atomic_write of `target` hangs mid-write (after running `setup`), and the
+    temporary file it is writing, once that exists."""
+    code = (f"import sys, time; from dreamshard.files import atomic_write; {setup}"
             "atomic_write(sys.argv[1], lambda f: (f.write(b'partial'), f.flush(), time.sleep(60)))")
     p = subprocess.Popen([sys.executable, "-c", code, str(target)], env={**os.environ, "PYTHONPATH": str(ROOT)})
-    temp = tmp_path / f"m.pt.ckpt.tmp{p.pid}"
+    temp = target.with_name(f"{target.name}.tmp{p.pid}")
     for _ in range(200):
         if temp.exists():
             break
         time.sleep(0.05)
     assert temp.exists()
+    return p, temp
+
+
+def test_temp_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    """A checkpoint write killed outright (SIGKILL) leaves NAME.tmp<pid>; the next write removes it."""
+    target = tmp_path / "m.pt.ckpt"
+    p, temp = start_stuck_writer(target)
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert temp.exists() and not target.exists()  # what the issue saw
@@ -260,15 +267,7 @@ def test_temp_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
 
 def test_sigterm_during_a_write_leaves_no_temp_file(tmp_path):
     target = tmp_path / "m.pt"
-    code = ("import sys, time; from dreamshard.cli import exit_on_sigterm; from dreamshard.files import atomic_write; exit_on_sigterm(); "
-            "atomic_write(sys.argv[1], lambda f: (f.write(b'partial'), f.flush(), time.sleep(60)))")
-    p = subprocess.Popen([sys.executable, "-c", code, str(target)], env={**os.environ, "PYTHONPATH": str(ROOT)})
-    temp = tmp_path / f"m.pt.tmp{p.pid}"
-    for _ in range(200):
-        if temp.exists():
-            break
-        time.sleep(0.05)
-    assert temp.exists()
+    p, temp = start_stuck_writer(target, "from dreamshard.cli import exit_on_sigterm; exit_on_sigterm(); ")
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
     assert not temp.exists() and not target.exists()
