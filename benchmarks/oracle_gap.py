@@ -22,14 +22,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gpu_splits import PLANNERS  # noqa: E402
-from shipped_model import TEST_SETTINGS  # noqa: E402
+from splits_sim import held_out_settings  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.report import evaluate  # noqa: E402
-from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
-from dreamshard.tasks import sample_tasks, split_pool  # noqa: E402
 
 BEATS = 0.001  # a planner "beats" the oracle on a task where it is more than 0.1% cheaper
 
@@ -40,7 +38,6 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=20_000, help="oracle evaluations per task")
     ap.add_argument("--out", default="benchmarks/results/oracle_gap.md")
     args = ap.parse_args()
-    _, test_half = split_pool(synth_pool(PoolConfig(seed=0)), 0)
     sim = SimBackend()
     planners = {label: get_planner(name, **kw) for label, (name, kw) in PLANNERS.items()}
     planners["oracle"] = get_planner("oracle", backend=sim, budget=args.budget)
@@ -48,8 +45,7 @@ def main() -> None:
           f"`python benchmarks/oracle_gap.py --tasks {args.tasks} --budget {args.budget}`.", ""]
     overall: dict[str, list] = {name: [] for name in PLANNERS}
     beaten: dict[str, int] = {name: 0 for name in PLANNERS}
-    for label, count, devices, cap in TEST_SETTINGS:
-        tasks = sample_tasks(test_half, args.tasks, count, devices, cap, seed=2)
+    for label, tasks in held_out_settings(args.tasks):
         res = evaluate(planners, tasks, sim)
         oracle = np.array(res.costs("oracle"))
         rows = [x for x in res.rows if x.planner == "oracle"]

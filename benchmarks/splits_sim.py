@@ -27,7 +27,15 @@ from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.report import evaluate  # noqa: E402
 from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
-from dreamshard.tasks import sample_tasks, split_pool  # noqa: E402
+from dreamshard.tasks import Task, sample_tasks, split_pool  # noqa: E402
+
+
+def held_out_settings(tasks_per_setting: int) -> list[tuple[str, list[Task]]]:
+    """(label, tasks) of the four test settings: held-out tasks (seed 2) from the synthetic pool's
+    test half — the tasks this benchmark, benchmarks/oracle_gap.py and benchmarks/torchrec_planner.py
+    all plan."""
+    _, test_half = split_pool(synth_pool(PoolConfig(seed=0)), 0)
+    return [(label, sample_tasks(test_half, tasks_per_setting, count, devices, cap, seed=2)) for label, count, devices, cap in TEST_SETTINGS]
 
 
 def main() -> None:
@@ -35,12 +43,10 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results/splits_sim.md")
     args = ap.parse_args()
-    _, test_half = split_pool(synth_pool(PoolConfig(seed=0)), 0)
     sim = SimBackend()
     planners = {label: get_planner(name, **kw) for label, (name, kw) in PLANNERS.items()}
     md = [f"Priced by the {sim.name}; `python benchmarks/splits_sim.py --tasks {args.tasks}`.", ""]
-    for label, count, devices, cap in TEST_SETTINGS:
-        tasks = sample_tasks(test_half, args.tasks, count, devices, cap, seed=2)
+    for label, tasks in held_out_settings(args.tasks):
         res = evaluate(planners, tasks, sim)
         best_tw = np.min([res.costs(name) for name in TABLE_WISE], axis=0)
         md += [f"**{label}** ({len(tasks)} held-out tasks)", "",

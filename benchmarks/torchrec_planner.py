@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from splits_sim import TEST_SETTINGS  # noqa: E402  (benchmarks/shipped_model.py's four settings, as splits_sim uses them)
+from splits_sim import held_out_settings  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
@@ -33,8 +33,6 @@ from dreamshard.packing import InfeasibleError  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.planners.torchrec import NotExpressibleError, TorchRecPlanner  # noqa: E402
 from dreamshard.report import evaluate  # noqa: E402
-from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
-from dreamshard.tasks import sample_tasks, split_pool  # noqa: E402
 
 OURS = ("lookup", "dreamshard")
 EXPRESSIBLE = "table_wise,column_wise,table_column_wise"
@@ -76,7 +74,6 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=5, help="TorchRec's own search limit (s) when it may choose among several sharding types")
     ap.add_argument("--out", default="benchmarks/results/torchrec_planner.md")
     args = ap.parse_args()
-    _, test_half = split_pool(synth_pool(PoolConfig(seed=0)), 0)
     sim = SimBackend()
     planners = {name: get_planner(name) for name in OURS}
     planners["torchrec"] = get_planner("torchrec")
@@ -89,8 +86,7 @@ def main() -> None:
           "dense buffers). With several sharding types allowed, TorchRec's search takes minutes on 160 tables (90 s a task measured here), "
           f"so it runs under its own time limit of {args.timeout} s (checked between proposals). Planning times on a 2-core CPU.", ""]
     failures = []
-    for label, count, devices, cap in TEST_SETTINGS:
-        tasks = sample_tasks(test_half, args.tasks, count, devices, cap, seed=2)
+    for label, tasks in held_out_settings(args.tasks):
         res = evaluate(planners, tasks, sim)
         best_ours = np.min([res.costs(n) for n in OURS], axis=0)
         md += [f"**{label}** ({len(tasks)} held-out tasks)", "",
