@@ -102,6 +102,12 @@ SEED = click.IntRange(0, limits.MAX_SEED)
 BATCH = click.IntRange(1, limits.MAX_BATCH_SIZE)
 ITERS = click.IntRange(1, limits.MAX_ITERS)
 WARMUP = click.IntRange(0, limits.MAX_ITERS)
+# The measurement protocol's defaults (3 warm-ups, 10 timed iterations, medians; workers killed
+# after 300 s): `measure`'s and `calibrate`'s options, and what `train`, `compare` and
+# `plan --backend` measure with.
+DEFAULT_ITERS, DEFAULT_WARMUP, DEFAULT_TIMEOUT_S = 10, 3, 300.0
+
+
 class FiniteFloatRange(click.FloatRange):
     """A FloatRange that also refuses nan (which every comparison lets through)."""
 
@@ -340,7 +346,7 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
     if split:
         kwargs["split"] = True
     if backend_name is not None:
-        kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto", 10, 3, 300.0, None)[0]
+        kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto")[0]
     planner = get_planner(planner_name, **kwargs)
     with progress_bar() as bar:
         job = bar.add_task(f"planning with {planner_name}", total=len(tasks))
@@ -405,7 +411,7 @@ def train_cmd(ctx, tasks_file, backend, calibration, runner, device, comm_model,
         refuse_unused(ctx, ["runner", "device", "comm_model"], "with --backend sim (the simulator measures nothing)")
     elif runner == "distributed":
         refuse_unused(ctx, ["comm_model"], "with --runner distributed (its all-to-alls are real)")
-    cost_backend, dev_type = _cost_backend(backend, runner, device, iters=10, warmup=3, timeout=300.0, comm_model=comm_model, calibration=calibration)
+    cost_backend, dev_type = _cost_backend(backend, runner, device, comm_model=comm_model, calibration=calibration)
     if batch_size is None and backend != "sim" and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     cfg = get_config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed)
@@ -454,7 +460,8 @@ def _report_path(plan_path: str, backend: str, runner: str) -> Path:
     return p.with_name(f"{p.stem}.cost-{tag}{suffix}")
 
 
-def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: int, timeout: float, comm_model: str | None, calibration: str | None = None):
+def _cost_backend(backend: str, runner: str, device: str, iters: int = DEFAULT_ITERS, warmup: int = DEFAULT_WARMUP, timeout: float = DEFAULT_TIMEOUT_S,
+                  comm_model: str | None = None, calibration: str | None = None):
     """(CostBackend, device type) for the --backend/--runner/--device options of `measure` and `train`:
     the calibrated simulator, or a kernel measured by a runner (auto: triton on CUDA, else fbgemm
     where it loads, else torch)."""
@@ -486,9 +493,9 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int, warmup: in
 @click.option("--runner", default="distributed", show_default=True, type=click.Choice(["distributed", "sequential"]),
               help="distributed: one process per device, real all-to-all; sequential: one device, comm from a fitted model")
 @click.option("--batch-size", type=BATCH, help="global batch B  [default: the plan's (65536) on GPUs and the simulator, 1024 on CPU]")
-@click.option("--iters", default=10, show_default=True, type=ITERS, help="timed iterations (medians are reported)")
-@click.option("--warmup", default=3, show_default=True, type=WARMUP, help="untimed iterations first")
-@click.option("--timeout", default=300.0, show_default=True, type=TIMEOUT, help="seconds before the distributed runner kills its workers")
+@click.option("--iters", default=DEFAULT_ITERS, show_default=True, type=ITERS, help="timed iterations (medians are reported)")
+@click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=WARMUP, help="untimed iterations first")
+@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=TIMEOUT, help="seconds before the distributed runner kills its workers")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="comm model for --runner sequential  [default: the one shipped for the device]")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: the kernel decides")
 @click.option("--precision", type=click.Choice(["fp16", "fp32"]), help="weights/outputs  [default: the plan's, fp16]")
@@ -561,8 +568,8 @@ def _wide_console() -> Console:
 @click.option("--records", type=OUT_FILE, help="also write every measurement here (JSON lines)")
 @click.option("--from-records", type=click.Path(exists=True, dir_okay=False), help="fit or validate these measurements instead of measuring")
 @click.option("--report", type=OUT_FILE, help="validation report JSON to write")
-@click.option("--iters", default=10, show_default=True, type=ITERS)
-@click.option("--warmup", default=3, show_default=True, type=WARMUP)
+@click.option("--iters", default=DEFAULT_ITERS, show_default=True, type=ITERS)
+@click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=WARMUP)
 @click.pass_context
 def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, device, seed, comm_model, records, from_records, report, iters, warmup) -> None:
     """Fit the simulator to real measurements (--backend K --out FILE), or check a fit (--validate FILE)."""
@@ -737,7 +744,7 @@ def compare_cmd(ctx, tasks_file, planner_list, backend, runner, device, batch_si
     if backend == "sim":
         refuse_unused(ctx, ["runner", "device"], "with --backend sim (the simulator measures nothing)")
     names = parse_planner_list(planner_list) if planner_list is not None else every_planner()[0]
-    cost_backend, dev_type = _cost_backend(backend, runner, device, iters=10, warmup=3, timeout=300.0, comm_model=None)
+    cost_backend, dev_type = _cost_backend(backend, runner, device)
     if batch_size is None and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     tasks = load_tasks(tasks_file)
