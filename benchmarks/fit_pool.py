@@ -10,10 +10,12 @@ squares problem for their weights:
   - distinct rows per table = published, and the distinct-row histogram = published,
   - weights sum to 1, and a ridge pull toward a broad prior (pooling log-normal around 3,
     all sizes and skews) so the pool is a spread of tables rather than a few spikes.
-Writes dreamshard/data/pool_mixture.json; `synth.synth_pool` samples tables from it.
-    python benchmarks/fit_pool.py
+Writes dreamshard/data/pool_mixture.json (2021) or pool_mixture_2022.json (`--year 2022`, fitted at
+that file's batch of 131,072); `synth.synth_pool` samples tables from it.
+    python benchmarks/fit_pool.py [--year 2022] [--out FILE]
 """
 
+import argparse
 import itertools
 import json
 from pathlib import Path
@@ -22,17 +24,22 @@ import numpy as np
 from scipy.optimize import nnls
 
 from dreamshard.bins import reuse_stats
-from dreamshard.synth import published_stats
+from dreamshard.synth import MIXTURE_FILES, published_stats
 
 LOG10_ROWS = np.arange(2.0, 7.51, 0.5)
 ALPHAS = [0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4]
 POOLING = [0.3, 1, 3, 10, 30, 100, 300]
 RIDGE = 4.0
-OUT = Path(__file__).resolve().parent.parent / "dreamshard" / "data" / "pool_mixture.json"
+DATA = Path(__file__).resolve().parent.parent / "dreamshard" / "data"
 
 
 def main() -> None:
-    ref = published_stats("2021")
+    ap = argparse.ArgumentParser(description="fit the table mixture to a published locality-stats file")
+    ap.add_argument("--year", default="2021", choices=sorted(MIXTURE_FILES))
+    ap.add_argument("--out", help="where to write [default: the shipped mixture file of that year]")
+    args = ap.parse_args()
+    OUT = Path(args.out) if args.out else DATA / MIXTURE_FILES[args.year]
+    ref = published_stats(args.year)
     grid = list(itertools.product(LOG10_ROWS.tolist(), ALPHAS, POOLING))
     stats = [reuse_stats(int(10**lr), pf, f"zipf:{a}", ref.batch_size) for lr, a, pf in grid]
     H = np.array([s["lookup_bins"] for s in stats])

@@ -36,19 +36,26 @@ class PoolConfig:
     mean_pooling: float = 15.81  # 2021 file: 887,017,990 indices / 856 tables / 65,536 samples
 
 
-def _mixture() -> list[dict]:
-    """Table archetypes and weights fitted to the published stats (benchmarks/fit_pool.py)."""
-    return json.loads(resources.files("dreamshard").joinpath("data/pool_mixture.json").read_text())["archetypes"]
+MIXTURE_FILES = {  # the archetype mixture fitted to each published stats file (benchmarks/fit_pool.py --year)
+    "2021": "pool_mixture.json",
+    "2022": "pool_mixture_2022.json",
+}
 
 
-def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None] | None = None) -> list[TableSpec]:
+def _mixture(year: str = "2021") -> list[dict]:
+    """Table archetypes and weights fitted to the published stats of `year` (benchmarks/fit_pool.py)."""
+    return json.loads(resources.files("dreamshard").joinpath("data", MIXTURE_FILES[year]).read_text())["archetypes"]
+
+
+def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None] | None = None, year: str = "2021") -> list[TableSpec]:
     """Deterministic pool of `config.tables` tables (specs + stream descriptors).
 
-    Tables come from the fitted archetype mixture (benchmarks/fit_pool.py), each jittered within
-    its grid cell so no two are alike; dims are uniform over DIMS.
+    Tables come from the archetype mixture fitted to the `year` stats (benchmarks/fit_pool.py),
+    each jittered within its grid cell so no two are alike; dims are uniform over DIMS. The 2021
+    pool is the shipped model's and the tests': its output for a seed must never change.
     """
     rng = np.random.default_rng(config.seed)
-    arch = _mixture()
+    arch = _mixture(year)
     n = config.tables
     # Largest-remainder apportionment: each archetype gets its share of tables, independent of
     # the seed. Random draws would let a handful of heavy-pooling tables (which carry most of
@@ -68,18 +75,26 @@ def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None
     rows = np.maximum(np.round(10**log_rows), 10).astype(np.int64)
     dims = rng.choice(DIMS, size=n)
     dists = [f"zipf:{a:.4f}" for a in alphas]
-    bins = reuse_bins_many(rows, pf, dists)
+    seeds = [config.seed * 100_003 + i for i in range(n)]
+    return table_specs([f"t{i}" for i in range(n)], rows, dims, pf, dists, seeds, progress)
+
+
+def table_specs(names: Sequence[str], rows: Sequence[int], dims: Sequence[int], pooling: Sequence[float], distributions: Sequence[str],
+                seeds: Sequence[int], progress: Callable[[int], None] | None = None) -> list[TableSpec]:
+    """TableSpecs of generated tables, their reuse bins derived in one batch; pooling factors
+    rounded to 4 decimals (what a table file keeps), so a written pool reads back equal."""
+    bins = reuse_bins_many(rows, pooling, distributions)
     tables = []
-    for i in range(n):
+    for i in range(len(names)):
         tables.append(
             TableSpec(
-                name=f"t{i}",
+                name=names[i],
                 rows=int(rows[i]),
                 dim=int(dims[i]),
-                pooling_factor=float(np.round(pf[i], 4)),
+                pooling_factor=float(np.round(pooling[i], 4)),
                 bins=tuple(bins[i].tolist()),
-                distribution=dists[i],
-                seed=config.seed * 100_003 + i,
+                distribution=distributions[i],
+                seed=int(seeds[i]),
             )
         )
         if progress:
@@ -87,10 +102,14 @@ def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None
     return tables
 
 
-def write_pool(tables: Sequence[TableSpec], out: str | Path, config: PoolConfig) -> Path:
+def write_pool(tables: Sequence[TableSpec], out: str | Path, config: PoolConfig, family: str | None = None) -> Path:
+    """tables.csv and pool.json (the generator's config; `family` when not the default pool's)."""
     out = Path(out)
     save_tables(tables, out / "tables.csv")  # atomic, creating the folder
-    atomic_write(out / "pool.json", json.dumps({"format": "dreamshard.pool/1", "config": asdict(config)}, indent=1))
+    meta = {"format": "dreamshard.pool/1", "config": asdict(config)}
+    if family is not None:
+        meta["family"] = family
+    atomic_write(out / "pool.json", json.dumps(meta, indent=1))
     return out / "tables.csv"
 
 

@@ -1,0 +1,179 @@
+"""Table families (dreamshard/families.py): determinism, limits, each family's documented shape, the
+`dlrm` family unchanged, tasks drawn from a family pool, the simulator pricing every family."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dreamshard.costs.sim import SimBackend
+from dreamshard.families import (
+    CRITEO_MULTI_HOT,
+    CRITEO_ROWS,
+    FAMILIES,
+    HELD_OUT_FAMILY,
+    MAX_TABLE_BYTES,
+    TRAINING_FAMILIES,
+    family_of,
+    hits_per_row,
+    shard_bucket,
+    synth_family,
+    table_buckets,
+)
+from dreamshard.synth import PoolConfig, pool_stats, published_stats, synth_pool, write_pool
+from dreamshard.tables import TableSpec, load_tables, save_tables
+from dreamshard.tasks import Workload, sample_tasks, split_pool
+from dreamshard.validation import DIM_MULTIPLE, MAX_DIM, MAX_POOLING_FACTOR, MAX_ROWS, MAX_SEED, MIN_DIM, InputError
+
+N = 200  # tables per family pool in these tests (the default counts are 788–856)
+POOLS = {name: synth_family(name, N, seed=3) for name in FAMILIES}
+
+
+def _arrays(tables):
+    return (np.array([t.dim for t in tables]), np.array([t.rows for t in tables]), np.array([t.pooling_factor for t in tables]))
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_is_deterministic_and_seeded(name):
+    assert synth_family(name, N, seed=3) == POOLS[name]
+    other = synth_family(name, N, seed=4)
+    assert other != POOLS[name]
+    # stream seeds are distinct within a pool, so no two tables replay one stream
+    assert len({t.seed for t in POOLS[name]}) == N
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_within_limits_and_named(name):
+    tables = POOLS[name]
+    dims, rows, pf = _arrays(tables)
+    assert len(tables) == N and len({t.name for t in tables}) == N
+    assert ((dims >= MIN_DIM) & (dims <= MAX_DIM) & (dims % DIM_MULTIPLE == 0)).all()
+    assert ((rows >= 1) & (rows <= MAX_ROWS)).all() and ((pf >= 0) & (pf <= MAX_POOLING_FACTOR)).all()
+    assert all(0 <= t.seed <= MAX_SEED for t in tables)
+    assert all(family_of(t.name) == name for t in tables)
+    if name in ("wide", "hot", "heavy", "mixed"):  # the DLRM pools and onehot keep their published sizes (10 GB tables)
+        assert max(t.bytes() for t in tables) <= MAX_TABLE_BYTES
+
+
+def test_dlrm_family_is_the_old_pool_byte_for_byte(tmp_path):
+    """Checksums of synth_pool's output taken before the families existed: the shipped model, the
+    calibration records and every test depend on these tables."""
+    old = {(856, 0): "34a70c66a14c9559e7713e108e726df8790c5b732dcbc09e1cff312b60888607",
+           (100, 3): "59e09d817fe4f40d2ac67b3badd9962af631435434b14254ebf6a93071caa1f7",
+           (37, 12345): "b555dddcf2a37a9abab3967eafab02992131c5ffd098408ab7655c5bb90263a7"}
+    for (n, seed), digest in old.items():
+        assert hashlib.sha256(repr(synth_family("dlrm", n, seed)).encode()).hexdigest() == digest
+        assert synth_family("dlrm", n, seed) == synth_pool(PoolConfig(tables=n, seed=seed))
+    save_tables(synth_family("dlrm", 100, 3), tmp_path / "t.csv")
+    assert hashlib.sha256((tmp_path / "t.csv").read_bytes()).hexdigest() == "c53bd48ad159dfcbce670f92266f271b2514155d2707220c3296f5c16062399b"
+
+
+def test_wide_has_wide_and_odd_dims():
+    dims, _, _ = _arrays(POOLS["wide"])
+    assert (dims > 256).mean() > 0.2 and dims.max() == 1024
+    odd = dims[(dims & (dims - 1)) != 0]
+    assert len(odd) > 0.5 * N and {12, 24, 48, 96, 192, 320, 384, 768} & set(odd.tolist())
+
+
+def test_hot_tables_are_tiny_and_reread():
+    dims, rows, pf = _arrays(POOLS["hot"])
+    hits = hits_per_row(POOLS["hot"])
+    assert rows.max() <= 10**4 and rows.min() >= 100
+    assert hits.min() > 100 and np.median(hits) > 1000  # every touched row is read ≫ 100 times a batch
+    assert (pf * 65_536).min() >= 10**6  # millions of lookups a batch
+
+
+def test_heavy_pooling_is_lognormal_with_a_tail():
+    _, _, pf = _arrays(POOLS["heavy"])
+    assert 20 <= np.median(pf) <= 45 and pf.max() <= 300 and np.quantile(pf, 0.95) > 100
+    other = np.concatenate([_arrays(POOLS[n])[2] for n in ("dlrm", "wide")])
+    assert np.median(pf) > 5 * np.median(other)
+
+
+def test_onehot_is_the_mlperf_dcnv2_tables():
+    tables = synth_family("onehot", 52, seed=0)
+    dims, rows, pf = _arrays(tables)
+    assert (dims == 128).all()
+    assert rows[:26].tolist() == list(CRITEO_ROWS) and pf[:26].tolist() == list(map(float, CRITEO_MULTI_HOT))
+    assert (pf[26:] == 1.0).all()  # the one-hot copies
+    assert 3.5e7 <= rows.max() <= 4.5e7 and (np.abs(rows[26:] / rows[:26] - 1) <= 0.106).all()
+
+
+def test_held_out_family_is_the_issue_probe():
+    assert HELD_OUT_FAMILY in FAMILIES and HELD_OUT_FAMILY not in TRAINING_FAMILIES
+    assert set(TRAINING_FAMILIES) | {HELD_OUT_FAMILY} == set(FAMILIES)
+    dims, rows, pf = _arrays(POOLS["mixed"])
+    assert {24, 48, 96, 192} <= set(dims.tolist()) and dims.max() <= 256
+    assert rows.min() >= 10**2 and rows.max() <= 5 * 10**7
+    assert (hits_per_row(POOLS["mixed"]) > 100).mean() > 0.05  # some tiny hot tables
+
+
+def test_dlrm2022_is_fitted_to_the_2022_stats():
+    ref = published_stats("2022")
+    tables = synth_family("dlrm2022", seed=0)
+    mine = pool_stats(tables, ref.batch_size)  # bins are defined at 65,536; the stats at the file's batch
+    assert len(tables) == ref.tables == 788
+    assert abs(mine.lookups_per_table_sample / ref.lookups_per_table_sample - 1) < 0.01
+    assert np.abs(np.array(mine.lookup_hist) - ref.lookup_hist).sum() < 0.15
+    # and it is not the 2021 pool renamed
+    assert [t.rows for t in tables[:50]] != [t.rows for t in synth_pool(PoolConfig(tables=50, seed=0))]
+
+
+def test_bad_family_arguments_are_one_line_input_errors():
+    for kwargs in ({"name": "nope"}, {"name": "wide", "tables": 0}, {"name": "wide", "tables": 2.5}, {"name": "hot", "seed": -1}):
+        with pytest.raises(InputError) as e:
+            synth_family(**kwargs)
+        assert "\n" not in str(e.value)
+
+
+def test_family_pool_round_trips_and_draws_tasks(tmp_path):
+    pool = tmp_path / "wide"
+    write_pool(POOLS["wide"], pool, PoolConfig(tables=N, seed=3), family="wide")
+    back = load_tables(pool / "tables.csv")
+    # a table file keeps bins to 6 significant digits; everything else reads back exactly
+    assert [(t.name, t.rows, t.dim, t.pooling_factor, t.distribution, t.seed) for t in back] == \
+        [(t.name, t.rows, t.dim, t.pooling_factor, t.distribution, t.seed) for t in POOLS["wide"]]
+    assert np.allclose([t.bins for t in back], [t.bins for t in POOLS["wide"]], rtol=1e-5, atol=1e-9)
+    assert json.loads((pool / "pool.json").read_text())["family"] == "wide"
+    # `data tasks` works unchanged on a family pool
+    out = tmp_path / "tasks"
+    r = subprocess.run([sys.executable, "-m", "dreamshard.cli", "data", "tasks", "--pool", str(pool), "--tables", "20", "--devices", "4",
+                        "--max-memory", "16GB", "--num-train", "3", "--num-test", "3", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = (out / "test.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and all(len(json.loads(x)["tables"]) == 20 for x in lines)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_simulator_prices_every_family(name):
+    tables = POOLS[name]
+    sim = SimBackend()
+    comp = sim.shard_compute([[t] for t in tables])
+    assert np.isfinite(comp).all() and (comp >= 0).all()
+    assert (comp[np.array([t.pooling_factor > 0 for t in tables])].sum(axis=1) > 0).all()
+    placeable = [t for t in tables if t.bytes() <= 10 * 10**9]
+    _, test_half = split_pool(placeable, 0)
+    task = sample_tasks(test_half, 1, (10, 10), 4, 40 * 10**9, seed=1, workload=Workload())[0]
+    report = sim.evaluate([task.tables[i::4] for i in range(4)])
+    assert np.isfinite(report.overall_ms) and report.overall_ms > 0
+
+
+def test_shape_buckets_cover_the_axes():
+    all_tables = [t for name in FAMILIES for t in POOLS[name]]
+    buckets = table_buckets(all_tables)
+    assert {b["dim"] for b in buckets} == {"dim 0–32", "dim 32–128", "dim 128–256", "dim >256"}
+    assert {b["hits"] for b in buckets} == {"hits/row 0–2", "hits/row 2–16", "hits/row 16–256", "hits/row >256"}
+    assert len({b["pooling"] for b in buckets}) == 4
+    hot = POOLS["hot"][0]
+    assert table_buckets([hot])[0]["hits"] == "hits/row >256" or hits_per_row([hot])[0] <= 256
+    # a shard takes the bucket of the table that moves the most bytes, and says it is fused
+    wide = max(POOLS["wide"], key=lambda t: t.dim * t.pooling_factor)
+    small = TableSpec("x", 1000, 4, 0.5, distribution="uniform")
+    b = shard_bucket([small, wide])
+    assert b["dim"] == table_buckets([wide])[0]["dim"] and b["tables"] == "2–12"
