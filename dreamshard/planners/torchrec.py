@@ -15,7 +15,8 @@ then places the tables under its storage reservation: by default `HeuristicalSto
 finds no table-wise plan on some tight tasks our planners place: such a task raises
 `InfeasibleError` with TorchRec's reason in one line.
 
-Its plan is converted to our shards: table_wise → one full-width shard on its rank; column_wise and
+Its plan is converted to our shards (`torchrec_io.shards_from_torchrec`, the one conversion
+behind `torchrec_io.plan_from_torchrec` too): table_wise → one full-width shard on its rank; column_wise and
 table_column_wise → one column shard per TorchRec shard (its column offset and width). Row-wise,
 table-row-wise, data-parallel and grid shards have no form in our plans yet: they raise
 `NotExpressibleError`. TorchRec's own estimate (per rank, the sum of its shards' perf, in ms; the
@@ -29,75 +30,38 @@ registry still lists it.
 
 from __future__ import annotations
 
-import logging
 import re
 import time
-import warnings
-from contextlib import contextmanager
 
 from dreamshard.packing import InfeasibleError, over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners.base import Planner, register
 from dreamshard.planners.heuristics import task_infeasible
 from dreamshard.tasks import Task
-from dreamshard.validation import InputError, OptionError, one_line
+from dreamshard.torchrec_io import ALL_TYPES, EXPRESSIBLE, ISSUE_ROW_WISE, NotExpressibleError, TorchRecUnavailable, import_torchrec, shards_from_torchrec  # noqa: F401  (re-exported)
+from dreamshard.torchrec_io import quiet as _quiet
+from dreamshard.validation import OptionError, one_line
 
 SOURCE = "TorchRec 1.8 planner estimate"
-# TorchRec's sharding types for an EmbeddingBagCollection; `sharding_types="all"` lets it choose
-# among every one of these its sharder supports.
-ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "data_parallel", "grid_shard")
-EXPRESSIBLE = ("table_wise", "column_wise", "table_column_wise")
-ISSUE_ROW_WISE = "row-wise shards are issue 13"
-
-
-class TorchRecUnavailable(OptionError):
-    """The `torchrec` planner was chosen where TorchRec cannot be imported (e.g. the GPU machines)."""
-
-
-class NotExpressibleError(InputError):
-    """TorchRec chose a sharding our plans cannot express yet (row-wise, table-row-wise,
-    data-parallel, grid): the task is fine, this planner's answer for it is not a plan of ours."""
 
 
 def _import_torchrec():
-    try:
-        import torch  # noqa: F401
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-        from torchrec.distributed.planner.types import PlannerError
-        from torchrec.modules.embedding_configs import EmbeddingBagConfig
-        from torchrec.modules.embedding_modules import EmbeddingBagCollection
-        from torchrec.optim import RowWiseAdagrad
-        from torchrec.types import DataType
-    except Exception as e:  # ImportError, or a torchrec/fbgemm build that fails to load (undefined symbols)
-        raise TorchRecUnavailable(
-            f"planner torchrec needs torchrec 1.8 on the CPU (the .venv of `make test` has it), which cannot be imported here: {one_line(e)[:200]}"
-        ) from None
+    """TorchRec's classes the planner uses; TorchRecUnavailable (one line) where it cannot be imported."""
+    import_torchrec("planner torchrec")
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.types import DataType
+
     return dict(
         Sharder=EmbeddingBagCollectionSharder, EmbeddingShardingPlanner=EmbeddingShardingPlanner, ParameterConstraints=ParameterConstraints,
         Topology=Topology, FixedPercentageStorageReservation=FixedPercentageStorageReservation, PlannerError=PlannerError,
         EmbeddingBagConfig=EmbeddingBagConfig, EmbeddingBagCollection=EmbeddingBagCollection, RowWiseAdagrad=RowWiseAdagrad, DataType=DataType,
     )
-
-
-@contextmanager
-def _quiet():
-    """TorchRec warns about a directly built Topology and its heuristic reservation on every plan,
-    and logs its stats and every method call (its "...-NullHandler" loggers): keep all of it off
-    the user's terminal, and unformatted, while it plans."""
-    names = ["torchrec"] + [n for n in list(logging.root.manager.loggerDict) if n.endswith("-NullHandler")]
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)
 
 
 def parse_sharding_types(text: str) -> tuple[str, ...] | None:
@@ -230,12 +194,8 @@ class TorchRecPlanner(Planner):
         for so in options:
             kind = str(so.sharding_type)
             chosen[kind] = chosen.get(kind, 0) + 1
-            if kind not in EXPRESSIBLE:
-                raise NotExpressibleError(f"torchrec chose {kind} for table {so.name}: not expressible yet ({ISSUE_ROW_WISE})")
-            i = index[so.name]
+            shards += shards_from_torchrec(kind, so.name, index[so.name], [(s.rank, s.offset[1], s.size[1]) for s in so.shards], "torchrec chose")
             for s in so.shards:
-                start, width = int(s.offset[1]), int(s.size[1])
-                shards.append(Shard(i, int(s.rank), start, start + width))
                 p = s.perf
                 row = perf[s.rank]
                 row[0] += p.fwd_compute

@@ -1,0 +1,623 @@
+"""TorchRec integration: tables from a TorchRec model, dreamshard plans as TorchRec `ShardingPlan`s
+and back, a planner TorchRec's `DistributedModelParallel` can take, and `dreamshard export torchrec`.
+
+A user keeps building the model as before (an `EmbeddingBagCollection` of `EmbeddingBagConfig`s)
+and adds a few lines (docs/torchrec.md):
+
+    tables = tables_from_torchrec(model, batches=sample_kjts)          # or stats=FILE / constraints=...
+    plan = get_planner("size_lookup").plan(Task(tables, world_size, hbm_bytes, Workload(...)))
+    sharding_plan = to_sharding_plan(plan, module=model, device_type="cuda")
+    DistributedModelParallel(model, plan=sharding_plan, ...)
+
+or hands planning to TorchRec's own machinery with `ShardingPlanner` (the `plan`/`collective_plan`
+of TorchRec's planners), whose `partitioner` pins TorchRec's search to the dreamshard plan so
+TorchRec's storage reservation, storage checks and stats still run.
+
+The mapping (docs/torchrec.md): a table with one full-width shard → `table_wise` on its device's
+rank; a table cut into column shards → `column_wise` (or `table_column_wise`), one TorchRec shard
+per column shard, offsets [0, start] and sizes [rows, width], the ranks in column order. Row-wise
+shards are not in our plans yet; a TorchRec plan that has them (or data-parallel, table-row-wise or
+grid shards) raises `NotExpressibleError`.
+
+TorchRec is imported lazily (it is slow to import and absent on the GPU machines): importing this
+module costs nothing; the functions that need TorchRec raise `TorchRecUnavailable` (one line)
+where it cannot be imported. `torchrec_shardings` and the `export` command need no TorchRec.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import warnings
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import click
+
+from dreamshard.bins import NUM_BINS, REFERENCE_BATCH
+from dreamshard.files import atomic_write, check_out_path
+from dreamshard.packing import InfeasibleError
+from dreamshard.plan import Plan, Shard, load_plans
+from dreamshard.tables import TableSpec, load_tables, table_from_record
+from dreamshard.tasks import Task, Workload
+from dreamshard.validation import DataError, InputError, OptionError, PlanError, TableError, one_line
+
+if TYPE_CHECKING:  # only for annotations: the planners package imports this module
+    from dreamshard.planners.base import Planner
+
+FORMAT = "dreamshard.torchrec/1"  # `export torchrec`'s JSON
+# TorchRec's sharding types of an EmbeddingBagCollection, and those our plans can express.
+ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "data_parallel", "grid_shard")
+COLUMN_TYPES = ("column_wise", "table_column_wise")
+EXPRESSIBLE = ("table_wise",) + COLUMN_TYPES
+ISSUE_ROW_WISE = "row-wise shards are issue 13"
+# "fused": the optimizer runs inside FBGEMM's TBE backward (what our cost backends measure);
+# "dense": plain autograd weights, for setups that want an ordinary optimizer.
+KERNELS = ("fused", "dense")
+DEVICE_TYPES = ("cuda", "cpu")
+PRECISIONS = {"FP32": "fp32", "FP16": "fp16"}  # TorchRec DataType name → our precision
+
+
+class TorchRecUnavailable(OptionError):
+    """TorchRec (1.8, with fbgemm-gpu-cpu) cannot be imported here (e.g. the GPU machines)."""
+
+
+class NotExpressibleError(InputError):
+    """A sharding one side cannot express: TorchRec's row-wise, table-row-wise, data-parallel or
+    grid shards in our plans, or uneven column shards in TorchRec's own enumerator."""
+
+
+# --------------------------------------------------------------------------------------------
+# TorchRec, imported lazily, and kept quiet
+# --------------------------------------------------------------------------------------------
+
+
+def _load() -> SimpleNamespace:
+    """Not cached: after the first call these imports are dictionary look-ups in sys.modules, and
+    an import that fails (a patched or broken environment) fails every time, not just the first."""
+    import torch  # noqa: F401
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.proposers import GreedyProposer
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.planner.types import Partitioner, PlannerError, PlannerErrorType
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return SimpleNamespace(**{k: v for k, v in locals().items() if k != "torch"})
+
+
+def import_torchrec(who: str = "the TorchRec integration") -> SimpleNamespace:
+    """TorchRec's classes this module uses, or TorchRecUnavailable naming `who` needed them."""
+    try:
+        return _load()
+    except Exception as e:  # ImportError, or a torchrec/fbgemm build that fails to load (undefined symbols)
+        raise TorchRecUnavailable(
+            f"{who} needs torchrec 1.8 on the CPU (the .venv of `make test` has it), which cannot be imported here: {one_line(e)[:200]}"
+        ) from None
+
+
+@contextmanager
+def quiet():
+    """TorchRec warns about a directly built Topology and its heuristic reservation on every plan,
+    and logs its stats and every method call (its "...-NullHandler" loggers): keep all of it off
+    the user's terminal while it plans."""
+    names = ["torchrec"] + [n for n in list(logging.root.manager.loggerDict) if n.endswith("-NullHandler")]
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
+# --------------------------------------------------------------------------------------------
+# Tables from TorchRec
+# --------------------------------------------------------------------------------------------
+
+
+def embedding_configs(source: Any) -> list[tuple[str, Any]]:
+    """(module path, EmbeddingBagConfig) of every table of `source`: an EmbeddingBagCollection, a
+    model holding some, or a list of EmbeddingBagConfigs (path ""). Table names must be unique:
+    they are our tables' names and TorchRec's plan keys."""
+    tr = import_torchrec()
+    if isinstance(source, tr.EmbeddingBagCollection):
+        found = [("", c) for c in source.embedding_bag_configs()]
+    elif hasattr(source, "named_modules"):
+        found = [(path, c) for path, m in source.named_modules() if isinstance(m, tr.EmbeddingBagCollection) for c in m.embedding_bag_configs()]
+    elif isinstance(source, (list, tuple)) and all(isinstance(c, tr.EmbeddingBagConfig) for c in source):
+        found = [("", c) for c in source]
+    else:
+        raise TableError(f"tables from TorchRec: expected an EmbeddingBagCollection, a model holding one, or a list of EmbeddingBagConfig, got {type(source).__name__}")
+    if not found:
+        raise TableError(f"tables from TorchRec: {type(source).__name__} holds no EmbeddingBagCollection tables")
+    seen: set[str] = set()
+    for _, c in found:
+        if c.name in seen:
+            raise TableError(f"tables from TorchRec: two tables are named {c.name!r}; table names must be unique")
+        seen.add(c.name)
+    return found
+
+
+def precision_of(configs: Iterable[Any]) -> str:
+    """Our workload precision from the tables' TorchRec data_type (one for all of them)."""
+    kinds = {}
+    for c in configs:
+        name = getattr(c.data_type, "name", str(c.data_type))
+        if name not in PRECISIONS:
+            raise TableError(f"table {c.name!r}: data_type {name} is not one of {', '.join(PRECISIONS)} (the precisions dreamshard prices)")
+        kinds.setdefault(PRECISIONS[name], c.name)
+    if len(kinds) > 1:
+        raise TableError(f"tables {' and '.join(repr(n) for n in kinds.values())} differ in data_type; a dreamshard task has one precision")
+    return next(iter(kinds))
+
+
+def measure_batches(batches: Iterable[Any], configs: Sequence[Any], max_samples: int = REFERENCE_BATCH) -> dict[str, dict]:
+    """Per table, the pooling factor and reuse bins measured on a sample of KeyedJaggedTensor
+    batches: pooling = mean lookups per sample (summed over the table's features); bins = the reuse
+    histogram of its indices over the first `max_samples` samples (65,536 by default: the batch the
+    bins are defined on; on a smaller sample the counts, and so the bins, are lower). The counting
+    is streams.empirical_reuse's (bins.count_bins). Raises DataError naming the batch and feature."""
+    import torch
+
+    from dreamshard.streams import empirical_reuse
+
+    owner = {f: c for c in configs for f in c.feature_names}
+    lookups = {c.name: 0 for c in configs}
+    indices: dict[str, list] = {c.name: [] for c in configs}
+    samples = 0
+    for b, kjt in enumerate(batches):
+        if samples >= max_samples:
+            break
+        if not all(hasattr(kjt, a) for a in ("to_dict", "stride")):
+            raise DataError(f"batches: batch {b} is a {type(kjt).__name__}, not a KeyedJaggedTensor")
+        features = kjt.to_dict()
+        missing = next((f for f in owner if f not in features), None)
+        if missing is not None:
+            raise DataError(f"batches: batch {b} has no feature {missing!r} (of table {owner[missing].name!r}); it has {', '.join(features) or 'none'}")
+        take = min(int(kjt.stride()), max_samples - samples)
+        for f, c in owner.items():
+            jt = features[f]
+            lengths = jt.lengths()[:take]
+            ix = jt.values()[: int(lengths.sum())]
+            if ix.numel() and (int(ix.min()) < 0 or int(ix.max()) >= c.num_embeddings):
+                bad = int(ix.min()) if int(ix.min()) < 0 else int(ix.max())
+                raise DataError(f"batches: batch {b}, feature {f!r}: index {bad} is outside table {c.name!r}'s {c.num_embeddings} rows")
+            lookups[c.name] += int(lengths.sum())
+            indices[c.name].append(ix.reshape(-1).to(torch.int64))
+        samples += take
+    if samples == 0:
+        raise DataError("batches: no samples (give at least one non-empty KeyedJaggedTensor)")
+    out = {}
+    for c in configs:
+        stats = empirical_reuse(torch.cat(indices[c.name]) if indices[c.name] else torch.zeros(0, dtype=torch.int64))
+        out[c.name] = {"pooling_factor": lookups[c.name] / samples, "bins": tuple(stats["bins"]), "samples": samples, "lookups": lookups[c.name]}
+    return out
+
+
+def _stats_records(stats: str | Path | Mapping[str, Mapping], configs: Sequence[Any]) -> dict[str, TableSpec]:
+    """Specs from user statistics: a table file of ours (rows and dim must be the model's), or a
+    mapping name → {pooling_factor, bins or distribution[, seed]} completed with the model's rows and dim."""
+    model = {c.name: c for c in configs}
+    if isinstance(stats, (str, Path)):
+        given = {t.name: t for t in load_tables(stats)}
+        where = str(stats)
+        for name, t in given.items():
+            if name in model and (t.rows, t.dim) != (model[name].num_embeddings, model[name].embedding_dim):
+                c = model[name]
+                raise TableError(f"{where}: table {name!r} has {t.rows} rows × dim {t.dim}, the model's has {c.num_embeddings} × {c.embedding_dim}")
+    elif isinstance(stats, Mapping):
+        where, given = "stats", {}
+        for name, rec in stats.items():
+            if not isinstance(rec, Mapping):
+                raise TableError(f"stats, table {name!r}: expected an object with pooling_factor and bins or distribution, got {type(rec).__name__}")
+            if name in model:
+                c = model[name]
+                full = {**dict(rec), "name": name, "rows": c.num_embeddings, "dim": c.embedding_dim}
+                given[name] = table_from_record(full, f"stats, table {name!r}", "key")
+            else:
+                given[name] = None
+    else:
+        raise TableError(f"stats: expected a table file path or a mapping of table name to statistics, got {type(stats).__name__}")
+    unknown = next((n for n in given if n not in model), None)
+    if unknown is not None:
+        raise TableError(f"{where}: table {unknown!r} is not a table of the model (its tables: {', '.join(list(model)[:8])}{', ...' if len(model) > 8 else ''})")
+    return given
+
+
+def tables_from_torchrec(
+    source: Any,
+    *,
+    stats: str | Path | Mapping[str, Mapping] | None = None,
+    batches: Iterable[Any] | None = None,
+    constraints: Mapping[str, Any] | None = None,
+    distribution: str | None = None,
+    max_samples: int = REFERENCE_BATCH,
+) -> list[TableSpec]:
+    """Our TableSpecs of a TorchRec model's tables (rows, dim and name from its EmbeddingBagConfigs),
+    in the model's order. Each table's pooling factor and reuse bins come from, first to last:
+    `stats` (a table file of ours, or name → {pooling_factor, bins | distribution}); `batches`
+    (KeyedJaggedTensors, measured: `measure_batches`); `constraints` (TorchRec's
+    ParameterConstraints: the sum of the table's `pooling_factors`) with the reuse of
+    `distribution` ("uniform" or "zipf:<alpha>"). A table none of them describes is a TableError."""
+    found = embedding_configs(source)
+    configs = [c for _, c in found]
+    given = _stats_records(stats, configs) if stats is not None else {}
+    measured = measure_batches(batches, configs, max_samples) if batches is not None else {}
+    specs = []
+    for c in configs:
+        where = f"table {c.name!r}"
+        if given.get(c.name) is not None:
+            specs.append(given[c.name])
+            continue
+        rec: dict[str, Any] = {"name": c.name, "rows": c.num_embeddings, "dim": c.embedding_dim}
+        if c.name in measured:
+            m = measured[c.name]
+            rec.update(pooling_factor=m["pooling_factor"], bins=list(m["bins"]) if m["lookups"] else [0.0] * NUM_BINS)
+        elif constraints is not None and c.name in constraints:
+            pf = getattr(constraints[c.name], "pooling_factors", None)
+            if not pf:
+                raise TableError(f"{where}: its ParameterConstraints have no pooling_factors")
+            if distribution is None:
+                raise TableError(f"{where}: constraints give its pooling factor but not its reuse; pass distribution='zipf:<alpha>' or 'uniform', or stats with bins")
+            rec.update(pooling_factor=float(sum(pf)), distribution=distribution)
+        else:
+            raise TableError(f"{where}: no pooling factor or reuse statistics; give stats, batches (KeyedJaggedTensors) or constraints with a distribution")
+        specs.append(table_from_record(rec, where, "key"))
+    return specs
+
+
+def task_from_torchrec(source: Any, devices: int, max_memory_bytes: int, batch_size: int = REFERENCE_BATCH, optimizer: str = "sgd", **statistics) -> Task:
+    """The task of placing a TorchRec model's tables on `devices` ranks of `max_memory_bytes`
+    each, at global `batch_size`, the precision of the tables' data_type; `statistics` as for
+    `tables_from_torchrec`. Raises TaskError/TableError on bad values."""
+    tables = tables_from_torchrec(source, **statistics)
+    precision = precision_of(c for _, c in embedding_configs(source))
+    return Task(tables, devices, max_memory_bytes, Workload(batch_size, precision, optimizer)).validate("task from TorchRec")
+
+
+# --------------------------------------------------------------------------------------------
+# Our plan → TorchRec's terms, and back
+# --------------------------------------------------------------------------------------------
+
+
+def _check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise OptionError(f"{name} {value!r:.40} is not one of {', '.join(choices)}")
+    return value
+
+
+def placement(rank: int, device_type: str, local_world_size: int) -> str:
+    """TorchRec's placement string of a shard: "rank:3/cuda:3" (device = rank within its host), "rank:3/cpu"."""
+    return f"rank:{rank}/cuda:{rank % local_world_size}" if device_type == "cuda" else f"rank:{rank}/cpu"
+
+
+def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: str = "fused", column_type: str = "column_wise",
+                       local_world_size: int | None = None) -> dict[str, dict]:
+    """Per table name, its TorchRec ParameterSharding as plain data (no TorchRec needed):
+    sharding_type, compute_kernel, ranks and shards [{rank, offsets, sizes, placement}].
+    A table-wise table → table_wise on its device; a column-split one → `column_type`
+    (column_wise, or table_column_wise, whose ranks must share a host of `local_world_size`)."""
+    _check_choice(device_type, "device_type", DEVICE_TYPES)
+    _check_choice(compute_kernel, "compute_kernel", KERNELS)
+    _check_choice(column_type, "column_type", COLUMN_TYPES)
+    local = plan.devices if local_world_size is None else local_world_size
+    if not (isinstance(local, int) and 1 <= local and plan.devices % local == 0):
+        raise OptionError(f"local_world_size {local!r:.40} must be a positive divisor of the plan's {plan.devices} devices")
+    by_table: list[list[Shard]] = [[] for _ in plan.task.tables]
+    for s in plan.shards:
+        by_table[s.table].append(s)
+    out = {}
+    for t, shards in zip(plan.task.tables, by_table):
+        if len(shards) == 1 and shards[0].width == t.dim:
+            kind = "table_wise"
+        else:
+            kind = column_type
+            hosts = {s.device // local for s in shards}
+            if kind == "table_column_wise" and len(hosts) > 1:
+                raise NotExpressibleError(f"table {t.name}: table_column_wise shards must share one host of {local} ranks; its ranks are {[s.device for s in shards]} (use column_wise)")
+        out[t.name] = {
+            "sharding_type": kind,
+            "compute_kernel": compute_kernel,
+            "ranks": [s.device for s in shards],
+            "shards": [{"rank": s.device, "offsets": [0, s.start], "sizes": [t.rows, s.width], "placement": placement(s.device, device_type, local)} for s in shards],
+        }
+    return out
+
+
+def to_sharding_plan(plan: Plan, module: Any = None, module_path: str | None = None, device_type: str = "cuda", compute_kernel: str = "fused",
+                     column_type: str = "column_wise", local_world_size: int | None = None):
+    """The dreamshard plan as a TorchRec `ShardingPlan` for `DistributedModelParallel`.
+
+    With `module` (the model DMP will shard, or its EmbeddingBagCollection) each table goes under
+    its EBC's path in that model, and the model's tables must be the plan's (names, rows and dims);
+    without, every table goes under `module_path` ("" when DMP is handed the EBC itself)."""
+    tr = import_torchrec("to_sharding_plan")
+    shardings = torchrec_shardings(plan, device_type, compute_kernel, column_type, local_world_size)
+    if module is not None:
+        found = embedding_configs(module)
+        paths = {c.name: p for p, c in found}
+        specs = {t.name: t for t in plan.task.tables}
+        for _, c in found:
+            t = specs.get(c.name)
+            if t is None:
+                raise PlanError(f"plan: the model's table {c.name!r} is not in the plan (its tables: {', '.join(list(specs)[:8])})")
+            if (t.rows, t.dim) != (c.num_embeddings, c.embedding_dim):
+                raise PlanError(f"plan: table {c.name!r} is {t.rows} rows × dim {t.dim}, the model's is {c.num_embeddings} × {c.embedding_dim}")
+        extra = next((n for n in specs if n not in paths), None)
+        if extra is not None:
+            raise PlanError(f"plan: table {extra!r} is not a table of the model")
+    else:
+        paths = {name: module_path or "" for name in shardings}
+    modules: dict[str, Any] = {}
+    for name, s in shardings.items():
+        spec = tr.EnumerableShardingSpec([tr.ShardMetadata(shard_offsets=list(x["offsets"]), shard_sizes=list(x["sizes"]), placement=x["placement"]) for x in s["shards"]])
+        modules.setdefault(paths[name], tr.EmbeddingModuleShardingPlan())[name] = tr.ParameterSharding(
+            sharding_type=s["sharding_type"], compute_kernel=s["compute_kernel"], ranks=list(s["ranks"]), sharding_spec=spec)
+    return tr.ShardingPlan(modules)
+
+
+def shards_from_torchrec(kind: str, name: str, table: int, pieces: Iterable[tuple[int, int, int]], who: str) -> list[Shard]:
+    """Our shards of TorchRec's shards of one table: `pieces` are (rank, column offset, width).
+    The one conversion behind `plan_from_torchrec` and the torchrec planner. Row-wise and the
+    other types our plans lack raise NotExpressibleError: "{who} {kind} for table {name}: ..."."""
+    if kind not in EXPRESSIBLE:
+        raise NotExpressibleError(f"{who} {kind} for table {name}: not expressible yet ({ISSUE_ROW_WISE})")
+    return [Shard(table, int(rank), int(start), int(start) + int(width)) for rank, start, width in pieces]
+
+
+def _rank_of(placement_: Any, where: str) -> int:
+    rank = getattr(placement_, "rank", None)
+    if callable(rank):
+        rank = rank()
+    if rank is None:  # a placement string "rank:3/cuda:3"
+        text = str(placement_)
+        try:
+            rank = int(text.split("/")[0].removeprefix("rank:"))
+        except ValueError:
+            raise PlanError(f"{where}: placement {text!r:.40} names no rank") from None
+    return int(rank)
+
+
+def plan_from_torchrec(sharding_plan: Any, task: Task, planner: str = "torchrec") -> Plan:
+    """Our plan of a TorchRec ShardingPlan (or one module's plan) for `task`'s tables (which
+    carries what TorchRec's plan lacks: pooling, reuse, devices, memory, workload). Every table
+    of the task must be in the plan once; the result is checked as a plan file is (PlanError)."""
+    modules = getattr(sharding_plan, "plan", None)
+    modules = modules if isinstance(modules, Mapping) else {"": sharding_plan}
+    index = {t.name: i for i, t in enumerate(task.tables)}
+    shards: list[Shard] = []
+    seen: set[str] = set()
+    for path, module_plan in modules.items():
+        for name, ps in module_plan.items():
+            where = f"TorchRec plan, {path + '.' if path else ''}{name}"
+            if name not in index:
+                raise PlanError(f"{where}: not a table of the task")
+            if name in seen:
+                raise PlanError(f"{where}: the table is planned twice")
+            seen.add(name)
+            t = task.tables[index[name]]
+            kind = str(getattr(ps.sharding_type, "value", ps.sharding_type))
+            if kind not in EXPRESSIBLE:
+                shards_from_torchrec(kind, name, index[name], [], "the TorchRec plan has")
+            spec_shards = getattr(ps.sharding_spec, "shards", None)
+            if not spec_shards:
+                raise PlanError(f"{where}: {kind} with no shards in its sharding_spec")
+            pieces = []
+            for m in sorted(spec_shards, key=lambda m: m.shard_offsets[1]):
+                if m.shard_offsets[0] != 0 or m.shard_sizes[0] != t.rows:
+                    raise NotExpressibleError(f"{where}: a shard of rows [{m.shard_offsets[0]}, {m.shard_offsets[0] + m.shard_sizes[0]}) of its {t.rows}: not expressible yet ({ISSUE_ROW_WISE})")
+                pieces.append((_rank_of(m.placement, where), m.shard_offsets[1], m.shard_sizes[1]))
+            shards += shards_from_torchrec(kind, name, index[name], pieces, "the TorchRec plan has")
+    missing = next((t.name for t in task.tables if t.name not in seen), None)
+    if missing is not None:
+        raise PlanError(f"TorchRec plan: table {missing!r} of the task is not in it")
+    plan = Plan(task, shards, planner, notes=["converted from a TorchRec ShardingPlan"])
+    plan.check("TorchRec plan")
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# Planning inside TorchRec's planner
+# --------------------------------------------------------------------------------------------
+
+
+def constraints_for(plan: Plan, compute_kernel: str = "fused", column_type: str = "column_wise", base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """TorchRec ParameterConstraints that leave its enumerator one option per table, the plan's:
+    its sharding type, `compute_kernel`, and for a column-split table column shards of the plan's
+    width (`min_partition`). TorchRec enumerates only equal column shards, so a table cut unevenly
+    raises NotExpressibleError (`to_sharding_plan` expresses it). `base`: the user's constraints,
+    kept where they do not conflict (pooling factors default to the plan's)."""
+    tr = import_torchrec("constraints_for")
+    shardings = torchrec_shardings(plan, "cpu", compute_kernel, column_type)
+    out = {}
+    for t in plan.task.tables:
+        s = shardings[t.name]
+        widths = {x["sizes"][1] for x in s["shards"]}
+        if len(widths) > 1:
+            raise NotExpressibleError(f"table {t.name}: column shards of widths {', '.join(str(x['sizes'][1]) for x in s['shards'])}: TorchRec's planner enumerates only equal ones (use to_sharding_plan)")
+        c = copy.copy(base[t.name]) if base and t.name in base else tr.ParameterConstraints(pooling_factors=[max(float(t.pooling_factor), 1e-9)])
+        c.sharding_types = [s["sharding_type"]]
+        c.compute_kernels = [compute_kernel]
+        if s["sharding_type"] != "table_wise":
+            c.min_partition = widths.pop()
+        out[t.name] = c
+    return out
+
+
+@lru_cache(maxsize=1)
+def _partitioner_class() -> type:
+    tr = import_torchrec("the dreamshard partitioner")
+
+    class DreamShardPartitioner(tr.Partitioner):
+        """A TorchRec `Partitioner` that assigns every shard the rank of a dreamshard plan: a
+        proposal whose options are not the plan's (sharding type, column offsets and widths) is
+        refused with a PlannerError, as one that does not fit is; TorchRec's storage estimate of
+        each shard is checked against what its reservation left on the rank."""
+
+        def __init__(self, plan: Plan) -> None:
+            self.plan = plan
+            self.shards: dict[str, list[Shard]] = {}
+            for s in plan.shards:
+                self.shards.setdefault(plan.task.tables[s.table].name, []).append(s)
+
+        def partition(self, proposal, storage_constraint):
+            devices = [copy.deepcopy(d.storage) for d in storage_constraint.devices]
+            if len(devices) != self.plan.devices:
+                raise tr.PlannerError(f"the dreamshard plan is for {self.plan.devices} ranks, the topology has {len(devices)}", tr.PlannerErrorType.PARTITION)
+            for so in proposal:
+                ours = self.shards.get(so.name)
+                if ours is None:
+                    raise tr.PlannerError(f"table {so.name} is not in the dreamshard plan", tr.PlannerErrorType.PARTITION)
+                theirs = sorted(so.shards, key=lambda s: s.offset[1])
+                if [(s.offset[1], s.size[1]) for s in theirs] != [(s.start, s.width) for s in ours]:
+                    raise tr.PlannerError(f"table {so.name}: TorchRec's {so.sharding_type} shards are not the dreamshard plan's", tr.PlannerErrorType.PARTITION)
+                for shard, mine in zip(theirs, ours):
+                    shard.rank = mine.device
+                    left = devices[mine.device] - shard.storage
+                    if left.hbm < 0 or left.ddr < 0:
+                        raise tr.PlannerError(
+                            f"rank {mine.device}: table {so.name}'s shard needs {shard.storage.hbm:,} bytes of HBM and {shard.storage.ddr:,} of DDR by TorchRec's estimate; "
+                            f"{devices[mine.device].hbm:,} and {devices[mine.device].ddr:,} are left", tr.PlannerErrorType.INSUFFICIENT_STORAGE)
+                    devices[mine.device] = left
+            return proposal
+
+    return DreamShardPartitioner
+
+
+def dreamshard_partitioner(plan: Plan):
+    """A TorchRec Partitioner (a `DreamShardPartitioner`) pinned to `plan`: hand it to
+    `EmbeddingShardingPlanner(partitioner=..., constraints=constraints_for(plan))`."""
+    return _partitioner_class()(plan)
+
+
+class ShardingPlanner:
+    """A drop-in for TorchRec's `EmbeddingShardingPlanner` (same `plan(module, sharders)` and
+    `collective_plan(module, sharders, pg)`) that plans with a dreamshard planner.
+
+    It takes the model's tables (`tables_from_torchrec` with `statistics`), plans them on the
+    topology's ranks within what TorchRec's storage reservation leaves per rank, at the global
+    batch (`batch_size` is per rank, as TorchRec's), then runs TorchRec's planner pinned to that
+    plan (`constraints_for`, `dreamshard_partitioner`): TorchRec's enumerator, storage and perf
+    estimates, storage checks and stats run as usual and it returns the ShardingPlan. The
+    dreamshard plan is kept in `last_plan`."""
+
+    def __init__(self, planner: "str | Planner" = "size_lookup", topology: Any = None, batch_size: int | None = None, constraints: Mapping[str, Any] | None = None,
+                 storage_reservation: Any = None, stats: Any = None, optimizer: str = "sgd", compute_kernel: str = "fused", column_type: str = "column_wise",
+                 **statistics) -> None:
+        self.tr = import_torchrec("ShardingPlanner")
+        if isinstance(planner, str):
+            from dreamshard.planners import get_planner  # here: the planners package imports this module
+
+            planner = get_planner(planner)
+        self.planner = planner
+        with quiet():  # TorchRec warns on every directly built Topology and on its heuristic reservation
+            self.topology = topology if topology is not None else self.tr.Topology(world_size=1, compute_device="cuda")
+            # EmbeddingShardingPlanner's own default reservation, so the memory left is what TorchRec would plan within
+            self.reservation = storage_reservation if storage_reservation is not None else self.tr.HeuristicalStorageReservation(percentage=0.15)
+        self.batch_size = batch_size if batch_size is not None else 512  # TorchRec's default per-rank batch
+        self.constraints = dict(constraints) if constraints else None
+        self.stats = stats
+        self.optimizer = optimizer
+        self.compute_kernel = _check_choice(compute_kernel, "compute_kernel", KERNELS)
+        self.column_type = _check_choice(column_type, "column_type", COLUMN_TYPES)
+        self.statistics = statistics
+        self.last_plan: Plan | None = None
+        self.last_planner = None  # TorchRec's planner of the last plan (its stats, storage reservation)
+
+    def task(self, module: Any, sharders: list) -> Task:
+        """What dreamshard plans: the model's tables on the topology's ranks, each with the memory
+        TorchRec's reservation leaves on the smallest rank."""
+        with quiet():
+            left = self.reservation.reserve(topology=self.topology, batch_size=self.batch_size, module=module, sharders=sharders, constraints=self.constraints)
+        kind = "hbm" if self.topology.compute_device != "cpu" else "ddr"
+        cap = min(int(getattr(d.storage, kind)) for d in left.devices)
+        if cap < 1:
+            raise InfeasibleError(f"TorchRec's storage reservation leaves no {kind.upper()} on a rank (of {self.topology.world_size})")
+        stats = dict(self.statistics)
+        if self.constraints and "constraints" not in stats:
+            stats["constraints"] = self.constraints
+        return task_from_torchrec(module, self.topology.world_size, cap, self.batch_size * self.topology.world_size, self.optimizer, **stats)
+
+    def plan(self, module: Any, sharders: list | None = None):
+        tr = self.tr
+        sharders = sharders if sharders is not None else [tr.EmbeddingBagCollectionSharder()]
+        task = self.task(module, sharders)
+        ours = self.planner.plan(task)
+        ours.check("dreamshard plan")
+        self.last_plan = ours
+        with quiet():
+            self.last_planner = tr.EmbeddingShardingPlanner(
+                topology=self.topology, batch_size=self.batch_size, storage_reservation=self.reservation, proposer=tr.GreedyProposer(),
+                partitioner=dreamshard_partitioner(ours), constraints=constraints_for(ours, self.compute_kernel, self.column_type, self.constraints),
+                stats=self.stats, debug=False)
+            try:
+                return self.last_planner.plan(module, sharders)
+            except tr.PlannerError as e:
+                raise InfeasibleError(one_line(f"TorchRec refused the {ours.planner} plan: {e}")[:600]) from None
+
+    def collective_plan(self, module: Any, sharders: list | None = None, pg: Any = None):
+        """`plan` on rank 0, broadcast to the others (as TorchRec's planners do)."""
+        import torch.distributed as dist
+        from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
+
+        pg = pg if pg is not None else dist.GroupMember.WORLD
+        return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+
+
+# --------------------------------------------------------------------------------------------
+# `dreamshard export torchrec PLAN.json [--out FILE]` (registered in cli.py)
+# --------------------------------------------------------------------------------------------
+
+
+def export_json(plan: Plan, device_type: str = "cuda", compute_kernel: str = "fused", column_type: str = "column_wise", local_world_size: int | None = None) -> dict:
+    """The plan in TorchRec's terms, as JSON: per table its ParameterSharding (`torchrec_shardings`)."""
+    return {
+        "format": FORMAT,
+        "world_size": plan.devices,
+        "device_type": device_type,
+        "planner": plan.planner,
+        "tables": torchrec_shardings(plan, device_type, compute_kernel, column_type, local_world_size),
+    }
+
+
+# Plain click groups: the root group of cli.py (whose `main` turns InputError into one line and
+# exit status 2) runs them once `cli.add_command(export)` registers this group; importing cli.py
+# here would make an import cycle with that line.
+@click.group("export")
+def export() -> None:
+    """Write plans in other systems' terms."""
+
+
+@export.command("torchrec")
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), help="JSON file to write  [default: print to stdout]")
+@click.option("--device-type", default="cuda", show_default=True, type=click.Choice(DEVICE_TYPES), help="device of each shard's placement")
+@click.option("--compute-kernel", default="fused", show_default=True, type=click.Choice(KERNELS), help="TorchRec compute kernel of every table")
+@click.option("--column-type", default="column_wise", show_default=True, type=click.Choice(COLUMN_TYPES), help="TorchRec sharding type of a column-split table")
+@click.option("--local-world-size", type=click.IntRange(1), help="ranks per host (cuda device = rank mod this)  [default: all ranks on one host]")
+def export_torchrec(plan_file: str, out: str | None, device_type: str, compute_kernel: str, column_type: str, local_world_size: int | None) -> None:
+    """Print or write a dreamshard plan as TorchRec ParameterShardings: per table its sharding
+    type, compute kernel, ranks and shards (offsets, sizes, placement). Needs no TorchRec."""
+    if out is not None:
+        check_out_path(out)  # before any work, as cli.py's OUT_FILE does
+    plans = load_plans(plan_file)
+    if len(plans) != 1:
+        raise PlanError(f"{plan_file}: {len(plans)} plans; export takes a file of one plan")
+    text = json.dumps(export_json(plans[0], device_type, compute_kernel, column_type, local_world_size), indent=1)
+    if out is None:
+        click.echo(text)
+    else:
+        atomic_write(Path(out), text + "\n")
+        click.echo(f"wrote the {plans[0].planner} plan in TorchRec's terms ({len(plans[0].task.tables)} tables, {plans[0].devices} ranks) to {out}", err=True)
