@@ -177,3 +177,42 @@ def test_shape_buckets_cover_the_axes():
     small = TableSpec("x", 1000, 4, 0.5, distribution="uniform")
     b = shard_bucket([small, wide])
     assert b["dim"] == table_buckets([wide])[0]["dim"] and b["tables"] == "2–12"
+
+
+GPU_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_families.py"
+
+
+def test_gpu_campaign_logic_on_cpu(tmp_path):
+    """benchmarks/gpu_families.py --device cpu --quick: every family measured and priced, the
+    held-out family never in the calibration records, records that `calibrate` reads, and a
+    time box that still leaves a summary."""
+    from dreamshard.costs.calibrate import fit, load_records, validation_report
+    from dreamshard.validation import DataError
+
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, str(GPU_SCRIPT), "--out", str(out), "--device", "cpu", "--quick"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import csv
+
+    shards = list(csv.DictReader((out / "shards.csv").open()))
+    assert {row["family"] for row in shards} == set(FAMILIES)
+    assert all(float(row["measured_fwd_ms"]) > 0 and float(row["sim_bwd_ms"]) > 0 for row in shards)
+    calib, val = load_records(out / "calib_records.jsonl"), load_records(out / "val_records.jsonl")
+    assert {x.family for x in calib} == set(TRAINING_FAMILIES) and HELD_OUT_FAMILY in {x.family for x in val}
+    plans = list(csv.DictReader((out / "placements.csv").open()))
+    assert {row["family"] for row in plans} == set(FAMILIES) and all(float(row["measured_ms"]) > 0 for row in plans)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["phase"] == "done" and not summary["errors"] and summary["held_out_family"] == HELD_OUT_FAMILY
+    report = validation_report(SimBackend().calibration, val)
+    assert {b["key"] for b in report["by_family"]} == set(FAMILIES)
+    assert [b["held_out"] for b in report["by_family"] if b["key"] == HELD_OUT_FAMILY] == [True]
+    assert sum(b["shards"] for b in report["by_bucket"]["dim"]) == report["shards"]
+    assert {p["key"] for p in report["placements_by_family"]} == set(FAMILIES)
+    with pytest.raises(DataError, match="held-out family"):  # nothing is calibrated on it
+        fit(val, "torch", {"latency_ms": 0.1, "bandwidth_GBps": 1.0})
+    # a spent budget: no shard, no plan, still a summary saying so
+    r = subprocess.run([sys.executable, str(GPU_SCRIPT), "--out", str(tmp_path / "cut"), "--device", "cpu", "--quick", "--budget-s", "0.001"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cut = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert cut["phase"] == "done" and cut["plans"] == [] and all(v == {"calib": 0, "val": 0} for v in cut["shards"].values())

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
+from dreamshard.families import HELD_OUT_FAMILY, family_of, shard_bucket
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
@@ -40,6 +41,7 @@ class ShardRecord:
     device: int | None = None
     hardware: str = ""  # where it was measured, so a fit made elsewhere still says so
     versions: dict | None = None
+    family: str | None = None  # the table family it was drawn from (dreamshard/families.py), if any
 
     @property
     def workload(self) -> Workload:
@@ -48,12 +50,12 @@ class ShardRecord:
     def to_json(self) -> dict:
         return {"tables": [t.to_dict() for t in self.tables], "batch_size": self.batch_size, "precision": self.precision, "optimizer": self.optimizer,
                 "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "placement": self.placement, "device": self.device,
-                "hardware": self.hardware, "versions": self.versions}
+                "hardware": self.hardware, "versions": self.versions, "family": self.family}
 
     @staticmethod
     def from_json(d: dict) -> "ShardRecord":
         return ShardRecord([TableSpec.from_dict(t) for t in d["tables"]], d["batch_size"], d["precision"], d["optimizer"], d["fwd_ms"], d["bwd_ms"],
-                           d.get("placement"), d.get("device"), d.get("hardware", ""), d.get("versions"))
+                           d.get("placement"), d.get("device"), d.get("hardware", ""), d.get("versions"), d.get("family"))
 
 
 def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
@@ -80,17 +82,19 @@ def load_records(path: str | Path) -> list[ShardRecord]:
     return records
 
 
-def design_shards(n: int, seed: int, max_bytes: int, max_tables: int = 64, precision: str = "fp16") -> list[list[TableSpec]]:
-    """`n` random shards from a synthetic pool of this seed: mixed, small-dim-only and large-dim-only."""
+def design_shards(n: int, seed: int, max_bytes: int, max_tables: int = 64, precision: str = "fp16",
+                  pool: Sequence[TableSpec] | None = None) -> list[list[TableSpec]]:
+    """`n` random shards from `pool` (default: the synthetic pool of this seed): mixed, small-dim-only
+    and large-dim-only (a pool without such tables gives mixed shards instead)."""
     from dreamshard.synth import PoolConfig, synth_pool
 
-    pool = synth_pool(PoolConfig(seed=seed))
+    pool = synth_pool(PoolConfig(seed=seed)) if pool is None else list(pool)
     rng = np.random.default_rng(seed)
     small = [t for t in pool if t.dim <= 16]
     large = [t for t in pool if t.dim >= 64]
     shards = []
     for i in range(n):
-        source = small if i % 5 == 3 else large if i % 5 == 4 else pool
+        source = (small if i % 5 == 3 else large if i % 5 == 4 else pool) or pool
         k = int(np.clip(round(np.exp(rng.uniform(0, np.log(max_tables)))), 1, len(source)))
         chosen, used = [], 0
         for j in rng.permutation(len(source)):
@@ -143,6 +147,10 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
     """Fit forward and backward coefficients to measured shards (all at one batch/precision); each
     component keeps the optional terms only if they lower the cross-validated error (select_terms)."""
     r0 = records[0]
+    held = sum(r.family == HELD_OUT_FAMILY for r in records)
+    if held:
+        raise DataError(f"{held} of the {len(records)} records are of the held-out family {HELD_OUT_FAMILY!r}: nothing is calibrated on it "
+                        f"(fit on the training families' records, e.g. gpu_families.py's calib_records.jsonl)")
     hardware, versions = r0.hardware or "?", r0.versions
     X = shard_term_matrix([r.tables for r in records], r0.workload)
     fwd = np.array([r.fwd_ms for r in records])
@@ -193,6 +201,20 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
                    "measured_ms": round(float(tot[i]), 4), "simulated_ms": round(float(pred[i].sum()), 4), "error": round(float(err[i]) * 100, 1)}
                   for i in worst],
     }
+    # Total compute by table family (the held-out one marked) and by shape bucket of the shard's
+    # dominant table (families.shard_bucket): where the model fails, not only how much on average.
+    families = [record_family(r) for r in records]
+    buckets = [shard_bucket(r.tables, r0.batch_size) for r in records]
+
+    def breakdown(keys: Sequence[str]) -> list[dict]:
+        keys = np.array(keys, dtype=object)
+        return [{"key": k, "shards": int(m.sum()), "mape": mape(pred.sum(1)[m], tot[m]), "mean_signed_error": float(np.mean(err[m]) * 100),
+                 "fwd_mape": mape(pred[m, 0], fwd[m]), "bwd_mape": mape(pred[m, 1], bwd[m]), "held_out": k == HELD_OUT_FAMILY}
+                for k in sorted(set(keys.tolist())) for m in [keys == k]]
+
+    if any(f is not None for f in families):
+        report["by_family"] = breakdown([f or "?" for f in families])
+    report["by_bucket"] = {axis: breakdown([b[axis] for b in buckets]) for axis in ("dim", "hits", "pooling", "tables")}
     # Whole placements: measured overall = max_d(measured compute + modelled comm); the
     # simulator's comm is the same model, so this error is the compute model's, summed and maxed.
     groups: dict[int, list[ShardRecord]] = {}
@@ -200,13 +222,27 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
         if r.placement is not None:
             groups.setdefault(r.placement, []).append(r)
     if groups:
-        meas, simd = [], []
+        meas, simd, fams = [], [], []
         for recs in groups.values():
             recs = sorted(recs, key=lambda r: r.device)
             shards = [r.tables for r in recs]
             c = sim.evaluate(shards, r0.workload)
             meas.append(max(r.fwd_ms + r.bwd_ms + d.fwd_comm_ms + d.bwd_comm_ms for r, d in zip(recs, c.devices)))
             simd.append(c.overall_ms)
+            fams.append(next((f for f in map(record_family, recs) if f), None))
         meas, simd = np.array(meas), np.array(simd)
         report["placements"] = {"count": len(meas), "mape": mape(simd, meas), "spearman": spearman(simd, meas)}
+        if any(fams):
+            fams = np.array([f or "?" for f in fams], dtype=object)
+            report["placements_by_family"] = [{"key": k, "count": int(m.sum()), "mape": mape(simd[m], meas[m]),
+                                               "mean_signed_error": float(np.mean((simd[m] - meas[m]) / meas[m]) * 100), "held_out": k == HELD_OUT_FAMILY}
+                                              for k in sorted(set(fams.tolist())) for m in [fams == k]]
     return report
+
+
+def record_family(record: ShardRecord) -> str | None:
+    """A record's family: the one it says, else the one its tables' names follow (if they agree)."""
+    if record.family:
+        return record.family
+    names = {family_of(t.name) for t in record.tables}
+    return names.pop() if len(names) == 1 else None
