@@ -565,7 +565,17 @@ class ShardingPlanner:
             try:
                 return self.last_planner.plan(module, sharders)
             except tr.PlannerError as e:
-                raise InfeasibleError(one_line(f"TorchRec refused the {ours.planner} plan: {e}")[:600]) from None
+                raise InfeasibleError(self._reason(ours, e)) from None
+
+    @staticmethod
+    def _reason(plan: Plan, error: Exception) -> str:
+        """TorchRec's verdict (its first line) and, where it has one, the partitioner's reason
+        (its "Last planner error"), on one line."""
+        lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+        first = lines[0] if lines else type(error).__name__
+        at = next((i for i, ln in enumerate(lines) if ln.startswith("Last planner error")), None)
+        last = " ".join(lines[at + 1 : at + 2]) if at is not None else ""
+        return one_line(f"TorchRec refused the {plan.planner} plan: {first}" + (f" ({last})" if last else ""))[:800]
 
     def collective_plan(self, module: Any, sharders: list | None = None, pg: Any = None):
         """`plan` on rank 0, broadcast to the others (as TorchRec's planners do)."""
