@@ -610,9 +610,19 @@ def export() -> None:
     """Write plans in other systems' terms."""
 
 
+def _out_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """cli.py's OUT_FILE check (files.check_out_path), before any work is done."""
+    if value is None:
+        return None
+    try:
+        return str(check_out_path(value, "path"))
+    except OptionError as e:
+        raise click.BadParameter(str(e).removeprefix("path "), ctx, param) from None
+
+
 @export.command("torchrec")
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
-@click.option("--out", type=click.Path(dir_okay=False), help="JSON file to write  [default: print to stdout]")
+@click.option("--out", callback=_out_file, metavar="FILE", help="JSON file to write  [default: print to stdout]")
 @click.option("--device-type", default="cuda", show_default=True, type=click.Choice(DEVICE_TYPES), help="device of each shard's placement")
 @click.option("--compute-kernel", default="fused", show_default=True, type=click.Choice(KERNELS), help="TorchRec compute kernel of every table")
 @click.option("--column-type", default="column_wise", show_default=True, type=click.Choice(COLUMN_TYPES), help="TorchRec sharding type of a column-split table")
@@ -620,8 +630,6 @@ def export() -> None:
 def export_torchrec(plan_file: str, out: str | None, device_type: str, compute_kernel: str, column_type: str, local_world_size: int | None) -> None:
     """Print or write a dreamshard plan as TorchRec ParameterShardings: per table its sharding
     type, compute kernel, ranks and shards (offsets, sizes, placement). Needs no TorchRec."""
-    if out is not None:
-        check_out_path(out)  # before any work, as cli.py's OUT_FILE does
     plans = load_plans(plan_file)
     if len(plans) != 1:
         raise PlanError(f"{plan_file}: {len(plans)} plans; export takes a file of one plan")
