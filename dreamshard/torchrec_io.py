@@ -303,6 +303,14 @@ def placement(rank: int, device_type: str, local_world_size: int) -> str:
     return f"rank:{rank}/cuda:{rank % local_world_size}" if device_type == "cuda" else f"rank:{rank}/cpu"
 
 
+def _extent(shard: Shard, table: TableSpec) -> tuple[int, int, int, int]:
+    """(first row, first column, rows, columns) of a shard. Plans may gain row ranges (issue 13):
+    read them where a shard has them, so no row shard is ever taken for the whole table."""
+    row_range = getattr(shard, "row_range", None)
+    r0, r1 = row_range(table) if callable(row_range) else (0, table.rows)
+    return r0, shard.start, r1 - r0, shard.width
+
+
 def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: str = "fused", column_type: str = "column_wise",
                        local_world_size: int | None = None) -> dict[str, dict]:
     """Per table name, its TorchRec ParameterSharding as plain data (no TorchRec needed):
@@ -320,6 +328,8 @@ def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: st
         by_table[s.table].append(s)
     out = {}
     for t, shards in zip(plan.task.tables, by_table):
+        if any(_extent(s, t)[2] != t.rows for s in shards):
+            raise NotExpressibleError(f"table {t.name}: row shards are not exported to TorchRec yet (their TorchRec row_wise form is to be checked on DMP); column and table-wise shards are")
         if len(shards) == 1 and shards[0].width == t.dim:
             kind = "table_wise"
         else:
@@ -468,9 +478,12 @@ def _partitioner_class() -> type:
 
         def __init__(self, plan: Plan) -> None:
             self.plan = plan
-            self.shards: dict[str, list[Shard]] = {}
+            self.shards: dict[str, list[tuple[Shard, tuple]]] = {}  # table name → its shards and their extents, in TorchRec's order
             for s in plan.shards:
-                self.shards.setdefault(plan.task.tables[s.table].name, []).append(s)
+                t = plan.task.tables[s.table]
+                self.shards.setdefault(t.name, []).append((s, _extent(s, t)))
+            for pieces in self.shards.values():
+                pieces.sort(key=lambda p: (p[1][0], p[1][1]))
 
         def partition(self, proposal, storage_constraint):
             devices = [copy.deepcopy(d.storage) for d in storage_constraint.devices]
@@ -480,10 +493,10 @@ def _partitioner_class() -> type:
                 ours = self.shards.get(so.name)
                 if ours is None:
                     raise tr.PlannerError(f"table {so.name} is not in the dreamshard plan", tr.PlannerErrorType.PARTITION)
-                theirs = sorted(so.shards, key=lambda s: s.offset[1])
-                if [(s.offset[1], s.size[1]) for s in theirs] != [(s.start, s.width) for s in ours]:
+                theirs = sorted(so.shards, key=lambda s: (s.offset[0], s.offset[1]))
+                if [(s.offset[0], s.offset[1], s.size[0], s.size[1]) for s in theirs] != [extent for _, extent in ours]:
                     raise tr.PlannerError(f"table {so.name}: TorchRec's {so.sharding_type} shards are not the dreamshard plan's", tr.PlannerErrorType.PARTITION)
-                for shard, mine in zip(theirs, ours):
+                for shard, (mine, _) in zip(theirs, ours):
                     shard.rank = mine.device
                     left = devices[mine.device] - shard.storage
                     if left.hbm < 0 or left.ddr < 0:

@@ -20,6 +20,7 @@ pytest.importorskip("torchrec", reason="TorchRec 1.8 is not importable here (the
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology  # noqa: E402
+from torchrec.distributed.planner.types import PlannerError  # noqa: E402
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise  # noqa: E402
 from torchrec.distributed.types import ShardingPlan  # noqa: E402
 from torchrec.modules.embedding_configs import EmbeddingBagConfig  # noqa: E402
@@ -200,6 +201,21 @@ def test_placements_over_hosts_and_table_column_wise():
         tio.torchrec_shardings(plan, local_world_size=3)
     with pytest.raises(OptionError, match=r"^device_type 'tpu' is not one of cuda, cpu$"):
         tio.torchrec_shardings(plan, device_type="tpu")
+
+
+def test_row_shards_are_refused_until_their_torchrec_form_is_checked():
+    if "row_start" not in Shard.__dataclass_fields__:
+        pytest.skip("plans have no row shards yet (issue 13)")
+    t = task()
+    rows = Plan(t, [Shard(0, 0, 0, 64, 0, 600), Shard(0, 1, 0, 64, 600, 1000), Shard(1, 0, 0, 16), Shard(2, 1, 0, 16), Shard(3, 0, 0, 8)], "manual")
+    with pytest.raises(tio.NotExpressibleError, match=r"^table t0: row shards are not exported to TorchRec yet"):
+        tio.torchrec_shardings(rows)
+    # the partitioner compares row ranges too: TorchRec's table-wise t0 is not these two row shards
+    with tio.quiet():
+        planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=32, partitioner=tio.dreamshard_partitioner(rows), debug=False,
+                                           constraints={"t0": ParameterConstraints(sharding_types=["table_wise"])})
+    with pytest.raises(PlannerError, match="shards are not the dreamshard plan.s"), tio.quiet():
+        planner.plan(meta_ebc(), [tio.import_torchrec().EmbeddingBagCollectionSharder()])
 
 
 def test_model_must_match_the_plan():
