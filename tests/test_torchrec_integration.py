@@ -411,9 +411,14 @@ def _worker(rank: int, port: int, plan_file: str, init_file: str, out_dir: str) 
     # so both are gradients of the global mean loss. (With lr / WORLD every table moves half as
     # far: the trained-weights check below fails, the losses alone barely show it.)
     apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": LR})
+    sharding_plan = tio.to_sharding_plan(plan, module=model, device_type="cpu")
     with tio.quiet():
+        # the plug-in's way to the same plan: planned on rank 0 inside TorchRec's planner, broadcast
+        planner = tio.ShardingPlanner(get_planner("size_lookup", split=True), topology=Topology(world_size=WORLD, compute_device="cpu"),
+                                      batch_size=GLOBAL_B // WORLD, batches=[batch(s)[0] for s in range(4)])
+        collective = planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.group.WORLD)
         dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
-                                       plan=tio.to_sharding_plan(plan, module=model, device_type="cpu"), sharders=[EmbeddingBagCollectionSharder()])
+                                       plan=sharding_plan, sharders=[EmbeddingBagCollectionSharder()])
     init = torch.load(init_file)
     held = {}
     with torch.no_grad():
@@ -444,7 +449,7 @@ def _worker(rank: int, port: int, plan_file: str, init_file: str, out_dir: str) 
     for key, value in dmp.state_dict().items():
         if hasattr(value, "local_shards"):
             final[key.removeprefix("module.")] = [(tuple(s.metadata.shard_offsets), s.tensor.detach().clone()) for s in value.local_shards()]
-    torch.save({"held": held, "losses": losses, "final": final}, Path(out_dir) / f"rank{rank}.pt")
+    torch.save({"held": held, "losses": losses, "final": final, "collective": shard_layout(collective), "given": shard_layout(sharding_plan)}, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -468,8 +473,9 @@ def test_dmp_trains_a_dreamshard_plan_like_the_unsharded_model(tmp_path):
     mp.start_processes(_worker, args=(free_port(), str(tmp_path / "plan.json"), str(tmp_path / "init.pt"), str(tmp_path)), nprocs=WORLD, start_method="spawn")
     ref_losses, ref_final = reference(init)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    # each rank holds exactly its shards of the plan, at their offsets and sizes
+    # each rank got the plan from ShardingPlanner.collective_plan too, and holds exactly its shards, at their offsets and sizes
     for rank, res in enumerate(results):
+        assert res["collective"] == res["given"] and res["given"]["t0"][0] == "column_wise"
         expected = {}
         for s in plan.shards:
             if s.device == rank:
