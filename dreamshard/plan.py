@@ -1,15 +1,23 @@
-"""Plans: a list of shards, each a column range of one table on one device, as a file a cost
-backend can measure by itself.
+"""Plans: a list of shards, each a column range and a row range of one table on one device, as a
+file a cost backend can measure by itself.
 
-A table-wise plan is one full-width shard per table; a column-wise split cuts a table's dim into
+A table-wise plan is one full shard per table; a column-wise split cuts a table's dim into
 ranges that may sit on different devices. Every column shard of a table reads the same index
 stream (same rows, same lookups) and holds only its columns, so it costs the table's lookups at a
-smaller width and its all-to-all follows the device's dim sum. The noun leaves room for a row
-range (row-wise shards): a later field, defaulting to all rows.
+smaller width and its all-to-all follows the device's dim sum.
+
+A row-wise split cuts a table's rows into ranges on distinct devices, each holding every column
+(`rowshard.py`): a row shard looks up only the indices of the stream in its range and yields
+partial pooled sums for the whole batch, which a reduce-scatter sums (costs/comm.py). Table-row-
+wise (TorchRec's TWRW: row-wise within one host) is the same thing here, where a plan is one host.
+A table is split by rows or by columns, not both (`Plan.check` refuses a mix: the exchange of a
+grid of shards is not modelled).
 
 The plan carries every table's full spec (with its stream descriptor), so `dreamshard measure
 PLAN.json` rebuilds the exact index streams with no other argument. Format `dreamshard.plan/2`
-(tables, each with its list of shards, and the workload); `dreamshard.plan/1` files (one device per
+(tables, each with its list of shards, and the workload), or `dreamshard.plan/3` — the same with
+`"rows": [start, stop]` on row shards, written only for plans that have some, so that a reader
+of /2 refuses them by name instead of misreading them; `dreamshard.plan/1` files (one device per
 table) still load.
 """
 
@@ -40,27 +48,54 @@ from dreamshard.validation import (
 )
 
 FORMAT = "dreamshard.plan/2"
-READS = ("dreamshard.plan/1", FORMAT)
+ROW_FORMAT = "dreamshard.plan/3"  # a plan with row shards
+READS = ("dreamshard.plan/1", FORMAT, ROW_FORMAT)
 
 
 @dataclass(frozen=True)
 class Shard:
-    """Columns [start, stop) of table `table` (its index in the task) on device `device`."""
+    """Columns [start, stop) and rows [row_start, row_stop) of table `table` (its index in the
+    task) on device `device`; row_stop None: to the table's last row (a `Plan` stores a range that
+    covers every row so)."""
 
     table: int
     device: int
     start: int
     stop: int
+    row_start: int = 0
+    row_stop: int | None = None
 
     @property
     def width(self) -> int:
         return self.stop - self.start
 
+    @property
+    def is_row_shard(self) -> bool:
+        return self.row_stop is not None or self.row_start != 0
+
+    def row_range(self, table: TableSpec) -> tuple[int, int]:
+        return self.row_start, table.rows if self.row_stop is None else self.row_stop
+
     def spec(self, table: TableSpec) -> TableSpec:
-        """The shard as a table a kernel or model can price: same stream, its own columns."""
+        """The shard as a table a kernel or model can price: a column shard has the table's
+        stream at its own width; a row shard (`streams.row_shard_spec`) the table's stream
+        restricted to its rows, with its measured pooling factor and bins."""
+        if self.is_row_shard:
+            if self.width != table.dim:
+                raise ValueError(f"table {table.name}: a shard of rows [{self.row_start}, {self.row_stop}) and columns [{self.start}, {self.stop}) (split by rows or by columns, not both)")
+            from dreamshard.streams import row_shard_spec  # torch: only for plans with row shards
+
+            return row_shard_spec(table, *self.row_range(table))
         if self.start == 0 and self.stop == table.dim:
             return table
         return replace(table, name=f"{table.name}[{self.start}:{self.stop}]", dim=self.width)
+
+    def bytes(self, table: TableSpec, precision: str = "fp16", optimizer: str = "sgd") -> int:
+        """Device memory of the shard: its rows × its columns (and its rows' optimizer state)."""
+        a, b = self.row_range(table)
+        if (a, b, self.width) == (0, table.rows, table.dim):
+            return table.bytes(precision, optimizer)
+        return replace(table, rows=b - a, dim=self.width).bytes(precision, optimizer)
 
 
 def column_cuts(dim: int, parts: int) -> list[tuple[int, int]]:
@@ -78,16 +113,32 @@ def column_cuts(dim: int, parts: int) -> list[tuple[int, int]]:
     return cuts
 
 
+def row_cuts(rows: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous row ranges of about equal size (the larger first) that tile [0, rows)."""
+    if not 1 <= parts <= rows:
+        raise ValueError(f"cannot cut {rows} rows into {parts} row ranges")
+    base, extra = divmod(rows, parts)
+    cuts, start = [], 0
+    for k in range(parts):
+        stop = start + base + (k < extra)
+        cuts.append((start, stop))
+        start = stop
+    return cuts
+
+
 @dataclass
 class Plan:
     task: Task
-    shards: list[Shard]  # sorted by (table, start); every table's shards tile its columns
+    shards: list[Shard]  # sorted by (table, start, row_start); every table's shards tile its columns or its rows
     planner: str
     predicted: dict | None = None  # planner's own predicted costs, where it has a model
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.shards = sorted(self.shards, key=lambda s: (s.table, s.start))
+        tables = self.task.tables
+        # one form per range: a row range of every row is no row range (row_stop None)
+        self.shards = sorted((replace(s, row_start=0, row_stop=None) if 0 <= s.table < len(tables) and s.row_start == 0 and s.row_stop == tables[s.table].rows else s
+                              for s in self.shards), key=lambda s: (s.table, s.start, s.row_start))
 
     @staticmethod
     def table_wise(task: Task, placement: Sequence[int], planner: str, predicted: dict | None = None, notes: Sequence[str] = ()) -> "Plan":
@@ -133,29 +184,40 @@ class Plan:
             out[s.device].append(spec)
         return out
 
+    def has_row_shards(self) -> bool:
+        return any(s.is_row_shard for s in self.shards)
+
     def device_bytes(self) -> list[int]:
         used = [0] * self.devices
-        for s, spec in zip(self.shards, self.shard_specs()):
-            used[s.device] += self.task.table_bytes(spec)
+        w = self.workload
+        for s in self.shards:
+            used[s.device] += s.bytes(self.task.tables[s.table], w.precision, w.optimizer)
         return used
 
     def check(self, where: str = "plan") -> None:
         """Raise PlanError unless every shard is on a device, every table's shards tile its columns
-        exactly (widths multiples of DIM_MULTIPLE, no gap, no overlap) and no device is over its
-        memory."""
+        exactly (widths multiples of DIM_MULTIPLE, no gap, no overlap) or, for a row-wise table,
+        its rows (full-width shards on distinct devices, no gap, no overlap), and no device is over
+        its memory."""
         tables = self.task.tables
         cover = [0] * len(tables)  # next column each table's shards must start at
+        row_wise = {s.table for s in self.shards if s.is_row_shard}
         for s in self.shards:
             if not 0 <= s.table < len(tables):
                 raise PlanError(f"{where}: a shard of table {s.table}, outside 0..{len(tables) - 1}")
             t = tables[s.table]
             if not 0 <= s.device < self.devices:
                 raise PlanError(f"{where}: table {t.name} on device {s.device}, outside 0..{self.devices - 1}")
+            if s.table in row_wise:
+                continue
             if s.start != cover[s.table] or not s.start < s.stop <= t.dim:
                 raise PlanError(f"{where}: table {t.name}: shard columns [{s.start}, {s.stop}) do not continue its shards at column {cover[s.table]} within dim {t.dim}")
             if s.width < MIN_DIM or s.width % DIM_MULTIPLE:
                 raise PlanError(f"{where}: table {t.name}: shard columns [{s.start}, {s.stop}) are {s.width} wide; use a multiple of {DIM_MULTIPLE}")
             cover[s.table] = s.stop
+        for i in sorted(row_wise):
+            self._check_rows(i, where)
+            cover[i] = tables[i].dim
         for i, t in enumerate(tables):
             if cover[i] != t.dim:
                 raise PlanError(f"{where}: table {t.name}: shards cover columns [0, {cover[i]}) of its {t.dim}")
@@ -163,13 +225,40 @@ class Plan:
             if used > self.task.max_memory_bytes:
                 raise PlanError(f"{where}: device {d} holds {used:,} bytes, over its max_memory_bytes {self.task.max_memory_bytes:,}")
 
+    def _check_rows(self, i: int, where: str) -> None:
+        """Table i's shards are row shards that tile its rows, each every column, on distinct devices."""
+        t = self.task.tables[i]
+        shards = sorted((s for s in self.shards if s.table == i), key=lambda s: s.row_start)
+        cover, devices = 0, set()
+        for s in shards:
+            a, b = s.row_range(t)
+            if (s.start, s.stop) != (0, t.dim):
+                raise PlanError(f"{where}: table {t.name}: a shard of rows [{a}, {b}) and columns [{s.start}, {s.stop}): split a table by rows or by columns, not both")
+            if a != cover or not a < b <= t.rows:
+                raise PlanError(f"{where}: table {t.name}: shard rows [{a}, {b}) do not continue its shards at row {cover} within its {t.rows} rows")
+            if s.device in devices:
+                raise PlanError(f"{where}: table {t.name}: two of its row shards on device {s.device}; put a table's row shards on distinct devices")
+            devices.add(s.device)
+            cover = b
+        if cover != t.rows:
+            raise PlanError(f"{where}: table {t.name}: shards cover rows [0, {cover}) of its {t.rows}")
+
     def to_json(self) -> dict:
         t = self.task
         by_table: list[list[Shard]] = [[] for _ in t.tables]
         for s in self.shards:
             by_table[s.table].append(s)
+        w = t.workload
+
+        def shard_json(s: Shard, spec: TableSpec) -> dict:
+            out = {"device": s.device, "columns": [s.start, s.stop]}
+            if s.is_row_shard:
+                out["rows"] = list(s.row_range(spec))
+            out["bytes"] = s.bytes(spec, w.precision, w.optimizer)
+            return out
+
         d = {
-            "format": FORMAT,
+            "format": ROW_FORMAT if self.has_row_shards() else FORMAT,
             "devices": t.devices,
             "max_memory_bytes": t.max_memory_bytes,
             "planner": self.planner,
@@ -179,7 +268,7 @@ class Plan:
                     "name": spec.name,
                     "bytes": t.table_bytes(spec),
                     "spec": spec.to_dict(),
-                    "shards": [{"device": s.device, "columns": [s.start, s.stop], "bytes": t.table_bytes(s.spec(spec))} for s in shards],
+                    "shards": [shard_json(s, spec) for s in shards],
                 }
                 for spec, shards in zip(t.tables, by_table)
             ],
@@ -195,14 +284,14 @@ class Plan:
 
     @staticmethod
     def from_json(d: dict, where: str = "plan") -> "Plan":
-        """A plan from its JSON form (plan/2, or plan/1: one device per table), checked as
+        """A plan from its JSON form (plan/3 or /2, or plan/1: one device per table), checked as
         strictly as a table file: every table spec, the task (devices, memory, workload, no table
-        twice), every shard's device and columns and every device's memory. Raises PlanError
+        twice), every shard's device, columns and rows and every device's memory. Raises PlanError
         naming `where` and the key."""
         require_dict(d, where, f"a {FORMAT} plan", PlanError)
         version = d.get("format")
         if version not in READS:
-            raise PlanError(f"{where}: not a {FORMAT} (or /1) file (format={version!r:.40})")
+            raise PlanError(f"{where}: not a {ROW_FORMAT} (or /2, /1) file (format={version!r:.40})")
         require_keys(d, ("devices", "max_memory_bytes", "tables"), where, PlanError)
         devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, PlanError)
         cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, PlanError)
@@ -220,7 +309,7 @@ class Plan:
             if version == READS[0]:
                 shards.append(Shard(i, parse_int(e["device"], at, "key 'device'", 0, devices - 1, PlanError), 0, spec.dim))
                 continue
-            for k, s in enumerate(require_list(e["shards"], at, "key 'shards'", PlanError, spec.dim // DIM_MULTIPLE)):
+            for k, s in enumerate(require_list(e["shards"], at, "key 'shards'", PlanError, max(spec.dim // DIM_MULTIPLE, devices))):
                 sat = f"{at}, shard {k}"
                 require_dict(s, sat, "a shard", PlanError)
                 require_keys(s, ("device", "columns"), sat, PlanError)
@@ -229,7 +318,14 @@ class Plan:
                     raise PlanError(f"{sat}, key 'columns': expected [start, stop]")
                 start = parse_int(cols[0], sat, "key 'columns' start", 0, spec.dim, PlanError)
                 stop = parse_int(cols[1], sat, "key 'columns' stop", 0, spec.dim, PlanError)
-                shards.append(Shard(i, parse_int(s["device"], sat, "key 'device'", 0, devices - 1, PlanError), start, stop))
+                row_start, row_stop = 0, None
+                if "rows" in s:
+                    rows = require_list(s["rows"], sat, "key 'rows'", PlanError, 2)
+                    if len(rows) != 2:
+                        raise PlanError(f"{sat}, key 'rows': expected [start, stop]")
+                    row_start = parse_int(rows[0], sat, "key 'rows' start", 0, spec.rows, PlanError)
+                    row_stop = parse_int(rows[1], sat, "key 'rows' stop", 0, spec.rows, PlanError)
+                shards.append(Shard(i, parse_int(s["device"], sat, "key 'device'", 0, devices - 1, PlanError), start, stop, row_start, row_stop))
         planner = d.get("planner", "?")
         if not isinstance(planner, str):
             raise PlanError(f"{where}, key 'planner': {planner!r:.40} must be a string")

@@ -10,6 +10,9 @@ device, so a plan file is enough to rebuild the exact inputs of a measurement:
     offset), so hot rows are scattered over the table as hashed ids are.
 DLRM-format streams (`dlrm:<file>#<t>`) replay the file's bags, cycling samples for batches larger
 than the file's.
+A row shard's stream (`rowshard.RowShardSpec`) is its table's stream for the same batch and step,
+each bag keeping only the indices in the shard's row range, re-based to 0: the shards of a table
+together see exactly the table's lookups.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from typing import Sequence
 
 import torch
 
-from dreamshard.bins import NUM_BINS, count_bins, zipf_alpha
+import numpy as np
+
+from dreamshard.bins import NUM_BINS, REFERENCE_BATCH, count_bins, zipf_alpha
+from dreamshard.rowshard import RowShardSpec, row_shard_distribution, row_shard_name
 from dreamshard.tables import TableError, TableSpec
 from dreamshard.validation import check_dlrm_file
 
@@ -88,6 +94,9 @@ def _load_dlrm_file(path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 def table_bags(table: TableSpec, batch_size: int, step: int = 0, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(lengths, indices) of one table for any stream kind."""
+    if isinstance(table, RowShardSpec):
+        lengths, indices = table_bags(table.parent, batch_size, step, device)
+        return restrict_bags(lengths, indices, table.row_start, table.row_stop)
     dist = table.distribution or "uniform"
     if not dist.startswith("dlrm:"):
         return synthetic_bags(table, batch_size, step, device)
@@ -100,6 +109,60 @@ def table_bags(table: TableSpec, batch_size: int, step: int = 0, device: str | t
     lengths = ends - starts
     pos = torch.repeat_interleave(starts - torch.cumsum(lengths, 0) + lengths, lengths) + torch.arange(int(lengths.sum()))
     return lengths.to(device), indices[pos].to(device)
+
+
+def restrict_bags(lengths: torch.Tensor, indices: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bags keeping only the indices in [start, stop), re-based to 0, in their order."""
+    keep = (indices >= start) & (indices < stop)
+    upto = torch.zeros(keep.numel() + 1, dtype=torch.int64, device=indices.device)  # kept among the first k indices
+    torch.cumsum(keep.to(torch.int64), 0, out=upto[1:])
+    at_end = upto[torch.cumsum(lengths.to(torch.int64), 0)]  # ... up to the end of each bag
+    new_lengths = torch.diff(at_end, prepend=at_end.new_zeros(1))
+    return new_lengths.to(lengths.dtype), indices[keep] - start
+
+
+# A row shard's pooling factor and bins are measured on its table's stream at the reference
+# batch (the batch the bins are defined at), unless that is over this many lookups; then at the
+# largest batch under it (a table of pooling > 256), whose bins see a little less reuse.
+ROW_STATS_MAX_LOOKUPS = 1 << 24
+
+
+def row_stats_batch(table: TableSpec) -> int:
+    return int(min(REFERENCE_BATCH, max(1, ROW_STATS_MAX_LOOKUPS // max(1, math.ceil(table.pooling_factor)))))
+
+
+@lru_cache(maxsize=2)  # a plan's row shards come table by table; an entry can be ~0.5 GB
+def _row_counts(table: TableSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows, sorted; their access counts) in the table's measuring batch (step 0)."""
+    _, indices = table_bags(table, row_stats_batch(table), step=0)
+    rows, counts = torch.unique(indices, sorted=True, return_counts=True)
+    return rows.numpy(), counts.numpy()
+
+
+def row_range_stats(table: TableSpec, start: int, stop: int) -> tuple[float, tuple[float, ...]]:
+    """(share of the table's lookups in rows [start, stop), reuse bins of those rows) measured on
+    its stream (`row_stats_batch`). A stream with no lookups in that batch shares them by rows."""
+    rows, counts = _row_counts(table)
+    i, j = np.searchsorted(rows, [start, stop], side="left")
+    total, mine = int(counts.sum()), counts[i:j]
+    if total == 0:
+        return (stop - start) / table.rows, tuple(table.bins)
+    if mine.size == 0:
+        return 0.0, (0.0,) * NUM_BINS
+    in_bins, _ = count_bins(mine)
+    return float(mine.sum()) / total, tuple((in_bins / mine.size).tolist())
+
+
+@lru_cache(maxsize=4096)
+def row_shard_spec(table: TableSpec, start: int, stop: int) -> RowShardSpec:
+    """Rows [start, stop) of `table` as a table a backend can price and measure: its rows, the
+    measured share of the table's pooling factor and its measured bins; its stream is the
+    table's restricted to the range (`table_bags`)."""
+    if not 0 <= start < stop <= table.rows:
+        raise ValueError(f"rows [{start}, {stop}) are not a range of the {table.rows} rows of {table.name!r}")
+    share, bins = row_range_stats(table, start, stop)
+    return RowShardSpec(name=row_shard_name(table, start, stop), rows=stop - start, dim=table.dim, pooling_factor=table.pooling_factor * share,
+                        bins=bins, distribution=row_shard_distribution(table, start, stop), seed=table.seed, parent=table, row_start=start, row_stop=stop)
 
 
 def shard_batch(tables: Sequence[TableSpec], batch_size: int, step: int = 0, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,22 @@ Calibration (``calibrate``) runs real all-to-alls of the same shape the distribu
 does (``torch.distributed.all_to_all_single`` with uneven splits, one process per device: gloo on
 CPU, NCCL on CUDA) over a designed set of per-rank byte counts, and ``fit`` minimises the
 *relative* squared error (times span four decades; an absolute fit would ignore the small ones).
+
+Row-wise tables (plan.py, rowshard.py) are exchanged by collectives instead: the forward sums the
+devices' partial pooled outputs by a **reduce-scatter** over all D devices of one [B, Σ dim]
+buffer (every device then holds its B/D samples, as after the all-to-all; a device without a shard
+of some row-wise table puts zeros in its columns), the backward spreads the output gradients back
+by an **all-gather**. A ring moves (D−1)/D of the buffer into and out of every device for either:
+
+    t = latency + ring_bytes / bandwidth,        ring_bytes = N · (D−1)/D,  N = B · Σ dim · elt
+
+with (latency, bandwidth) per collective fitted to real ones (``measure_collectives``,
+``benchmarks/gpu_collectives.py``) and kept in the comm model (``CommModel.reduce_scatter`` /
+``all_gather``, or the simulator calibration's ``comm`` entry, under the same keys). Until a model
+has them, they are derived from its all-to-all fit (``collective_ms``): a ring collective moves,
+per device, what a balanced all-to-all of the same buffer moves ((D−1)/D of it sent and as much
+received), so it is priced as that all-to-all — latency + (1 + serial_fraction) · ring_bytes /
+bandwidth; the sum's adds are not priced. That rule is not fitted (docs/rowwise.md).
 """
 
 from __future__ import annotations
@@ -51,6 +67,7 @@ DEFAULT_CHUNKS = {
     "cuda": [1 << 10, 16 << 10, 256 << 10, 4 << 20, 32 << 20, 128 << 20, 256 << 20],
 }
 SKEW = 4  # skewed exchange: rank 0's chunks are SKEW × the others'
+COLLECTIVES = ("reduce_scatter", "all_gather")
 
 
 def alltoall_bytes_array(dim_sums: np.ndarray, batch_size: int, elt: int) -> tuple[np.ndarray, np.ndarray]:
@@ -78,6 +95,66 @@ def alltoall_bytes(dim_sums: Sequence[int], batch_size: int, elt: int) -> tuple[
     return send.tolist(), recv.tolist()
 
 
+def ring_bytes(buffer_bytes, devices: int):
+    """Bytes a ring reduce-scatter (of an N-byte input) or all-gather (into an N-byte output)
+    sends out of, and receives into, each of `devices` ranks: N · (D−1)/D. Numbers or arrays."""
+    return np.asarray(buffer_bytes, dtype=np.float64) * (devices - 1) / devices
+
+
+def collective_ms(comm: dict, kind: str, buffer_bytes, devices: int):
+    """Per-device ms of a reduce-scatter or all-gather (`kind`) of an N-byte buffer over `devices`
+    ranks, from a comm model's parameters (``CommModel.params()`` or a calibration's ``comm``):
+    its own fit under ``comm[kind]`` if it has one, else the all-to-all rule of the module
+    docstring. 0 where nothing moves (one device, an empty buffer). Numbers or arrays."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}: one of {COLLECTIVES}")
+    moved = ring_bytes(buffer_bytes, devices)
+    fit = comm.get(kind)
+    if fit:
+        t = fit["latency_ms"] + moved / (fit["bandwidth_GBps"] * 1e6)
+    else:
+        t = comm["latency_ms"] + (1.0 + comm.get("serial_fraction", 0.0)) * moved / (comm["bandwidth_GBps"] * 1e6)
+    out = np.where(moved > 0, t, 0.0)
+    return float(out) if out.ndim == 0 else out
+
+
+def rowwise_ms(comm: dict, rowwise_dim: int, batch_size: int, elt: int, devices: int) -> tuple[float, float]:
+    """(forward reduce-scatter ms, backward all-gather ms) of the row-wise tables' exchange: one
+    [B, rowwise_dim] buffer over all devices; every device takes the same time."""
+    n = batch_size * rowwise_dim * elt
+    return collective_ms(comm, "reduce_scatter", n, devices), collective_ms(comm, "all_gather", n, devices)
+
+
+def check_collective_fit(fit, what: str) -> None:
+    if fit is None:
+        return
+    if not isinstance(fit, dict):
+        raise ValueError(f"{what} must be an object with latency_ms and bandwidth_GBps")
+    lat, bw = fit.get("latency_ms"), fit.get("bandwidth_GBps")
+    if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
+        raise ValueError(f"{what} latency_ms must be finite and >= 0, got {lat!r:.40}")
+    if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+        raise ValueError(f"{what} bandwidth_GBps must be finite and > 0, got {bw!r:.40}")
+
+
+def fit_collective(points: Iterable[dict], **meta) -> dict:
+    """(latency, bandwidth) of one collective from points {"buffer_bytes", "devices", "ms"}: the
+    least-squares fit of relative error of t = latency + ring_bytes / bandwidth."""
+    pts = list(points)
+    if len(pts) < 2:
+        raise ValueError(f"fitting a collective needs at least 2 measurements, got {len(pts)}")
+    x = np.array([float(ring_bytes(p["buffer_bytes"], p["devices"])) for p in pts])
+    t = np.array([float(p["ms"]) for p in pts])
+    if np.any(t <= 0) or not np.all(np.isfinite(t)):
+        raise ValueError("collective measurements must have finite times > 0 ms")
+    a, b = _fit_line(x, t)
+    if b <= 0:
+        raise ValueError("cannot fit a bandwidth: the time does not grow with the bytes; measure larger sizes")
+    rel = np.abs((a + b * x - t) / t)
+    return {"latency_ms": a, "bandwidth_GBps": 1e-6 / b, "points": len(pts), "median_rel_error": float(np.median(rel)),
+            "max_rel_error": float(rel.max()), **meta}
+
+
 @dataclass
 class CommModel:
     """t_d = latency_ms + (max(send, recv) + serial_fraction·min(send, recv)) / bandwidth."""
@@ -93,6 +170,10 @@ class CommModel:
     fit_details: dict = field(default_factory=dict)  # n points, relative errors, alternatives
     measurements: list = field(default_factory=list)  # the raw points the fit used
     path: str | None = field(default=None, compare=False)  # where it was loaded from, if anywhere
+    # fitted reduce-scatter / all-gather ({"latency_ms", "bandwidth_GBps", ...}); None: derived
+    # from the all-to-all fit (module docstring)
+    reduce_scatter: dict | None = None
+    all_gather: dict | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency_ms) and self.latency_ms >= 0):
@@ -101,6 +182,17 @@ class CommModel:
             raise ValueError(f"comm model bandwidth must be finite and > 0 GB/s, got {self.bandwidth_GBps}")
         if not 0.0 <= self.serial_fraction <= 1.0:
             raise ValueError(f"comm model serial_fraction must be in [0, 1], got {self.serial_fraction}")
+        for kind in COLLECTIVES:
+            check_collective_fit(getattr(self, kind), f"comm model {kind}")
+
+    def params(self) -> dict:
+        """The parameters `collective_ms` reads (as a simulator calibration's ``comm`` holds them)."""
+        return {"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction,
+                "reduce_scatter": self.reduce_scatter, "all_gather": self.all_gather}
+
+    def rowwise_ms(self, rowwise_dim: int, batch_size: int, elt: int, devices: int) -> tuple[float, float]:
+        """(reduce-scatter ms, all-gather ms) of the row-wise tables' exchange (module docstring)."""
+        return rowwise_ms(self.params(), rowwise_dim, batch_size, elt, devices)
 
     # ------------------------------------------------------------------ predict
     def predict(self, send_bytes, recv_bytes):
@@ -165,6 +257,9 @@ class CommModel:
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("path")
+        for kind in COLLECTIVES:  # absent, not null: files of models without them stay as they were
+            if d[kind] is None:
+                d.pop(kind)
         return {"format": FORMAT, **d}
 
     def save(self, path: str | Path) -> None:
@@ -184,7 +279,7 @@ class CommModel:
             raise DataError(f"{path}: invalid JSON ({getattr(e, 'msg', e)})") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise DataError(f"{path}: not a {FORMAT} file (make one with `dreamshard calibrate comm --out FILE`)")
-        known = {k: d[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction", "hardware", "date", "versions", "process_group", "devices", "fit_details", "measurements") if k in d}
+        known = {k: d[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction", "hardware", "date", "versions", "process_group", "devices", "fit_details", "measurements", *COLLECTIVES) if k in d}
         try:
             return cls(**known, path=str(path))
         except (TypeError, ValueError) as e:
@@ -307,6 +402,81 @@ def measure_alltoall(devices: int = 2, chunk_bytes: Sequence[int] | None = None,
     chunks = list(chunk_bytes) if chunk_bytes else DEFAULT_CHUNKS[device_type]
     job = {"patterns": design_patterns(devices, chunks), "iters": iters, "warmup": warmup}
     results, info = launch(f"{__name__}:alltoall_worker", job, devices, device_type, timeout_s)
+    return [p for r in results for p in r["points"]], info
+
+
+def collectives_worker(job: dict, rank: int, world: int, device, clock, barrier) -> dict:
+    """One rank of ``measure_collectives``: for every buffer size, a balanced all_to_all_single,
+    a reduce-scatter and an all-gather, each timed as the all-to-all calibration times it
+    (barrier, marks around the op, medians), and each checked once for the right result."""
+    import torch
+
+    dtype = torch.float16
+    elt = 2
+    ops = {"all_to_all": all_to_all_fn, "reduce_scatter": reduce_scatter_fn, "all_gather": all_gather_fn}
+    points = []
+    for size in job["sizes"]:
+        n = max(world, size // elt // world * world)  # elements of the full buffer, a multiple of the ranks
+        for op in job["ops"]:
+            full = torch.full((n,), float(rank + 1), dtype=dtype, device=device)
+            part = torch.full((n // world,), float(rank + 1), dtype=dtype, device=device)
+            if op == "all_to_all":
+                src, dst, expect = full, torch.empty(n, dtype=dtype, device=device), None
+            elif op == "reduce_scatter":
+                src, dst, expect = full, torch.empty(n // world, dtype=dtype, device=device), world * (world + 1) / 2
+            else:
+                src, dst, expect = part, torch.empty(n, dtype=dtype, device=device), None
+            times = []
+            for i in range(job["warmup"] + job["iters"]):
+                barrier()
+                a = clock.mark()
+                ops[op](dst, src)
+                b = clock.mark()
+                clock.sync()
+                if i >= job["warmup"]:
+                    times.append(clock.ms(a, b))
+            # the op did what it says (on the last run's output): a wrong emulation fails loudly
+            want = (torch.arange(world, device=device, dtype=torch.float32) + 1).repeat_interleave(n // world) if expect is None else torch.full_like(dst, expect, dtype=torch.float32)
+            if not torch.equal(dst.float(), want):
+                raise RuntimeError(f"{op} of {n * elt} bytes on rank {rank} gave a wrong result")
+            points.append({"op": op, "buffer_bytes": n * elt, "devices": world, "ms": median(times), "rank": rank})
+            del src, dst, full, part
+    return {"points": points}
+
+
+def reduce_scatter_fn(output, input) -> None:
+    """Sum-reduce-scatter of `input` (the full buffer) into `output` (this rank's 1/D):
+    ``reduce_scatter_single`` (torch ≥ 2.13, where ``reduce_scatter_tensor`` is deprecated), else
+    ``reduce_scatter_tensor``. Gloo runs it natively in torch 2.13 (checked by the tests)."""
+    import torch.distributed as dist
+
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(output, input)
+
+
+def all_gather_fn(output, input) -> None:
+    """All-gather of every rank's `input` (1/D of the buffer) into `output`, in rank order."""
+    import torch.distributed as dist
+
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(output, input)
+
+
+def all_to_all_fn(output, input) -> None:
+    """Balanced all-to-all of a buffer (1/D of it to every rank)."""
+    import torch.distributed as dist
+
+    dist.all_to_all_single(output, input)
+
+
+def measure_collectives(devices: int, sizes: Sequence[int], device_type: str = "cpu", iters: int = 10, warmup: int = 3,
+                        ops: Sequence[str] = ("all_to_all", *COLLECTIVES), timeout_s: float = 300.0) -> tuple[list[dict], dict]:
+    """Real all-to-alls, reduce-scatters and all-gathers of full buffers of `sizes` bytes (fp16),
+    one process per device; (points, info), a point per rank, op and size (median ms)."""
+    from dreamshard.costs.runners.launch import launch  # see measure_alltoall
+
+    if devices < 2:
+        raise OptionError("measuring collectives needs 2 or more devices")
+    job = {"sizes": [int(s) for s in sizes], "ops": list(ops), "iters": iters, "warmup": warmup}
+    results, info = launch(f"{__name__}:collectives_worker", job, devices, device_type, timeout_s)
     return [p for r in results for p in r["points"]], info
 
 

@@ -19,6 +19,13 @@ Each component is a non-negative linear combination of these terms, fitted per h
 kernel by `dreamshard calibrate` (NNLS on relative error); the fixed terms are what keeps a tiny
 shard from costing nothing. The all-to-all is the comm model's (costs/comm.py):
 t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
+
+A row shard (rowshard.py) is priced as the table it is: its rows, its measured lookups (its
+pooling factor is its measured share of the table's) and its measured reuse bins. It leaves the
+all-to-all: its table's partial outputs are summed by the reduce-scatter of the row-wise tables
+over all devices, and their gradients all-gathered back — the same time on every device,
+comm.collective_ms with the calibration's ``comm`` (derived from its all-to-all fit until that
+holds a fitted ``reduce_scatter`` / ``all_gather``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from typing import Sequence
 import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import alltoall_bytes_array
+from dreamshard.costs.comm import alltoall_bytes_array, rowwise_ms
+from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec
 from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
@@ -173,6 +181,9 @@ class SimBackend(CostBackend):
         fwd = np.where(nonempty, shard @ self._fwd, 0.0)
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
         dims = np.array([t.dim for t in tables], dtype=np.float64)
+        rw_dim = sum(t.dim for t in rowwise_tables(tables))
+        if rw_dim:  # row shards are not in the all-to-all
+            dims[[isinstance(t, RowShardSpec) for t in tables]] = 0.0
         dim_sums = np.bincount(flat, weights=np.broadcast_to(dims, (N, T)).ravel(), minlength=N * devices).reshape(N, devices)
         sent, recv = alltoall_bytes_array(dim_sums, workload.batch_size, workload.elt_bytes)
         out = np.empty((N, devices, 4))
@@ -180,6 +191,10 @@ class SimBackend(CostBackend):
         out[..., 1] = self._comm(sent, recv)
         out[..., 2] = self._comm(recv, sent)
         out[..., 3] = bwd.reshape(N, devices)
+        if rw_dim:
+            rs, ag = rowwise_ms(self.calibration.comm, rw_dim, workload.batch_size, workload.elt_bytes, devices)
+            out[..., 1] += rs
+            out[..., 2] += ag
         return out
 
     def _costs_of_shards(self, shards: Sequence[Sequence[TableSpec]], workload: Workload) -> np.ndarray:

@@ -8,6 +8,13 @@ watches them), and runs ``measure_worker`` on every rank:
   of the pooled outputs (rank d keeps B/D samples of every table) → backward all-to-all of their
   gradients → backward compute (the TBE backward, optimizer fused).
 
+Row shards (plan.py) are in the same fused TBE, after the device's other tables; their partial
+pooled outputs are summed by a reduce-scatter of one [B, Σ dim of the row-wise tables] buffer over
+all ranks (a rank writes its shards' columns, zeros elsewhere), run right after the all-to-all in
+the forward comm phase; the backward comm phase runs the all-gather of their gradients after the
+reverse all-to-all (costs/comm.py: the collectives, natively on gloo in torch 2.13 and on NCCL).
+The column copies in and out of the buffer are part of those phases.
+
 Two kinds of timed steps alternate:
 
 - *phased*: a barrier before each phase, so every component is timed on its own (CUDA events on
@@ -28,8 +35,10 @@ from statistics import median
 from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
+from dreamshard.costs.comm import all_gather_fn, reduce_scatter_fn
 # FAULT_ENV, failure_message: tests import them from here, as runners/sequential.py does _Clock
 from dreamshard.costs.runners.launch import DEFAULT_TIMEOUT_S, FAULT_ENV, _Clock, failure_message, launch  # noqa: F401
+from dreamshard.rowshard import RowShardSpec, exchange_dims, rowwise_tables, spec_from_dict
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 from dreamshard.validation import MeasurementError, OptionError
@@ -43,10 +52,11 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
     from dreamshard.streams import shard_batch
 
     B = job["batch_size"]
-    shards = [[TableSpec.from_dict(t) for t in shard] for shard in job["shards"]]
-    tables = shards[rank]
-    dim_sums = [sum(t.dim for t in s) for s in shards]
+    shards = [[spec_from_dict(t) for t in shard] for shard in job["shards"]]
+    tables = shards[rank]  # its whole tables and column shards, then its row shards (`exchange_order`)
+    dim_sums, rw_dim = exchange_dims(shards)  # all-to-all dims per rank; the row-wise buffer's dim
     mine = dim_sums[rank]
+    rows_mine = [t for t in tables if isinstance(t, RowShardSpec)]
     dtype = {"fp16": torch.float16, "fp32": torch.float32}[job["precision"]]
     tbe = build_checked_tbe(job["kernel"], tables, job["precision"], job["optimizer"], device, job.get("seed", 0)) if tables else None
     inputs = [shard_batch(tables, B, step=i, device=device) for i in range(job["input_sets"])] if tables else []
@@ -61,6 +71,21 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
     grad_back = torch.empty(B * mine, dtype=dtype, device=device)
     empty_out = torch.empty(B, 0, dtype=dtype, device=device)  # a device with no tables
     step = [0]
+    rw_comm = rw_dim > 0 and world > 1
+    if rw_comm:
+        slot, at = {}, 0  # each row-wise table's first column in the buffer
+        for t in rowwise_tables([t for s in shards for t in s]):
+            slot[t.name], at = at, at + t.dim
+        cols, at = [], mine  # (column in this rank's TBE output, column in the buffer, width) of its row shards
+        for r in rows_mine:
+            cols.append((at, slot[r.parent.name], r.dim))
+            at += r.dim
+        rs_in = torch.zeros(B, rw_dim, dtype=dtype, device=device)  # columns of tables with no shard here stay 0
+        rs_out = torch.empty(B // world, rw_dim, dtype=dtype, device=device)
+        ag_in = (torch.rand(B // world, rw_dim, generator=g, device=device, dtype=torch.float32) * 2e-3 - 1e-3).to(dtype)
+        ag_out = torch.empty(B, rw_dim, dtype=dtype, device=device)
+    if rows_mine:  # the TBE's output gradient: the all-to-all's columns, then the all-gather's
+        grad_full = (torch.rand(B, mine + sum(r.dim for r in rows_mine), generator=g, device=device, dtype=torch.float32) * 2e-3 - 1e-3).to(dtype)
 
     def fwd_comp() -> torch.Tensor:
         if tbe is None:
@@ -70,15 +95,25 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
 
     def fwd_comm(out: torch.Tensor) -> None:
         if comm:
-            dist.all_to_all_single(recv, out.contiguous().view(-1), fwd_out, fwd_in)
+            dist.all_to_all_single(recv, (out[:, :mine] if rows_mine else out).contiguous().view(-1), fwd_out, fwd_in)
+        if rw_comm:
+            for a, b, w in cols:
+                rs_in[:, b:b + w] = out[:, a:a + w]
+            reduce_scatter_fn(rs_out, rs_in)
 
     def bwd_comm() -> None:
         if comm:
             dist.all_to_all_single(grad_back, grad_recv, fwd_in, fwd_out)
+        if rw_comm:
+            all_gather_fn(ag_out, ag_in)
+            if rows_mine:
+                grad_full[:, :mine] = grad_back.view(B, mine) if comm else 0
+                for a, b, w in cols:
+                    grad_full[:, a:a + w] = ag_out[:, b:b + w]
 
     def bwd_comp() -> None:
         if tbe is not None:
-            tbe.backward(grad_back.view(B, mine))
+            tbe.backward(grad_full if rows_mine else grad_back.view(B, mine))
 
     def phased() -> list[float]:
         barrier()
@@ -113,6 +148,12 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
         step[0] += 1
         return clock.ms(a, b)
 
+    check = None
+    if job.get("check_outputs") and rw_comm:  # tests: the exchange's inputs and results, before any update
+        fwd_comm(fwd_comp())
+        bwd_comm()
+        check = {"reduce_scatter_in": rs_in.double().tolist(), "reduce_scatter_out": rs_out.double().tolist(),
+                 "all_gather_in": ag_in.double().tolist(), "all_gather_out": ag_out.double().tolist()}
     for _ in range(job["warmup"]):
         phased()
         end_to_end()
@@ -120,9 +161,19 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
     for _ in range(job["iters"]):
         phases.append(phased())
         e2e.append(end_to_end())
-    cols = list(zip(*phases))
-    return {"fwd_comp": list(cols[0]), "fwd_comm": list(cols[1]), "bwd_comm": list(cols[2]), "bwd_comp": list(cols[3]), "e2e": e2e,
-            "tables": len(tables), "dim_sum": mine}
+    series = list(zip(*phases))
+    out = {"fwd_comp": list(series[0]), "fwd_comm": list(series[1]), "bwd_comm": list(series[2]), "bwd_comp": list(series[3]), "e2e": e2e,
+           "tables": len(tables), "dim_sum": mine}
+    if check is not None:
+        out["rowwise_check"] = check
+    return out
+
+
+def exchange_order(shards: Sequence[Sequence[TableSpec]]) -> list[list[TableSpec]]:
+    """Each device's tables in the order its fused TBE holds them: whole tables and column shards
+    (their outputs, leading, are the all-to-all's), then row shards (the reduce-scatter's). The
+    order of a device's tables does not change what it costs."""
+    return [[t for t in s if not isinstance(t, RowShardSpec)] + [t for t in s if isinstance(t, RowShardSpec)] for s in shards]
 
 
 def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, optimizer: str, device, seed: int = 0):
@@ -171,13 +222,16 @@ class DistributedRunner(CostBackend):
     """Real measurement: one process per device, real all-to-alls. See the module docstring."""
 
     def __init__(self, kernel: str, device_type: str = "cpu", warmup: int = 3, iters: int = 10, input_sets: int = 3,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0, check_outputs: bool = False) -> None:
+        """``check_outputs``: every rank also returns, in ``details["rowwise_check"]``, the
+        inputs and results of one row-wise exchange run before the warm-ups (for tests: small B)."""
         if iters < 1 or warmup < 0:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters} warmup={warmup}")
         if input_sets < 2:
             raise ValueError(f"need at least 2 input sets to rotate, got {input_sets}")
         self.kernel, self.device_type = kernel, device_type
         self.warmup, self.iters, self.input_sets, self.timeout_s, self.seed = warmup, iters, input_sets, timeout_s, seed
+        self.check_outputs = check_outputs
         self.name = f"{kernel}/distributed"
 
     def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
@@ -190,9 +244,9 @@ class DistributedRunner(CostBackend):
         batch_size, precision, optimizer = workload.batch_size, workload.precision, workload.optimizer
         if batch_size % D:
             raise OptionError(f"batch size {batch_size} must be a positive multiple of the {D} devices (each gets B/D samples)")
-        job = {"shards": [[t.to_dict() for t in s] for s in shards], "kernel": self.kernel, "batch_size": batch_size,
+        job = {"shards": [[t.to_dict() for t in s] for s in exchange_order(shards)], "kernel": self.kernel, "batch_size": batch_size,
                "precision": precision, "optimizer": optimizer, "warmup": self.warmup, "iters": self.iters, "input_sets": self.input_sets,
-               "seed": self.seed}
+               "seed": self.seed, "check_outputs": self.check_outputs}
         results, info = launch(f"{__name__}:measure_worker", job, D, self.device_type, self.timeout_s)
         devices, e2e, spread = summarize(results)
         details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": "CUDA events; each op enqueued behind a sleep kernel, so host launch time is excluded unless the op syncs" if self.device_type == "cuda" else "perf_counter",
@@ -200,6 +254,12 @@ class DistributedRunner(CostBackend):
                    "dim_sums": [r["dim_sum"] for r in results], "tables_per_device": [r["tables"] for r in results],
                    "statistic": "median over timed iterations; e2e = median over iterations of the max over ranks",
                    "versions": software_versions(), **spread}
+        rw_dim = exchange_dims(shards)[1]
+        if rw_dim:
+            details["rowwise_dim"] = rw_dim
+            details["rowwise_exchange"] = "reduce-scatter forward, all-gather backward, over all devices, after the all-to-all in the same phase"
+        if self.check_outputs:
+            details["rowwise_check"] = [r.get("rowwise_check") for r in results]
         return CostReport(devices=devices, backend=self.kernel, runner="distributed", hardware=describe_hardware(self.device_type, D),
                           batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=e2e, comm_modelled=False, details=details)
 

@@ -7,7 +7,8 @@ and checked, ``input_sets`` distinct batches used in turn, ``warmup`` untimed st
 host's launch overhead; ``perf_counter`` on CPU), medians.
 The all-to-alls are not run: their times come from a ``CommModel`` fitted to real all-to-alls
 (``dreamshard calibrate comm``), and the report says so (``comm_modelled=True``, the model file in
-``details``).
+``details``). So do the reduce-scatter and all-gather of row-wise tables (row shards: their own
+stream, measured like any shard), from the same model (``CommModel.rowwise_ms``).
 
 On CPU each shard runs with the threads one distributed-runner process would get (cores / D), so
 the two runners measure the same compute.
@@ -21,6 +22,7 @@ from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import CommModel, load_comm_model
+from dreamshard.rowshard import exchange_dims
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 from dreamshard.validation import OptionError
@@ -111,11 +113,17 @@ class SequentialRunner(CostBackend):
                 comp.append((median(fwd), median(bwd)))
         finally:
             torch.set_num_threads(threads_before)
-        dim_sums = [sum(t.dim for t in s) for s in shards]
+        dim_sums, rw_dim = exchange_dims(shards)
+        rw_info = {}
         if D > 1:
             m = self.comm_model
             fwd_comm, bwd_comm = m.placement_ms(dim_sums, batch_size, workload.elt_bytes)
             comm_info = {"comm_model": m.path or "(in memory)", "comm_model_fit": m.describe()}
+            if rw_dim:
+                rs, ag = m.rowwise_ms(rw_dim, batch_size, workload.elt_bytes, D)
+                fwd_comm, bwd_comm = [t + rs for t in fwd_comm], [t + ag for t in bwd_comm]
+                rw_info = {"rowwise_dim": rw_dim, "rowwise_comm_ms": [rs, ag],
+                           "rowwise_comm_model": {k: (getattr(m, k) or "derived from the all-to-all fit (not fitted)") for k in ("reduce_scatter", "all_gather")}}
         else:
             fwd_comm = bwd_comm = [0.0]
             comm_info = {"comm_model": "none: one device, no all-to-all"}
@@ -124,7 +132,7 @@ class SequentialRunner(CostBackend):
                    "timing": "CUDA events; each op enqueued behind a sleep kernel, so host launch time is excluded unless the op syncs" if self.device.type == "cuda" else "perf_counter", "device": str(self.device),
                    "threads": threads, "wall_s": round(time.monotonic() - start, 2), "dim_sums": dim_sums,
                    "tables_per_device": [len(s) for s in shards], "statistic": "median over timed iterations",
-                   **comm_info, "versions": software_versions()}
+                   **comm_info, **rw_info, "versions": software_versions()}
         return CostReport(devices=devices, backend=self.kernel, runner="sequential", hardware=describe_hardware(self.device.type, 1),
                           batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=None, comm_modelled=True, details=details)
 

@@ -1,0 +1,290 @@
+"""Row-wise shards (issue 13): row ranges tile a table, plan/3 round-trips, a row shard's stream is
+exactly its table's indices in range, the shards' partial sums add up to the table's pooled
+output, and a row-wise plan is measured for real (sequential, distributed with a real gloo
+reduce-scatter and all-gather, the CLI) and priced by the simulator."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dreamshard.costs.comm import CommModel, collective_ms, fit_collective, measure_collectives, ring_bytes
+from dreamshard.costs.sim import SimBackend
+from dreamshard.plan import Plan, Shard, load_plans, row_cuts, save_plans
+from dreamshard.rowshard import RowShardSpec, exchange_dims, spec_from_dict
+from dreamshard.streams import row_stats_batch, table_bags
+from dreamshard.tables import TableSpec
+from dreamshard.tasks import Task, Workload
+from dreamshard.validation import PlanError
+
+W = TableSpec("w", 5000, 96, 20.0, distribution="zipf:1.1", seed=3)
+N = TableSpec("n", 3000, 16, 5.0, distribution="uniform", seed=4)
+
+
+def task(devices=2, w=W, workload=Workload(), cap=10**12) -> Task:
+    return Task([w, N], devices, cap, workload)
+
+
+def row_plan(devices=2, w=W, workload=Workload(), cuts=((0, 2500), (2500, 5000))) -> Plan:
+    """w row-wise over devices 0, 1, ...; n whole on the last device."""
+    shards = [Shard(0, d, 0, w.dim, a, b) for d, (a, b) in enumerate(cuts)] + [Shard(1, devices - 1, 0, 16)]
+    return Plan(task(devices, w, workload), shards, "manual")
+
+
+# --------------------------------------------------------------------------------------------
+# The noun
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows,parts", [(5000, 2), (5000, 3), (7, 7), (10, 3), (1, 1), (10**12, 1024)])
+def test_row_cuts_tile_the_rows(rows, parts):
+    cuts = row_cuts(rows, parts)
+    assert len(cuts) == parts and cuts[0][0] == 0 and cuts[-1][1] == rows
+    assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    sizes = [b - a for a, b in cuts]
+    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_row_cuts_refuse_more_parts_than_rows():
+    with pytest.raises(ValueError):
+        row_cuts(3, 4)
+
+
+@pytest.mark.parametrize("shards,match", [
+    ([Shard(0, 0, 0, 96, 0, 2000), Shard(0, 1, 0, 96, 2500, 5000)], r"rows \[2500, 5000\) do not continue its shards at row 2000"),  # gap
+    ([Shard(0, 0, 0, 96, 0, 3000), Shard(0, 1, 0, 96, 2500, 5000)], r"rows \[2500, 5000\) do not continue its shards at row 3000"),  # overlap
+    ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 1, 0, 96, 2500, 4000)], r"cover rows \[0, 4000\) of its 5000"),  # short
+    ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 1, 0, 96, 2500, 6000)], r"rows \[2500, 6000\) .* within its 5000 rows"),  # past the end
+    ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 0, 0, 96, 2500, 5000)], "two of its row shards on device 0"),
+    ([Shard(0, 0, 0, 48, 0, 2500), Shard(0, 1, 48, 96, 2500, 5000)], "split a table by rows or by columns, not both"),
+    ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 1, 0, 96)], r"rows \[0, 5000\) do not continue its shards at row 2500"),  # a whole shard beside a row shard
+])
+def test_bad_row_shards_are_refused_with_the_table_named(shards, match):
+    with pytest.raises(PlanError, match=f"table w: .*{match}" if "device" not in match else match):
+        Plan(task(), shards + [Shard(1, 1, 0, 16)], "manual").check()
+
+
+def test_memory_counts_only_the_shards_rows():
+    plan = row_plan(workload=Workload(precision="fp32", optimizer="rowwise_adagrad"))
+    plan.check()
+    assert plan.device_bytes() == [2500 * 96 * 4 + 4 * 2500, 2500 * 96 * 4 + 4 * 2500 + N.bytes("fp32", "rowwise_adagrad")]
+    fits_only_split = 2500 * 96 * 2 + N.bytes()
+    Plan(task(cap=fits_only_split), row_plan().shards, "manual").check()
+    with pytest.raises(PlanError, match="device 1 holds"):
+        Plan.table_wise(task(cap=fits_only_split), [1, 1], "manual").check()
+
+
+def test_plan_json_round_trip_with_row_shards(tmp_path):
+    plan = row_plan(workload=Workload(1024, "fp32"))
+    path = tmp_path / "rows.json"
+    save_plans([plan], path)
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "dreamshard.plan/3"  # a plan/2 reader refuses it by its format
+    assert doc["tables"][0]["shards"] == [{"device": 0, "columns": [0, 96], "rows": [0, 2500], "bytes": 2500 * 96 * 4},
+                                          {"device": 1, "columns": [0, 96], "rows": [2500, 5000], "bytes": 2500 * 96 * 4}]
+    assert doc["tables"][1]["shards"] == [{"device": 1, "columns": [0, 16], "bytes": N.bytes("fp32")}]  # no "rows": every row
+    (back,) = load_plans(path)
+    assert back.shards == plan.shards and back.workload == plan.workload and back.device_tables() == plan.device_tables()
+    # a table-wise plan is still written as plan/2, and a row range of every row is no row range
+    whole = Plan(task(), [Shard(0, 0, 0, 96, 0, 5000), Shard(1, 1, 0, 16)], "manual")
+    assert not whole.has_row_shards() and whole.is_table_wise and whole.to_json()["format"] == "dreamshard.plan/2"
+
+
+@pytest.mark.parametrize("rows,match", [("0:10", "key 'rows': expected a list"), ([0], r"key 'rows': expected \[start, stop\]"),
+                                        ([0, 6000], "key 'rows' stop"), ([0, 2.5], "key 'rows' stop")])
+def test_bad_rows_in_a_plan_file_are_one_line_errors(rows, match):
+    doc = row_plan().to_json()
+    doc["tables"][0]["shards"][0]["rows"] = rows
+    with pytest.raises(PlanError, match=match) as e:
+        Plan.from_json(doc, "p.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("p.json, table 0, shard 0")
+
+
+# --------------------------------------------------------------------------------------------
+# Streams and what a row shard costs
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table", [W, N, TableSpec("z", 100_000, 8, 3.5, distribution="zipf:1.4", seed=11)])
+def test_a_row_shard_stream_is_its_tables_indices_in_range(table):
+    cuts = row_cuts(table.rows, 3)
+    specs = [Shard(0, d, 0, table.dim, a, b).spec(table) for d, (a, b) in enumerate(cuts)]
+    for batch, step in ((64, 0), (200, 5)):
+        lengths, indices = table_bags(table, batch, step)
+        bags = torch.split(indices, lengths.tolist())
+        total = torch.zeros_like(lengths)
+        for spec, (a, b) in zip(specs, cuts):
+            sl, si = table_bags(spec, batch, step)
+            want = [bag[(bag >= a) & (bag < b)] - a for bag in bags]  # bag by bag, order kept
+            assert sl.tolist() == [len(x) for x in want]
+            assert torch.equal(si, torch.cat(want))
+            assert si.numel() == 0 or (si.min() >= 0 and si.max() < b - a)
+            total += sl
+        assert torch.equal(total, lengths)  # together the shards see every lookup once
+
+
+def test_a_row_shard_is_priced_on_its_measured_lookups():
+    """Zipf's hot rows fall in some ranges: a shard's pooling factor is its measured share of the
+    table's lookups (counted here independently on the same stream), not pooling / shards."""
+    cuts = row_cuts(W.rows, 4)
+    specs = [Shard(0, d, 0, 96, a, b).spec(W) for d, (a, b) in enumerate(cuts)]
+    _, ix = table_bags(W, row_stats_batch(W), 0)
+    shares = [float(((ix >= a) & (ix < b)).sum()) / ix.numel() for a, b in cuts]
+    for spec, share, (a, b) in zip(specs, shares, cuts):
+        assert isinstance(spec, RowShardSpec) and (spec.rows, spec.dim, spec.row_start, spec.row_stop) == (b - a, 96, a, b)
+        assert spec.pooling_factor == pytest.approx(W.pooling_factor * share, rel=1e-12)
+        assert sum(spec.bins) == pytest.approx(1.0)
+    assert sum(s.pooling_factor for s in specs) == pytest.approx(W.pooling_factor, rel=1e-12)
+    assert max(shares) - min(shares) > 0.05  # uneven: an even split would be 0.25 each
+    # the spec survives the runner's JSON job, and cannot be read back as a whole table
+    again = spec_from_dict(json.loads(json.dumps(specs[1].to_dict())))
+    assert again == specs[1] and torch.equal(table_bags(again, 32, 1)[1], table_bags(specs[1], 32, 1)[1])
+    with pytest.raises(ValueError, match="distribution"):
+        TableSpec.from_dict({k: v for k, v in specs[1].to_dict().items() if k != "row_shard"})
+
+
+def test_row_shards_pooled_outputs_sum_to_the_tables():
+    """Torch kernel on CPU: each row shard holds its rows of one fp32 table; the float64 sum of
+    their pooled outputs is the table's pooled output (float64 reference, every bag)."""
+    from dreamshard.costs.kernels import make_tbe
+
+    table, batch = TableSpec("t", 1000, 16, 6.0, distribution="zipf:1.2", seed=7), 128
+    weights = torch.randn(table.rows, table.dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lengths, indices = table_bags(table, batch, 2)
+    reference = torch.stack([weights[bag].sum(0) for bag in torch.split(indices, lengths.tolist())])
+    total = torch.zeros(batch, table.dim, dtype=torch.float64)
+    for a, b in row_cuts(table.rows, 3):
+        spec = Shard(0, 0, 0, 16, a, b).spec(table)
+        tbe = make_tbe("torch", [spec.rows], [spec.dim], precision="fp32", device="cpu")
+        tbe.set_weights(0, weights[a:b].float())
+        sl, si = table_bags(spec, batch, 2)
+        offsets = torch.cat([sl.new_zeros(1), torch.cumsum(sl, 0)])
+        total += tbe.forward(si, offsets).double()
+    assert torch.allclose(total, reference, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(total, torch.zeros_like(total))
+
+
+# --------------------------------------------------------------------------------------------
+# Comm model, simulator, runners, CLI
+# --------------------------------------------------------------------------------------------
+
+
+def test_collective_model_rule_fit_and_file(tmp_path):
+    params = {"latency_ms": 0.07, "bandwidth_GBps": 400.0, "serial_fraction": 0.3}
+    n = 64 << 20
+    # unfitted: priced as a balanced all-to-all moving the ring's bytes each way
+    assert collective_ms(params, "reduce_scatter", n, 4) == pytest.approx(0.07 + 1.3 * n * 3 / 4 / 400e6)
+    assert collective_ms(params, "all_gather", n, 1) == 0.0 and collective_ms(params, "all_gather", 0, 8) == 0.0
+    # a fit recovers exact parameters, and a model carrying it uses it and keeps it in its file
+    pts = [{"buffer_bytes": b, "devices": 2, "ms": 0.02 + float(ring_bytes(b, 2)) / 100e6} for b in (1 << 12, 1 << 20, 1 << 26)]
+    fit = fit_collective(pts)
+    assert fit["latency_ms"] == pytest.approx(0.02) and fit["bandwidth_GBps"] == pytest.approx(100.0)
+    model = CommModel(0.07, 400.0, 0.3, reduce_scatter={"latency_ms": 0.02, "bandwidth_GBps": 100.0})
+    assert model.rowwise_ms(64, 1024, 2, 2) == (pytest.approx(0.02 + 1024 * 64 * 2 / 2 / 100e6), collective_ms(params, "all_gather", 1024 * 64 * 2, 2))
+    model.save(tmp_path / "m.json")
+    assert CommModel.load(tmp_path / "m.json").reduce_scatter == model.reduce_scatter
+    assert "reduce_scatter" not in CommModel(0.07, 400.0).to_json()  # models without one are written as before
+    with pytest.raises(ValueError, match="bandwidth_GBps"):
+        CommModel(0.07, 400.0, reduce_scatter={"latency_ms": 0.0, "bandwidth_GBps": -1})
+
+
+def test_simulator_prices_row_shards_and_their_comm_grows_with_dim():
+    sim = SimBackend()
+    costs = {}
+    for dim in (32, 128):
+        w = TableSpec("w", 200_000, dim, 20.0, distribution="zipf:1.1", seed=3)
+        plan = row_plan(w=w, cuts=((0, 100_000), (100_000, 200_000)))
+        costs[dim] = sim.evaluate_plan(plan).devices
+        specs = plan.device_tables()
+        assert exchange_dims(specs) == ([0, 16], dim)  # the row shards leave the all-to-all
+        rs, ag = (collective_ms(sim.calibration.comm, k, 65536 * dim * 2, 2) for k in ("reduce_scatter", "all_gather"))
+        a2a = sim.evaluate([[], [N]]).devices  # the same all-to-all without the row-wise table
+        for d in range(2):
+            assert costs[dim][d].fwd_comm_ms == pytest.approx(a2a[d].fwd_comm_ms + rs) and costs[dim][d].bwd_comm_ms == pytest.approx(a2a[d].bwd_comm_ms + ag)
+        # each shard's compute is that of a table of its rows and measured lookups
+        alone = sim.shard_compute([[specs[0][0]]])[0]
+        assert costs[dim][0].fwd_comp_ms == pytest.approx(alone[0]) and costs[dim][0].bwd_comp_ms == pytest.approx(alone[1])
+    assert all(costs[128][d].fwd_comm_ms > costs[32][d].fwd_comm_ms and costs[128][d].bwd_comm_ms > costs[32][d].bwd_comm_ms for d in range(2))
+    assert costs[128][0].fwd_comp_ms > costs[32][0].fwd_comp_ms
+
+
+def test_sequential_runner_measures_a_row_wise_plan():
+    from dreamshard.costs.runners import SequentialRunner
+
+    plan = row_plan(workload=Workload(512, "fp32"))
+    r = SequentialRunner("torch", device="cpu", warmup=1, iters=3).evaluate_plan(plan)
+    assert r.details["tables_per_device"] == [1, 2] and r.details["dim_sums"] == [0, 16] and r.details["rowwise_dim"] == 96
+    rs, ag = r.details["rowwise_comm_ms"]
+    m = CommModel.load(r.details["comm_model"])
+    assert (rs, ag) == m.rowwise_ms(96, 512, 4, 2) and rs > 0
+    fwd_a2a, bwd_a2a = m.placement_ms([0, 16], 512, 4)
+    assert [c.fwd_comm_ms for c in r.devices] == pytest.approx([f + rs for f in fwd_a2a])
+    assert [c.bwd_comm_ms for c in r.devices] == pytest.approx([b + ag for b in bwd_a2a])
+    assert all(c.fwd_comp_ms > 0 and c.bwd_comp_ms > 0 for c in r.devices)
+
+
+def test_distributed_runner_reduce_scatters_row_shards_for_real():
+    """Two gloo processes: the reduce-scatter's input on each rank is its shard's real pooled
+    output in the table's columns (rebuilt here with the same kernel, seed and stream), its output
+    is the float64 sum over ranks of the rank's samples, and the all-gather returns every rank's
+    gradient slice in order."""
+    from dreamshard.costs.kernels import make_tbe
+    from dreamshard.costs.runners import DistributedRunner
+    from dreamshard.costs.runners.distributed import exchange_order
+    from dreamshard.streams import shard_batch
+
+    B = 16
+    plan = row_plan(workload=Workload(B, "fp32"))
+    r = DistributedRunner("torch", "cpu", 1, 3, timeout_s=120, check_outputs=True).evaluate_plan(plan)
+    assert r.runner == "distributed" and not r.comm_modelled and r.details["rowwise_dim"] == 96 and r.details["dim_sums"] == [0, 16]
+    assert all(c.fwd_comm_ms > 0 and c.bwd_comm_ms > 0 and c.fwd_comp_ms > 0 for c in r.devices)
+    check = r.details["rowwise_check"]
+    rs_in = [np.array(c["reduce_scatter_in"]) for c in check]
+    for rank, tables in enumerate(exchange_order(plan.device_tables())):
+        tbe = make_tbe("torch", [t.rows for t in tables], [t.dim for t in tables], precision="fp32", device="cpu", seed=0)
+        out = tbe.forward(*shard_batch(tables, B, step=0)).double().numpy()
+        assert np.array_equal(rs_in[rank], out[:, -96:])  # the row shard is last; its columns are the whole buffer
+    summed = rs_in[0] + rs_in[1]
+    assert np.abs(summed).max() > 0
+    for rank in range(2):
+        assert np.allclose(check[rank]["reduce_scatter_out"], summed[rank * B // 2:(rank + 1) * B // 2], rtol=1e-6, atol=1e-7)
+        assert np.array_equal(check[rank]["all_gather_out"], np.concatenate([check[0]["all_gather_in"], check[1]["all_gather_in"]]))
+
+
+def test_cli_measures_a_hand_written_row_wise_plan(tmp_path):
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli
+
+    doc = {"format": "dreamshard.plan/3", "devices": 2, "max_memory_bytes": 10**9, "planner": "hand",
+           "workload": {"batch_size": 65536, "precision": "fp32", "optimizer": "sgd"},
+           "tables": [{"name": "w", "spec": W.to_dict(), "shards": [{"device": 0, "columns": [0, 96], "rows": [0, 1000]},
+                                                                   {"device": 1, "columns": [0, 96], "rows": [1000, 5000]}]},
+                      {"name": "n", "spec": N.to_dict(), "shards": [{"device": 0, "columns": [0, 16]}]}]}
+    path = tmp_path / "hand.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "report.json"
+    res = CliRunner().invoke(cli, ["measure", str(path), "--backend", "torch", "--runner", "distributed", "--batch-size", "1024",
+                                   "--iters", "2", "--warmup", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["runner"] == "distributed" and report["batch_size"] == 1024
+    assert report["details"]["rowwise_dim"] == 96 and report["details"]["dim_sums"] == [16, 0]
+    assert all(d["fwd_comm_ms"] > 0 and d["bwd_comp_ms"] > 0 for d in report["devices"])
+    # an overlap is refused up front: exit 2, one line naming the file and table, nothing written
+    doc["tables"][0]["shards"][1]["rows"] = [900, 5000]
+    path.write_text(json.dumps(doc))
+    out.unlink()
+    res = CliRunner().invoke(cli, ["measure", str(path), "--backend", "torch", "--runner", "distributed", "--batch-size", "1024", "--out", str(out)])
+    assert res.exit_code == 2 and "table w: shard rows [900, 5000) do not continue" in res.output and not out.exists()
+
+
+def test_collectives_measured_on_gloo():
+    """benchmarks/gpu_collectives.py's measurement, tiny, on 2 CPU processes: every op checked
+    for its result in the worker, one point per rank, op and size."""
+    points, info = measure_collectives(2, [1 << 10, 1 << 16], "cpu", iters=2, warmup=1, timeout_s=120)
+    assert info["process_group"] == "gloo"
+    assert sorted((p["op"], p["buffer_bytes"], p["rank"]) for p in points) == sorted(
+        (op, b, r) for op in ("all_to_all", "reduce_scatter", "all_gather") for b in (1 << 10, 1 << 16) for r in (0, 1))
+    assert all(p["ms"] > 0 and p["devices"] == 2 for p in points)
