@@ -159,20 +159,32 @@ def data() -> None:
     """Table pools, their statistics, and tasks."""
 
 
+# the names of dreamshard.families.FAMILIES (tests/test_families.py keeps them in step), written
+# out so that `--help` does not import NumPy
+FAMILY_NAMES = ["dlrm", "dlrm2022", "wide", "hot", "heavy", "onehot", "mixed"]
+
+
 @data.command("synth")
 @click.option("--out", required=True, type=OUT_DIR, help="directory for tables.csv and pool.json")
-@click.option("--tables", "n_tables", default=856, show_default=True, type=click.IntRange(1, limits.MAX_TABLES), help="number of tables")
+@click.option("--tables", "n_tables", type=click.IntRange(1, limits.MAX_TABLES), help="number of tables  [the family's: 856; 788 for dlrm2022]")
 @click.option("--seed", default=0, show_default=True, type=SEED)
-def data_synth(out: str, n_tables: int, seed: int) -> None:
-    """Write a synthetic DLRM-like table pool (specs + regenerable index streams)."""
+@click.option("--family", default="dlrm", show_default=True, type=click.Choice(FAMILY_NAMES), help="table family (docs/families.md); mixed is the held-out family")
+def data_synth(out: str, n_tables: int | None, seed: int, family: str) -> None:
+    """Write a synthetic table pool of a family (specs + regenerable index streams)."""
+    from dreamshard.families import FAMILIES, synth_family
     from dreamshard.synth import PoolConfig, synth_pool, write_pool
 
-    config = PoolConfig(tables=n_tables, seed=seed)
+    n = n_tables or FAMILIES[family].default_tables
+    config = PoolConfig(tables=n, seed=seed)
     with progress_bar() as bar:
-        job = bar.add_task("synthesizing tables", total=n_tables)
-        tables = synth_pool(config, progress=lambda k: bar.advance(job, k))
-    path = write_pool(tables, out, config)
-    console.print(f"wrote {len(tables)} tables to {path}")
+        job = bar.add_task(f"synthesizing {family} tables", total=n)
+        if family == "dlrm":
+            tables = synth_pool(config, progress=lambda k: bar.advance(job, k))
+        else:
+            tables = synth_family(family, n, seed)
+            bar.advance(job, n)
+    path = write_pool(tables, out, config, family=None if family == "dlrm" else family)
+    console.print(f"wrote {len(tables)} {family} tables to {path}")
 
 
 @data.command("stats")
@@ -305,7 +317,7 @@ def device_summary(plan, title: str, report=None) -> Table:
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="for randomized planners")
-@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="for the planners that use a cost net (dreamshard, neuroshard): a model from `dreamshard train` (default: the shipped H200 model)")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="for the planners with a model (dreamshard, neuroshard: the shipped H200 model by default; autoshard, rnn: required): a model from `dreamshard train --planner NAME`")
 @click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="for the planners that search on a cost backend (oracle): the simulator, or a kernel measured by the sequential runner")
 @click.option("--split", is_flag=True, help="let the planner cut tables into column shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: a split search; neuroshard always splits)")
@@ -324,7 +336,7 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         raise OptionError("give either TABLES_FILE (with --devices and --max-memory) or --tasks FILE.jsonl")
     options = PLANNERS[planner_name].options()
     if model_path is not None and "model" not in options:
-        raise OptionError(f"--model is for the planners with a cost net ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'model' in c.options())}), not {planner_name!r}")
+        raise OptionError(f"--model is for the planners with a model ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'model' in c.options())}), not {planner_name!r}")
     if backend_name is not None and "backend" not in options:
         raise OptionError(f"--backend is for the planners that search on a cost backend ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'backend' in c.options())}), not {planner_name!r}")
     if split and "split" not in options:
@@ -376,11 +388,12 @@ def predicted_table(predicted: dict) -> Table:
 
 
 # --------------------------------------------------------------------------------------------
-# training (DreamShard: the `dreamshard` planner's fit, loop in dreamshard/learned/dreamshard.py)
+# training: a learned planner's fit (its loop in dreamshard/learned/)
 # --------------------------------------------------------------------------------------------
 
 
 @cli.command("train")
+@click.option("--planner", "planner_name", default="dreamshard", show_default=True, help="the learned planner to train: dreamshard, autoshard or rnn")
 @click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="training tasks (JSONL, from `dreamshard data tasks`)")
 @click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="what measures the sampled plans: the calibrated simulator, or a kernel on real hardware (auto: as for `measure`)")
@@ -390,21 +403,26 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="with --runner sequential: comm model  [default: the one shipped for the device]")
 @click.option("--out", required=True, type=OUT_FILE, help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
-@click.option("--config", "config_name", default="default", show_default=True, type=click.Choice(["paper", "default"]), help="paper: the reference code; default: our ablated changes")
-@click.option("--iterations", type=click.IntRange(1, limits.MAX_ITERS), help="collect → fit → RL iterations [config: 10]")
-@click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET), help="real measurements in all, spread over the iterations [config: 10 per iteration]")
+@click.option("--config", "config_name", help="named hyperparameters [dreamshard: default (our ablated changes) or paper (the reference code); autoshard, rnn: paper]")
+@click.option("--iterations", type=click.IntRange(1, limits.MAX_ITERS), help="training iterations [config's]")
+@click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET), help="real measurements (measured plans) in all, spread over the iterations [config's]")
 @click.option("--batch-size", type=BATCH, help="workload batch size the backend measures  [65536; 1024 for a kernel on CPU]")
 @click.option("--seed", type=SEED, help="[0]")
 @click.option("--eval-tasks", type=click.Path(exists=True, dir_okay=False), help="also measure the planner on these tasks after every iteration (logged)")
 @click.option("--log", "log_file", type=OUT_FILE, help="JSONL log, one line of numbers per iteration")
 @click.option("--resume", is_flag=True, help="continue from MODEL.pt.ckpt where a previous run stopped")
 @click.pass_context
-def train_cmd(ctx, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
-    """Train a DreamShard model: measure sampled plans, fit the cost net, RL on the cost net."""
-    from dreamshard.learned.dreamshard import get_config
-    from dreamshard.planners.dreamshard import DreamShardPlanner
+def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
+    """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
+    from dreamshard.planners import PLANNERS
     from dreamshard.tasks import load_tasks
 
+    learned = sorted(n for n, c in PLANNERS.items() if c.kind == "learned")
+    if planner_name not in learned:
+        raise OptionError(f"--planner: {planner_name!r} is not a learned planner; choose from {', '.join(learned)}")
+    planner_cls = PLANNERS[planner_name]
+    if config_name is not None and config_name not in planner_cls.CONFIGS:
+        raise OptionError(f"--config: planner {planner_name} has no config {config_name!r}; choose from {', '.join(planner_cls.CONFIGS)}")
     if calibration and backend != "sim":
         raise OptionError("--calibration is for --backend sim")
     if backend == "sim":
@@ -414,12 +432,14 @@ def train_cmd(ctx, tasks_file, backend, calibration, runner, device, comm_model,
     cost_backend, dev_type = _cost_backend(backend, runner, device, comm_model=comm_model, calibration=calibration)
     if batch_size is None and backend != "sim" and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
-    cfg = get_config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed)
+    cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed)
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
-    console.print(f"training DreamShard ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, {cfg.total_budget()} measurements")
-    planner = DreamShardPlanner.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals)
-    console.print(f"wrote {out} ({planner.model.meta['measurements']} measurements by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
+    console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")
+    planner = planner_cls.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals)
+    meta = planner.model.meta
+    shards = f", {meta['shard_measurements']} shards" if "shard_measurements" in meta else ""
+    console.print(f"wrote {out} ({meta['measurements']} measured plans{shards} by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
 
 
 # --------------------------------------------------------------------------------------------
@@ -819,6 +839,13 @@ def exit_on_sigterm() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+# export torchrec: the group lives with the TorchRec integration (torchrec_io imports nothing of
+# cli.py, and TorchRec itself only when the command runs)
+from dreamshard.torchrec_io import export  # noqa: E402
+
+cli.add_command(export)
 
 
 def main() -> None:

@@ -318,7 +318,7 @@ def test_cli_train_and_plan(pool, tmp_path, tiny_model):
     plans = load_plans(tmp_path / "p.jsonl")
     assert len(plans) == 2 and all(p.planner == "dreamshard" and p.predicted for p in plans)
     r = CliRunner().invoke(cli, ["plan", "--tasks", str(tmp_path / "test.jsonl"), "--planner", "lookup", "--model", str(tmp_path / "m.pt"), "--out", str(tmp_path / "q.jsonl")])
-    assert r.exit_code == 2 and "--model is for the planners with a cost net (dreamshard, neuroshard)" in r.output
+    assert r.exit_code == 2 and "--model is for the planners with a model (autoshard, dreamshard, neuroshard, rnn)" in r.output
 
 
 # --------------------------------------------------------------------------------------------

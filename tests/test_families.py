@@ -216,3 +216,20 @@ def test_gpu_campaign_logic_on_cpu(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     cut = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert cut["phase"] == "done" and cut["plans"] == [] and all(v == {"calib": 0, "val": 0} for v in cut["shards"].values())
+
+
+def test_cli_family_choices_are_the_registry():
+    from dreamshard.cli import FAMILY_NAMES
+
+    assert FAMILY_NAMES == list(FAMILIES)
+
+
+def test_cli_synth_writes_a_family_pool(tmp_path):
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli
+    from dreamshard.tables import load_tables
+
+    r = CliRunner().invoke(cli, ["data", "synth", "--family", "hot", "--tables", "12", "--seed", "3", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert [t.name for t in load_tables(tmp_path / "tables.csv")] == [t.name for t in synth_family("hot", 12, 3)]

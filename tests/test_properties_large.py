@@ -23,9 +23,12 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import torch
 
 from dreamshard.costs.sim import SimBackend
 from dreamshard.packing import InfeasibleError, over_bounds, pack
+from dreamshard.learned.autoshard import AutoShardModel, AutoShardNet
+from dreamshard.learned.rnn import RNNModel, Seq2SeqPlacer
 from dreamshard.planners import PLANNERS, get_planner
 from dreamshard.tables import NUM_BINS, OPTIMIZERS, PRECISION_BYTES, TableSpec
 from dreamshard.tasks import Task, Workload
@@ -83,6 +86,17 @@ def random_tasks(count: int, seed: int) -> list[Task]:
 # its full search on 2,500 tables over 1,024 devices takes tens of seconds per task.
 SMALL_SEARCH = {"neuroshard": {"beam": 2, "depth": 2, "top": 2, "caps": 3},
                 "oracle": {"backend": SimBackend(), "budget": 200, "split": False}}  # oracle needs a backend: the simulator
+
+
+def untrained_models() -> dict[str, dict]:
+    """The learned peers ship no model: they plan here with seeded untrained nets (the property is
+    memory and shape; their training is tests/test_learned_peers.py). The RNN placer's output
+    layer is as wide as the widest task here."""
+    torch.manual_seed(0)
+    return {"autoshard": {"model": AutoShardModel(AutoShardNet(), {})}, "rnn": {"model": RNNModel(Seq2SeqPlacer(1_024), {})}}
+
+
+SMALL_SEARCH.update(untrained_models())
 
 
 def planner_configs() -> dict[str, tuple[str, dict]]:

@@ -32,7 +32,6 @@ Logged numbers (one JSON line per iteration in the log):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from dreamshard.learned.loop import Checkpoint, Measurer, Progress, RunLog, complete, mape, numpy_rng_restorer, run_meta, spearman, spread
+from dreamshard.learned.loop import Checkpoint, Measurer, Progress, RunLog, complete, make_config, mape, numpy_rng_restorer, run_meta, spearman, spread
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, prepare, rollout
 from dreamshard.learned.nets import SCORES, DreamShardModel, Measured, ReplayBuffer, collate, plan_cost
 from dreamshard.tasks import Task
@@ -131,9 +130,7 @@ CONFIGS: dict[str, Config] = {
 
 
 def get_config(name: str, **overrides) -> Config:
-    if name not in CONFIGS:
-        raise OptionError(f"unknown config {name!r}; choose from {', '.join(CONFIGS)}")
-    return dataclasses.replace(CONFIGS[name], **{k: v for k, v in overrides.items() if v is not None}).validate()
+    return make_config(CONFIGS, name, overrides)
 
 
 # --------------------------------------------------------------------------------------------

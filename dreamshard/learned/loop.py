@@ -34,6 +34,13 @@ if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend, CostReport
 
 
+def make_config(configs: dict, name: str, overrides: dict):
+    """A learned planner's named config (its `CONFIGS`) with the given overrides (None: keep)."""
+    if name not in configs:
+        raise OptionError(f"unknown config {name!r}; choose from {', '.join(configs)}")
+    return dataclasses.replace(configs[name], **{k: v for k, v in overrides.items() if v is not None}).validate()
+
+
 # --------------------------------------------------------------------------------------------
 # Measuring sampled plans
 # --------------------------------------------------------------------------------------------

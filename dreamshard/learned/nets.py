@@ -58,7 +58,7 @@ def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool
     return np.concatenate([x, extra.astype(np.float32)], axis=1)
 
 
-def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
+def mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
@@ -83,9 +83,9 @@ class CostNet(nn.Module):
 
     def __init__(self, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, head: int = 64):
         super().__init__()
-        self.encoder = _mlp([features, hidden, latent], last_relu=True)
-        self.heads = nn.ModuleList([_mlp([latent, head, 1], last_relu=False) for _ in COST_COMPONENTS])
-        self.overall_head = _mlp([latent, head, 1], last_relu=False)
+        self.encoder = mlp([features, hidden, latent], last_relu=True)
+        self.heads = nn.ModuleList([mlp([latent, head, 1], last_relu=False) for _ in COST_COMPONENTS])
+        self.overall_head = mlp([latent, head, 1], last_relu=False)
         self.register_buffer("scale", torch.tensor(1.0))  # ms per unit of the targets
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,10 +124,10 @@ class PolicyNet(nn.Module):
     def __init__(self, sees_table: bool, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, cost_hidden: int = 64):
         super().__init__()
         self.sees_table = sees_table
-        self.encoder = _mlp([features, hidden, latent], last_relu=True)
-        self.cost_encoder = _mlp([6 if sees_table else 3, cost_hidden, latent], last_relu=True)
+        self.encoder = mlp([features, hidden, latent], last_relu=True)
+        self.cost_encoder = mlp([6 if sees_table else 3, cost_hidden, latent], last_relu=True)
         if sees_table:
-            self.head = _mlp([3 * latent, cost_hidden, 1], last_relu=False)
+            self.head = mlp([3 * latent, cost_hidden, 1], last_relu=False)
         else:
             self.head = nn.Linear(2 * latent, 1)
 

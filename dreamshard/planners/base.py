@@ -54,6 +54,15 @@ class LearnedPlanner(Planner):
     plans under a budget, checkpoints, log, progress)."""
 
     kind = "learned"
+    CONFIGS: dict = {}  # name → training config (a dataclass of every hyperparameter)
+    default_config = "paper"
+
+    @classmethod
+    def config(cls, name: str | None = None, **overrides):
+        """The training config `name` (default: the planner's own) with `overrides` (None: keep)."""
+        from dreamshard.learned.loop import make_config
+
+        return make_config(cls.CONFIGS, name or cls.default_config, overrides)
 
     @classmethod
     @abstractmethod

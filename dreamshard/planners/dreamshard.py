@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from dreamshard.learned.dreamshard import Config, get_config, train
+from dreamshard.learned.dreamshard import CONFIGS, Config, train
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, best_placement, predict, prepare
 from dreamshard.learned.nets import DreamShardModel, plan_cost
 from dreamshard.packing import over_bounds
@@ -89,6 +89,7 @@ class DreamShardPlanner(LearnedPlanner):
     """`model`: a model file, a `DreamShardModel`, or None for the shipped H200 model."""
 
     name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
+    CONFIGS, default_config = CONFIGS, "default"
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8):
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
@@ -104,7 +105,7 @@ class DreamShardPlanner(LearnedPlanner):
             resume: bool = False, eval_tasks: Sequence[Task] | None = None, progress: bool = True, stop_after: int | None = None, **options) -> "DreamShardPlanner":
         """DreamShard's training (`learned.dreamshard.train`, config `default` unless given) on
         `tasks` against `backend`; the model goes to `out`, its checkpoint to `out`.ckpt."""
-        model = train(config or get_config("default"), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after)
+        model = train(config or cls.config(), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after)
         planner = cls(model=model, **options)
         planner.label = str(out)
         return planner

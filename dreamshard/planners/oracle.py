@@ -351,7 +351,7 @@ class OraclePlanner(Planner):
         return int(ok[rng.integers(len(ok))])
 
     def _moves(self, task: Task, state: State, n: int, rng: np.random.Generator):
-        cap, P = task.max_memory_bytes, len(state.pieces)
+        cap = task.max_memory_bytes
         seen, rows = set(), []
         for _ in range(4 * n):
             if len(rows) == n:

@@ -1,0 +1,205 @@
+"""The learned peers: AutoShard (planner `autoshard`) and the RNN placer (`rnn`) — their maths,
+their training against the simulator, their model files, resuming, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dreamshard.cli import cli
+from dreamshard.costs.sim import SimBackend
+from dreamshard.learned import autoshard, rnn, sequence
+from dreamshard.learned.loop import measure
+from dreamshard.planners import get_planner
+from dreamshard.planners.autoshard import AutoShardPlanner
+from dreamshard.planners.rnn import RNNPlanner
+from dreamshard.synth import PoolConfig, synth_pool
+from dreamshard.tasks import Task, sample_tasks, split_pool
+from dreamshard.validation import ModelError, OptionError
+
+PEERS = {"autoshard": (AutoShardPlanner, autoshard), "rnn": (RNNPlanner, rnn)}
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    train_half, test_half = split_pool(synth_pool(PoolConfig(tables=200, seed=0)), 0)  # test tables never seen in training
+    return sample_tasks(train_half, 30, (20, 30), 4, 5 * 10**9, seed=10), sample_tasks(test_half, 20, (20, 30), 4, 5 * 10**9, seed=11)
+
+
+# --------------------------------------------------------------------------------------------
+# the maths
+# --------------------------------------------------------------------------------------------
+
+
+def test_vtrace_on_policy_is_the_monte_carlo_return_and_clips_off_policy_weights():
+    torch.manual_seed(0)
+    E, T = 3, 6
+    values = torch.randn(E, T)
+    rewards = torch.zeros(E, T)
+    rewards[:, -1] = torch.tensor([0.5, -0.2, 0.9])
+    discounts = torch.ones(E, T)
+    discounts[:, -1] = 0.0
+    logp = torch.randn(E, T)
+    vs, adv = autoshard.vtrace(logp, logp, rewards, values, discounts)
+    # on-policy, undiscounted, one reward at the end: every step's target is that reward
+    assert torch.allclose(vs, rewards[:, -1:].expand(E, T), atol=1e-6)
+    assert torch.allclose(adv, rewards[:, -1:] - values, atol=1e-6)
+    # off-policy: the importance weight of a step is clipped at rho_bar
+    target = logp + torch.log(torch.full((E, T), 3.0))  # the learner thinks every action 3x likelier
+    _, adv3 = autoshard.vtrace(logp, target, rewards, values, discounts, rho_bar=1.0, c_bar=1.0)
+    assert torch.allclose(adv3, adv, atol=1e-6)
+    _, adv_big = autoshard.vtrace(logp, target, rewards, values, discounts, rho_bar=10.0, c_bar=1.0)
+    assert torch.allclose(adv_big[:, -1], 3.0 * adv[:, -1], atol=1e-5)
+
+
+def test_reward_is_balance_or_the_overflow():
+    p = sequence.Prepared(np.zeros((3, 21), np.float32), np.array([60, 60, 30]), 100, 2)
+    assert autoshard.reward(p, np.array([0, 1, 1]), np.array([2.0, 4.0])) == pytest.approx(0.5)
+    assert autoshard.reward(p, np.array([0, 0, 1]), None) == pytest.approx(-0.2)  # device 0 at 120% of its cap
+
+
+def test_learner_replay_reproduces_the_actors_log_probs(tasks):
+    """The learner recomputes every step at once from the played actions; it must see what the
+    actor saw step by step (same logits), or V-trace's ratios and REINFORCE's gradients are wrong."""
+    torch.manual_seed(0)
+    prepared = [sequence.prepare(t) for t in tasks[0][:5]]
+    net = autoshard.AutoShardNet()
+    ep = autoshard.episodes(net, prepared)
+    actions, behaviour, _ = autoshard.act(net, ep, greedy=False, generator=torch.Generator().manual_seed(1))
+    logits, _ = autoshard.replay(net, ep, actions)
+    target = torch.log_softmax(logits, -1).gather(-1, actions.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(target[ep.valid], behaviour[ep.valid], atol=1e-5)
+
+    placer = rnn.Seq2SeqPlacer(4)
+    ep = sequence.episodes(prepared, [rnn.order(p) for p in prepared])
+    actions, _ = rnn.act(placer, ep, greedy=False, generator=torch.Generator().manual_seed(1))
+    logits = rnn.replay(placer, ep, actions)
+    # every played action is legal under the replayed masks (memory included), and every table placed
+    chosen = logits.gather(-1, actions.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    assert torch.isfinite(chosen[ep.valid]).all() and (actions[ep.valid] >= 0).all()
+
+
+def test_placements_come_back_in_the_tasks_table_order(tasks):
+    task = tasks[0][0]
+    p = sequence.prepare(task)
+    order = rnn.order(p)
+    ep = sequence.episodes([p], [order])
+    actions = torch.arange(ep.x.shape[1])[None, :] % 4
+    placement = sequence.placements(ep, actions)[0]
+    assert all(placement[order[t]] == t % 4 for t in range(len(order)))
+
+
+# --------------------------------------------------------------------------------------------
+# planning: memory, wide tasks, model files
+# --------------------------------------------------------------------------------------------
+
+
+def untrained(name: str):
+    torch.manual_seed(0)
+    model = autoshard.AutoShardModel(autoshard.AutoShardNet(), {}) if name == "autoshard" else rnn.RNNModel(rnn.Seq2SeqPlacer(4), {})
+    return PEERS[name][0](model=model)
+
+
+@pytest.mark.parametrize("name", sorted(PEERS))
+def test_untrained_peer_honours_memory_on_tight_tasks(name, tasks):
+    planner = untrained(name)
+    for task in tasks[1][:10]:
+        sizes = task.sizes()
+        tight = Task(task.tables, 4, max(int(sum(sizes) / 4 * 1.1), max(sizes)), task.workload)
+        plan = planner.plan(tight)
+        plan.check()
+        assert max(plan.device_bytes()) <= tight.max_memory_bytes
+
+
+@pytest.mark.parametrize("name", sorted(PEERS))
+def test_a_stranded_policy_falls_back_to_a_packing_and_says_so(name, tasks, monkeypatch):
+    monkeypatch.setattr(f"dreamshard.planners.{name}.plan_placement", lambda net, task: None)
+    plan = untrained(name).plan(tasks[1][0])
+    plan.check()
+    assert plan.notes == [f"{'autoshard policy' if name == 'autoshard' else 'rnn placer'} ran out of memory; used a memory packing instead"]
+
+
+def test_rnn_refuses_a_task_wider_than_its_model(tasks):
+    planner = RNNPlanner(model=rnn.RNNModel(rnn.Seq2SeqPlacer(4), {}))
+    task = tasks[1][0]
+    with pytest.raises(OptionError, match="up to 4 devices"):
+        planner.plan(Task(task.tables, 8, task.max_memory_bytes, task.workload))
+
+
+def test_peers_need_a_model_and_refuse_the_wrong_file(tmp_path):
+    for name in PEERS:
+        with pytest.raises(OptionError, match=f"planner {name} needs a trained model"):
+            get_planner(name)
+    torch.save({"format": "dreamshard.model/1"}, tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a model")
+    torch.save({"format": autoshard.MODEL_FORMAT, "net": {"w": torch.zeros(1)}, "meta": {}}, tmp_path / "bad_net.pt")
+    torch.save({"format": rnn.MODEL_FORMAT, "net": {}, "devices": True, "hidden": 64, "meta": {}}, tmp_path / "bad_devices.pt")
+    for name, file, message in [("autoshard", "other.pt", "not a dreamshard.autoshard/1 file"), ("rnn", "other.pt", "not a dreamshard.rnn/1 file"),
+                                ("autoshard", "junk.pt", "junk.pt"), ("autoshard", "bad_net.pt", "does not fit the network"),
+                                ("rnn", "bad_devices.pt", "key 'devices'"), ("rnn", "missing.pt", "no such model file")]:
+        with pytest.raises(ModelError, match=message):
+            get_planner(name, model=str(tmp_path / file))
+
+
+# --------------------------------------------------------------------------------------------
+# training on the simulator
+# --------------------------------------------------------------------------------------------
+
+
+def sim_mean(tasks, plans) -> float:
+    return float(np.mean([r.overall_ms for r in measure(SimBackend(), tasks, [p.placement for p in plans], 65_536)]))
+
+
+def test_autoshard_short_training_beats_random_on_unseen_tasks(tasks, tmp_path):
+    """The acceptance of a learned planner: 50 iterations (400 measured plans, DreamShard's
+    budget) against the simulator, then greedy plans of tasks of unseen tables."""
+    torch.set_num_threads(1)
+    train_tasks, test_tasks = tasks
+    planner = AutoShardPlanner.fit(train_tasks, SimBackend(), tmp_path / "as.pt", AutoShardPlanner.config(), progress=False)
+    ours = sim_mean(test_tasks, [planner.plan(t) for t in test_tasks])
+    rand = np.mean([sim_mean(test_tasks, [get_planner("random", seed=s).plan(t) for t in test_tasks]) for s in range(3)])
+    print(f"autoshard {ours:.3f} ms vs random {rand:.3f} ms")
+    assert ours < rand
+    assert planner.model.meta["measurements"] <= 400 and planner.model.meta["shard_measurements"] >= planner.model.meta["measurements"]
+    reloaded = get_planner("autoshard", model=str(tmp_path / "as.pt"))
+    assert all(reloaded.plan(t).shards == planner.plan(t).shards for t in test_tasks[:5])
+
+
+@pytest.mark.parametrize("name", sorted(PEERS))
+def test_resumed_training_equals_an_uninterrupted_run(name, tasks, tmp_path):
+    cls, module = PEERS[name]
+    cfg = cls.config(iterations=4, measurements_per_iteration=3)
+    train_tasks = tasks[0][:6]
+    whole = module.train(cfg, train_tasks, SimBackend(), tmp_path / "a.pt", progress=False)
+    module.train(cfg, train_tasks, SimBackend(), tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, stop_after=2)
+    assert not (tmp_path / "b.pt").exists() and (tmp_path / "b.pt.ckpt").exists()
+    resumed = module.train(cfg, train_tasks, SimBackend(), tmp_path / "b.pt", log=tmp_path / "b.jsonl", resume=True, progress=False)
+    for (k, a), (_, b) in zip(whole.net.state_dict().items(), resumed.net.state_dict().items()):
+        assert torch.equal(a, b), k
+    rows = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3] and rows[-1]["measurements"] == whole.meta["measurements"]
+    with pytest.raises(OptionError, match="options differ"):
+        module.train(cls.config(iterations=5, measurements_per_iteration=3), train_tasks, SimBackend(), tmp_path / "b.pt", resume=True, progress=False)
+
+
+def test_cli_trains_and_plans_with_each_peer(tmp_path):
+    runner = CliRunner()
+    for args in (["data", "synth", "--tables", "120", "--out", str(tmp_path / "pool")],
+                 ["data", "tasks", "--pool", str(tmp_path / "pool"), "--tables", "10:20", "--devices", "4", "--max-memory", "5GB", "--num-train", "8", "--num-test", "4", "--out", str(tmp_path)]):
+        assert runner.invoke(cli, args).exit_code == 0
+    for name in PEERS:
+        r = runner.invoke(cli, ["train", "--planner", name, "--tasks", str(tmp_path / "train.jsonl"), "--backend", "sim", "--iterations", "2",
+                                "--budget", "6", "--out", str(tmp_path / f"{name}.pt")])
+        assert r.exit_code == 0, r.output
+        assert f"training {name} (paper config)" in r.output and "measured plans" in r.output
+        r = runner.invoke(cli, ["plan", "--tasks", str(tmp_path / "test.jsonl"), "--planner", name, "--model", str(tmp_path / f"{name}.pt"), "--out", str(tmp_path / f"{name}.jsonl")])
+        assert r.exit_code == 0, r.output
+        assert len((tmp_path / f"{name}.jsonl").read_text().splitlines()) == 4
+    for args, message in [(["--planner", "lookup"], "'lookup' is not a learned planner; choose from autoshard, dreamshard, rnn"),
+                          (["--planner", "rnn", "--config", "default"], "planner rnn has no config 'default'; choose from paper")]:
+        r = runner.invoke(cli, ["train", *args, "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "x.pt")])
+        assert r.exit_code == 2 and message in r.output, r.output
