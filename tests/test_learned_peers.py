@@ -100,7 +100,7 @@ def test_placements_come_back_in_the_tasks_table_order(tasks):
 
 def untrained(name: str):
     torch.manual_seed(0)
-    model = autoshard.AutoShardModel(autoshard.AutoShardNet(), {}) if name == "autoshard" else rnn.RNNModel(rnn.Seq2SeqPlacer(4), {})
+    model = autoshard.AutoShardModel(autoshard.AutoShardNet()) if name == "autoshard" else rnn.RNNModel(rnn.Seq2SeqPlacer(4))
     return PEERS[name][0](model=model)
 
 
@@ -117,14 +117,14 @@ def test_untrained_peer_honours_memory_on_tight_tasks(name, tasks):
 
 @pytest.mark.parametrize("name", sorted(PEERS))
 def test_a_stranded_policy_falls_back_to_a_packing_and_says_so(name, tasks, monkeypatch):
-    monkeypatch.setattr(f"dreamshard.planners.{name}.plan_placement", lambda net, task: None)
+    monkeypatch.setattr(PEERS[name][0], "placement", staticmethod(lambda net, task: None))
     plan = untrained(name).plan(tasks[1][0])
     plan.check()
     assert plan.notes == [f"{'autoshard policy' if name == 'autoshard' else 'rnn placer'} ran out of memory; used a memory packing instead"]
 
 
 def test_rnn_refuses_a_task_wider_than_its_model(tasks):
-    planner = RNNPlanner(model=rnn.RNNModel(rnn.Seq2SeqPlacer(4), {}))
+    planner = RNNPlanner(model=rnn.RNNModel(rnn.Seq2SeqPlacer(4)))
     task = tasks[1][0]
     with pytest.raises(OptionError, match="up to 4 devices"):
         planner.plan(Task(task.tables, 8, task.max_memory_bytes, task.workload))

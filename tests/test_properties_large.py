@@ -93,7 +93,7 @@ def untrained_models() -> dict[str, dict]:
     memory and shape; their training is tests/test_learned_peers.py). The RNN placer's output
     layer is as wide as the widest task here."""
     torch.manual_seed(0)
-    return {"autoshard": {"model": AutoShardModel(AutoShardNet(), {})}, "rnn": {"model": RNNModel(Seq2SeqPlacer(1_024), {})}}
+    return {"autoshard": {"model": AutoShardModel(AutoShardNet())}, "rnn": {"model": RNNModel(Seq2SeqPlacer(1_024))}}
 
 
 SMALL_SEARCH.update(untrained_models())

@@ -61,14 +61,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dreamshard.files import load_torch_file
-from dreamshard.learned.loop import Checkpoint, Measurer, Progress, RunLog, atomic_save, complete, make_config, mape, numpy_rng_restorer, run_meta, spread
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, mape, numpy_rng_restorer, run_meta
 from dreamshard.learned import sequence
 from dreamshard.learned.nets import mlp
 from dreamshard.learned.sequence import Episodes, Prepared, fullest, placements, prepare, with_room
 from dreamshard.tables import NUM_FEATURES
 from dreamshard.tasks import Task
-from dreamshard.validation import ModelError, OptionError, TaskError, one_line, require_keys
+from dreamshard.validation import OptionError, TaskError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
@@ -78,15 +77,11 @@ CHECKPOINT_FORMAT = "dreamshard.autoshard-checkpoint/1"
 
 
 @dataclass
-class Config:
+class Config(BudgetConfig):
     """Every hyperparameter; the defaults are the reference code's where it has one."""
 
-    name: str = "paper"
-    seed: int = 0
     iterations: int = 50
     measurements_per_iteration: int = 8  # episodes played per iteration (the reference learner's batch B = 8)
-    budget: int | None = None  # measured plans in all; None → iterations × measurements_per_iteration
-    batch_size: int = 65_536  # workload batch the backend measures at
     lr: float = 1e-3
     entropy_cost: float = 1e-3
     baseline_cost: float = 0.5
@@ -98,27 +93,15 @@ class Config:
     cost_batch: int = 512  # shards per cost-model step
     buffer_size: int = 5000  # measured shards kept (a ring)
 
-    def total_budget(self) -> int:
-        return self.iterations * self.measurements_per_iteration if self.budget is None else self.budget
-
-    def measurements_at(self, iteration: int) -> int:
-        """Episodes played at `iteration`: the budget spread evenly over the iterations."""
-        return spread(self.total_budget(), self.iterations, iteration)
-
     def validate(self) -> "Config":
-        for f in ("iterations", "measurements_per_iteration", "cost_batch", "buffer_size"):
+        super().validate()
+        for f in ("cost_batch", "buffer_size"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        if self.budget is not None and self.budget < 1:
-            raise OptionError(f"budget must be >= 1 measured plan, got {self.budget}")
         return self
 
 
-CONFIGS = {"paper": Config()}
-
-
-def get_config(name: str, **overrides) -> Config:
-    return make_config(CONFIGS, name, overrides)
+CONFIGS = {"paper": Config()}  # the planner's `config(name, **overrides)` reads them
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,37 +281,12 @@ def shard_costs(net: AutoShardNet, x: torch.Tensor, mask: torch.Tensor) -> torch
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class AutoShardModel:
-    net: AutoShardNet
-    meta: dict
+class AutoShardModel(NetFile):
+    FORMAT, PLANNER = MODEL_FORMAT, "autoshard"
 
-    def state(self) -> dict:
-        return {"format": MODEL_FORMAT, "net": self.net.state_dict(), "meta": self.meta}
-
-    def save(self, path: str | Path) -> None:
-        atomic_save(self.state(), path)
-
-    @staticmethod
-    def from_state(state, where: str) -> "AutoShardModel":
-        if not isinstance(state, dict) or state.get("format") != MODEL_FORMAT:
-            raise ModelError(f"{where}: not a {MODEL_FORMAT} file (train one with `dreamshard train --planner autoshard`)")
-        require_keys(state, ("net", "meta"), where, ModelError)
-        if not isinstance(state["net"], dict) or not isinstance(state["meta"], dict):
-            raise ModelError(f"{where}: keys 'net' and 'meta' must be dicts")
-        net = AutoShardNet()
-        try:
-            net.load_state_dict(state["net"])
-        except (RuntimeError, TypeError, KeyError, AttributeError) as e:
-            raise ModelError(f"{where}, key 'net': does not fit the network ({one_line(e)[:200]})") from None
-        net.eval()
-        return AutoShardModel(net, dict(state["meta"]))
-
-    @staticmethod
-    def load(path: str | Path) -> "AutoShardModel":
-        if not Path(path).is_file():
-            raise ModelError(f"{path}: no such model file")
-        return AutoShardModel.from_state(load_torch_file(path, "model", ModelError), str(path))
+    @classmethod
+    def build(cls, shape: dict) -> AutoShardNet:
+        return AutoShardNet()
 
 
 def plan_placement(net: AutoShardNet, task: Task) -> np.ndarray | None:
@@ -375,7 +333,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     run_log = RunLog(log, resume, start)
     bar = Progress(progress, cfg.iterations, start, {"collect/measured_ms": "measured", "eval/mean_ms": "eval"})
-    model = AutoShardModel(net, {})
+    model = AutoShardModel(net)
     done_here = 0
     for it in range(start, cfg.iterations):
         t0 = time.time()

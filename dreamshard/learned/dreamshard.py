@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from dreamshard.learned.loop import Checkpoint, Measurer, Progress, RunLog, complete, make_config, mape, numpy_rng_restorer, run_meta, spearman, spread
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, complete, make_config, mape, numpy_rng_restorer, run_meta, spearman
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, prepare, rollout
 from dreamshard.learned.nets import SCORES, DreamShardModel, Measured, ReplayBuffer, collate, plan_cost
 from dreamshard.tasks import Task
@@ -54,16 +54,10 @@ CHECKPOINT_FORMAT = "dreamshard.checkpoint/1"
 
 
 @dataclass
-class Config:
+class Config(BudgetConfig):
     """Every hyperparameter. The defaults are the reference code's (`paper`)."""
 
-    name: str = "paper"
-    seed: int = 0
-    # the outer loop
-    iterations: int = 10
-    measurements_per_iteration: int = 10  # placements sampled and measured per iteration
-    budget: int | None = None  # total real measurements; None → iterations × measurements_per_iteration
-    batch_size: int = 65_536  # workload batch the backend measures at
+    # the outer loop: BudgetConfig's (10 iterations × 10 measured plans)
     # cost net
     cost_steps: int = 300
     cost_batch: int = 64
@@ -86,25 +80,17 @@ class Config:
     # inference: greedy + (best_of - 1) sampled plans, the best by the cost net
     best_of: int = 1
 
-    def total_budget(self) -> int:
-        return self.iterations * self.measurements_per_iteration if self.budget is None else self.budget
-
-    def measurements_at(self, iteration: int) -> int:
-        """The budget spread evenly over the iterations (earlier ones take the remainder)."""
-        return spread(self.total_budget(), self.iterations, iteration)
-
     def validate(self) -> "Config":
+        super().validate()
         if self.normalization not in ("fixed", "task"):
             raise OptionError(f"normalization {self.normalization!r}: use 'fixed' or 'task'")
         if self.score not in SCORES:
             raise OptionError(f"score {self.score!r}: use one of {', '.join(SCORES)}")
         if self.advantage not in ("batch", "task"):
             raise OptionError(f"advantage {self.advantage!r}: use 'batch' or 'task'")
-        for f in ("iterations", "measurements_per_iteration", "cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
+        for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        if self.budget is not None and self.budget < 1:
-            raise OptionError(f"budget must be >= 1 real measurement, got {self.budget}")
         return self
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import datetime as _dt
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -28,10 +29,38 @@ from dreamshard.files import atomic_write, load_torch_file
 from dreamshard.packing import pack
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task, Workload
-from dreamshard.validation import MAX_BUDGET, MAX_ITERS, ModelError, OptionError, TaskError, one_line
+from dreamshard.validation import MAX_BUDGET, MAX_ITERS, ModelError, OptionError, TaskError, one_line, require_keys
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend, CostReport
+
+
+@dataclass
+class BudgetConfig:
+    """What every learned planner's config starts with: the outer loop and its budget of real
+    measurements (each planner's `Config` adds its own hyperparameters after these)."""
+
+    name: str = "paper"
+    seed: int = 0
+    iterations: int = 10
+    measurements_per_iteration: int = 10  # plans sampled and measured per iteration
+    budget: int | None = None  # real measurements (measured plans) in all; None → iterations × measurements_per_iteration
+    batch_size: int = 65_536  # workload batch the backend measures at
+
+    def total_budget(self) -> int:
+        return self.iterations * self.measurements_per_iteration if self.budget is None else self.budget
+
+    def measurements_at(self, iteration: int) -> int:
+        """The budget spread evenly over the iterations (earlier ones take the remainder)."""
+        return spread(self.total_budget(), self.iterations, iteration)
+
+    def validate(self):
+        for f in ("iterations", "measurements_per_iteration"):
+            if getattr(self, f) < 1:
+                raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
+        if self.budget is not None and self.budget < 1:
+            raise OptionError(f"budget must be >= 1 real measurement, got {self.budget}")
+        return self
 
 
 def make_config(configs: dict, name: str, overrides: dict):
@@ -97,13 +126,65 @@ class Measurer:
 
 
 # --------------------------------------------------------------------------------------------
-# Checkpoints
+# Checkpoints and model files
 # --------------------------------------------------------------------------------------------
 
 
 def atomic_save(obj, path: str | Path) -> None:
     """torch.save through the project's one atomic writer (files.atomic_write)."""
     atomic_write(path, lambda f: torch.save(obj, f))
+
+
+class NetFile:
+    """A trained network and its provenance as one model file: {"format", "net" (state dict),
+    "meta", and the `shape` the network is built from}. A subclass names its `FORMAT`, its
+    `PLANNER` (for the hint in errors) and how to `build` its network from a shape."""
+
+    FORMAT = "?"
+    PLANNER = "?"
+    SHAPE: tuple[str, ...] = ()  # integer keys the network is built from
+
+    def __init__(self, net: torch.nn.Module, meta: dict | None = None):
+        self.net, self.meta = net, dict(meta or {})
+
+    @classmethod
+    def build(cls, shape: dict) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def shape(self) -> dict:
+        return {}
+
+    def state(self) -> dict:
+        return {"format": self.FORMAT, "net": self.net.state_dict(), "meta": self.meta, **self.shape()}
+
+    def save(self, path: str | Path) -> None:
+        """Atomic write (a kill mid-save never leaves a broken model file)."""
+        atomic_save(self.state(), path)
+
+    @classmethod
+    def from_state(cls, state, where: str):
+        """The model of `state()`; ModelError naming `where` and the key for anything else."""
+        if not isinstance(state, dict) or state.get("format") != cls.FORMAT:
+            raise ModelError(f"{where}: not a {cls.FORMAT} file (train one with `dreamshard train --planner {cls.PLANNER}`)")
+        require_keys(state, ("net", "meta", *cls.SHAPE), where, ModelError)
+        if not isinstance(state["net"], dict) or not isinstance(state["meta"], dict):
+            raise ModelError(f"{where}: keys 'net' and 'meta' must be dicts")
+        for key in cls.SHAPE:
+            if not isinstance(state[key], int) or isinstance(state[key], bool) or not 1 <= state[key] <= 4096:
+                raise ModelError(f"{where}, key {key!r}: {state[key]!r:.40} is not an integer in 1..4096")
+        net = cls.build({k: state[k] for k in cls.SHAPE})
+        try:
+            net.load_state_dict(state["net"])
+        except (RuntimeError, TypeError, KeyError, AttributeError) as e:  # missing/unexpected keys, shapes, non-tensors
+            raise ModelError(f"{where}, key 'net': does not fit the network ({one_line(e)[:200]})") from None
+        net.eval()
+        return cls(net, state["meta"])
+
+    @classmethod
+    def load(cls, path: str | Path):
+        if not Path(path).is_file():
+            raise ModelError(f"{path}: no such model file")
+        return cls.from_state(load_torch_file(path, "model", ModelError), str(path))
 
 
 # what every checkpoint carries besides its planner's own state: which run, how far

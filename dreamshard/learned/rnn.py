@@ -36,14 +36,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dreamshard.files import load_torch_file
 from dreamshard.learned import sequence
-from dreamshard.learned.loop import Checkpoint, Measurer, Progress, RunLog, atomic_save, complete, make_config, numpy_rng_restorer, run_meta, spread
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, numpy_rng_restorer, run_meta
 from dreamshard.learned.nets import mlp
 from dreamshard.learned.sequence import Episodes, Prepared, placements, prepare, with_room
 from dreamshard.tables import NUM_FEATURES
 from dreamshard.tasks import Task
-from dreamshard.validation import ModelError, OptionError, TaskError, one_line, require_keys
+from dreamshard.validation import OptionError, TaskError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
@@ -53,43 +52,26 @@ CHECKPOINT_FORMAT = "dreamshard.rnn-checkpoint/1"
 
 
 @dataclass
-class Config:
+class Config(BudgetConfig):
     """Every hyperparameter."""
 
-    name: str = "paper"
-    seed: int = 0
-    iterations: int = 40
-    measurements_per_iteration: int = 10  # placements sampled and measured per iteration
-    budget: int | None = None  # measured plans in all; None → iterations × measurements_per_iteration
-    batch_size: int = 65_536  # workload batch the backend measures at
+    iterations: int = 40  # × 10 measured plans: DreamShard's budget of 400
     hidden: int = 64
     lr: float = 1e-3
     entropy_weight: float = 1e-2
     baseline_decay: float = 0.9  # the moving-average baseline's weight on its past
     grad_norm_clipping: float = 1.0
 
-    def total_budget(self) -> int:
-        return self.iterations * self.measurements_per_iteration if self.budget is None else self.budget
-
-    def measurements_at(self, iteration: int) -> int:
-        return spread(self.total_budget(), self.iterations, iteration)
-
     def validate(self) -> "Config":
-        for f in ("iterations", "measurements_per_iteration", "hidden"):
-            if getattr(self, f) < 1:
-                raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        if self.budget is not None and self.budget < 1:
-            raise OptionError(f"budget must be >= 1 measured plan, got {self.budget}")
+        super().validate()
+        if self.hidden < 1:
+            raise OptionError(f"hidden must be >= 1, got {self.hidden}")
         if not 0 <= self.baseline_decay < 1:
             raise OptionError(f"baseline_decay must be in [0, 1), got {self.baseline_decay}")
         return self
 
 
-CONFIGS = {"paper": Config()}
-
-
-def get_config(name: str, **overrides) -> Config:
-    return make_config(CONFIGS, name, overrides)
+CONFIGS = {"paper": Config()}  # the planner's `config(name, **overrides)` reads them
 
 
 class Seq2SeqPlacer(nn.Module):
@@ -161,40 +143,15 @@ def replay(net: Seq2SeqPlacer, ep: Episodes, actions: torch.Tensor) -> torch.Ten
     return net.logits(dec, enc, valid).masked_fill(~legal, -math.inf)
 
 
-@dataclass
-class RNNModel:
-    net: Seq2SeqPlacer
-    meta: dict
+class RNNModel(NetFile):
+    FORMAT, PLANNER, SHAPE = MODEL_FORMAT, "rnn", ("devices", "hidden")
 
-    def state(self) -> dict:
-        return {"format": MODEL_FORMAT, "net": self.net.state_dict(), "devices": self.net.devices, "hidden": self.net.embed[0].out_features, "meta": self.meta}
+    @classmethod
+    def build(cls, shape: dict) -> Seq2SeqPlacer:
+        return Seq2SeqPlacer(shape["devices"], hidden=shape["hidden"])
 
-    def save(self, path: str | Path) -> None:
-        atomic_save(self.state(), path)
-
-    @staticmethod
-    def from_state(state, where: str) -> "RNNModel":
-        if not isinstance(state, dict) or state.get("format") != MODEL_FORMAT:
-            raise ModelError(f"{where}: not a {MODEL_FORMAT} file (train one with `dreamshard train --planner rnn`)")
-        require_keys(state, ("net", "devices", "hidden", "meta"), where, ModelError)
-        for key in ("devices", "hidden"):
-            if not isinstance(state[key], int) or isinstance(state[key], bool) or not 1 <= state[key] <= 4096:
-                raise ModelError(f"{where}, key {key!r}: {state[key]!r:.40} is not an integer in 1..4096")
-        if not isinstance(state["net"], dict) or not isinstance(state["meta"], dict):
-            raise ModelError(f"{where}: keys 'net' and 'meta' must be dicts")
-        net = Seq2SeqPlacer(state["devices"], hidden=state["hidden"])
-        try:
-            net.load_state_dict(state["net"])
-        except (RuntimeError, TypeError, KeyError, AttributeError) as e:
-            raise ModelError(f"{where}, key 'net': does not fit the network ({one_line(e)[:200]})") from None
-        net.eval()
-        return RNNModel(net, dict(state["meta"]))
-
-    @staticmethod
-    def load(path: str | Path) -> "RNNModel":
-        if not Path(path).is_file():
-            raise ModelError(f"{path}: no such model file")
-        return RNNModel.from_state(load_torch_file(path, "model", ModelError), str(path))
+    def shape(self) -> dict:
+        return {"devices": self.net.devices, "hidden": self.net.embed[0].out_features}
 
 
 def plan_placement(net: Seq2SeqPlacer, task: Task) -> np.ndarray | None:
@@ -236,7 +193,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     run_log = RunLog(log, resume, start_it)
     bar = Progress(progress, cfg.iterations, start_it, {"collect/measured_ms": "measured", "eval/mean_ms": "eval"})
-    model = RNNModel(net, {})
+    model = RNNModel(net)
     done_here = 0
     for it in range(start_it, cfg.iterations):
         t0 = time.time()

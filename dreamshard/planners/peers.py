@@ -1,0 +1,57 @@
+"""What the learned peers (`autoshard`, `rnn`) share as planners: no shipped model (a model file is
+required), training through their module's `train`, and planning by their policy's greedy
+placement among the devices with room — a memory packing, said in the plan's notes, if the policy
+strands a table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from dreamshard.learned.loop import NetFile
+from dreamshard.packing import over_bounds
+from dreamshard.plan import Plan
+from dreamshard.planners.base import LearnedPlanner
+from dreamshard.planners.heuristics import place_or_pack, task_infeasible
+from dreamshard.tasks import Task
+from dreamshard.validation import OptionError
+
+if TYPE_CHECKING:
+    from dreamshard.costs.base import CostBackend
+
+
+class PeerPlanner(LearnedPlanner):
+    """A subclass names its `Model` (a NetFile), its module's `train` and its greedy `placement`
+    (net, task → devices, or None when stranded), and `who` for the notes."""
+
+    requires = ("model",)
+    Model: type[NetFile]
+    train: Callable
+    placement: Callable[..., np.ndarray | None]
+    who = "?"
+
+    def __init__(self, model: str | Path | NetFile | None = None):
+        if model is None:
+            raise OptionError(f"planner {self.name} needs a trained model: --model MODEL.pt from `dreamshard train --planner {self.name}`")
+        self.model = model if isinstance(model, self.Model) else self.Model.load(model)
+        self.model.net.eval()
+
+    @classmethod
+    def fit(cls, tasks: Sequence[Task], backend: CostBackend, out: str | Path, config=None, **loop) -> "PeerPlanner":
+        """Train with the planner's loop (its default config unless given) on `tasks` against `backend`."""
+        return cls(model=cls.train(config or cls.config(), tasks, backend, out, **loop))
+
+    def save(self, path: str | Path) -> None:
+        self.model.save(path)
+
+    def plan(self, task: Task) -> Plan:
+        if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
+            raise task_infeasible(task)
+        placement = type(self).placement(self.model.net, task)
+        if placement is not None:
+            return Plan.table_wise(task, [int(d) for d in placement], self.name)
+        plan = place_or_pack(task, None, self.name)
+        plan.notes = [f"{self.who} ran out of memory; used a memory packing instead"]
+        return plan
