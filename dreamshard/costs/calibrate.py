@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
+from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, KERNEL_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
 from dreamshard.families import HELD_OUT_FAMILY, family_of, shard_bucket
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
@@ -144,8 +144,10 @@ def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: s
 
 
 def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
-    """Fit forward and backward coefficients to measured shards (all at one batch/precision); each
-    component keeps the optional terms only if they lower the cross-validated error (select_terms)."""
+    """Fit forward and backward coefficients to measured shards (all at one batch/precision), with
+    the kernel's own terms where it has them (sim.KERNEL_TERMS: our Triton kernel's tile geometry),
+    else the generic ones; each component keeps the optional terms only if they lower the
+    cross-validated error (select_terms)."""
     r0 = records[0]
     held = sum(r.family == HELD_OUT_FAMILY for r in records)
     if held:
@@ -155,8 +157,9 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
     X = shard_term_matrix([r.tables for r in records], r0.workload)
     fwd = np.array([r.fwd_ms for r in records])
     bwd = np.array([r.bwd_ms for r in records])
-    fwd_terms, fwd_cv = select_terms(X, fwd, FWD_TERMS)
-    bwd_terms, bwd_cv = select_terms(X, bwd, BWD_TERMS)
+    fwd_names, bwd_names = KERNEL_TERMS.get(kernel, (FWD_TERMS, BWD_TERMS))
+    fwd_terms, fwd_cv = select_terms(X, fwd, fwd_names)
+    bwd_terms, bwd_cv = select_terms(X, bwd, bwd_names)
     cal = Calibration(
         hardware=hardware,
         kernel=kernel,
@@ -170,7 +173,9 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
     pred = SimBackend(cal).shard_compute([r.tables for r in records], r0.workload)
     cal.fit = {"shards": len(records), "fwd_mape": mape(pred[:, 0], fwd), "bwd_mape": mape(pred[:, 1], bwd),
                "total_mape": mape(pred.sum(1), fwd + bwd), "precision": r0.precision, "optimizer": r0.optimizer,
-               "term_selection": {"fwd_cv_mape": fwd_cv, "bwd_cv_mape": bwd_cv}}
+               "terms": {"fwd": list(fwd_terms), "bwd": list(bwd_terms)},
+               "term_selection": {"fwd_cv_mape": fwd_cv, "bwd_cv_mape": bwd_cv},
+               "families": sorted({f for f in map(record_family, records) if f})}
     return cal
 
 

@@ -17,7 +17,25 @@ What drives a fused table-batched embedding op, and the term that models it:
     are reduced across slices and fixed up).
 Each component is a non-negative linear combination of these terms, fitted per hardware and
 kernel by `dreamshard calibrate` (NNLS on relative error); the fixed terms are what keeps a tiny
-shard from costing nothing. The all-to-all is the comm model's (costs/comm.py):
+shard from costing nothing.
+
+Our Triton kernel (costs/kernels/triton_tbe.py, tiled backward) has its own terms, which follow its
+tile geometry (KERNEL_TERMS; the geometry is mirrored below and a test checks it against the kernel):
+  - forward `programs`: one program per (table, block of 1024 // DP bags), DP = dim rounded up to a
+    power of two, each a chain of dependent loads: a dim-1024 table runs B programs, a dim-4 one
+    B/256; `wide_programs`: the same count for a shard with any dim over 256, which the kernel
+    launches with 8 warps and the wide branches' registers (fewer programs resident per SM);
+    `masked_gather_bytes`: gathered row bytes of dims that are not a power of two, read with
+    8-byte instead of 16-byte loads;
+  - backward `tiles`: level-0 programs, one per (tile of P sorted lookups, column block of TW),
+    P·TW ≈ 4096 elements (P 16..64), each three dependent round trips: per lookup this is 1/64 for
+    dims ≤ 64, 1/32 at 128, 1/16 per 256-column block — no padding to a power of two (192 = 3 × 64);
+    `masked_grad_bytes`: gradient bytes of tables whose dim is not a multiple of their block width
+    (8-byte loads); `launches`: one per level and tile class (levels k ≥ 1 fold 2 entries per tile
+    of the level below until one tile is left; tables of one class share a level's launch), each a
+    short serial step; the sort and key building stay per lookup (`lookups`), the row updates per
+    distinct row (`update_bytes`); reuse does not add work (rows are summed in-tile by a matrix
+    product), so the backward has no warm/hot terms. The all-to-all is the comm model's (costs/comm.py):
 t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
 
 A row shard (rowshard.py) is priced as the table it is: its rows, its measured lookups (its
@@ -54,9 +72,74 @@ BWD_TERMS = ("launch", "active", "tables", "lookups", "grad_bytes", "update_byte
 # error. Per-table work is real in FBGEMM's CPU backward (a loop over tables) but not in our Triton
 # backward, whose launches are per dim class: there the term only chases noise.
 OPTIONAL_TERMS = ("tables",)
-TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes")
+# The Triton kernel's own term sets (see the module doc): a fit for kernel "triton" uses these. Its
+# backward returns at once without lookups, so its fixed cost is `active`'s alone (with `launch`
+# beside it a fit on shards that all have lookups could not tell the two apart).
+TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
+TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches")
+KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
+TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes",
+         "programs", "wide_programs", "masked_gather_bytes", "tiles", "masked_grad_bytes", "launches")
+# Terms a shard does not get by summing its tables' (set per shard in shard_terms): the fixed ones,
+# the forward's launch configuration (wide_programs) and the backward's launches shared per class.
+SHARD_TERMS = ("launch", "active", "wide_programs", "launches")
 SECTOR = 32  # bytes per DRAM/L2 transaction
 DEFAULT_CALIBRATION = "h200_triton.json"
+
+# The Triton kernel's tile geometry (costs/kernels/triton_tbe.py; that module needs triton, so it is
+# mirrored here and tests/test_sim.py checks the constants against its source).
+FWD_LANES = 1024
+BWD_LANES = 4096
+BWD_UP_LANES = 2048
+BWD_PMAX = 64
+BWD_MAX_TW = 256
+TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
+WIDE_DIM = 256  # a shard with a dim over this runs its forward with 8 warps and the wide branches
+
+
+def _pow2(dim: np.ndarray) -> np.ndarray:
+    return np.maximum(4, 2 ** np.ceil(np.log2(np.maximum(dim, 1)))).astype(np.int64)
+
+
+def _block_width(dim: int, whole_row: bool) -> int:
+    """triton_tbe._bwd_tile_width: the column block covering the dim with the fewest padded columns
+    (each block ~16 elements of overhead), or the whole row rounded up to a power of two (Adagrad)."""
+    if whole_row:
+        return max(TW_CLASSES[0], 1 << (int(dim) - 1).bit_length())
+    best = min((-(-dim // tw) * (tw + 16), -tw) for tw in TW_CLASSES if tw <= BWD_MAX_TW)
+    return -best[1]
+
+
+# per dim (0..1,024) and optimizer: the block width (and, below, the tile class 0..13 that shares launches)
+_DIMS = np.arange(0, 1025, dtype=np.int64)
+_TW = {whole: np.array([_block_width(max(d, 4), whole) for d in _DIMS]) for whole in (False, True)}
+
+
+def _chunk(tw: np.ndarray, lanes: int) -> np.ndarray:
+    """triton_tbe._chunk: elements of a tile, P = lanes / TW within [16, BWD_PMAX]."""
+    return np.minimum(np.maximum(lanes // tw, 16), max(BWD_PMAX, 16))
+
+
+def triton_geometry(dim: np.ndarray, lookups: np.ndarray, batch_size: int, elt_bytes: int, whole_row: bool) -> dict[str, np.ndarray]:
+    """Per table: forward programs, level-0 backward tiles (times column blocks), levels, and which
+    paths are masked (dims that are not a power of two forward, not a multiple of the block backward)."""
+    dim = np.asarray(dim, dtype=np.int64)
+    dp = _pow2(dim)
+    programs = np.ceil(batch_size / np.maximum(1, FWD_LANES // dp))
+    tw = _TW[whole_row][np.minimum(dim, 1024)]
+    blocks = -(-dim // tw)
+    p0 = _chunk(tw, BWD_LANES // (2 if elt_bytes == 4 else 1))
+    p1 = _chunk(tw, BWD_UP_LANES)
+    n = np.round(lookups)
+    tiles = np.ceil(n / p0)
+    # levels: level 0, then each level k >= 1 cuts the 2 entries per tile of level k-1 into tiles of p1
+    levels = (n > 0).astype(np.float64)
+    t = tiles.copy()
+    while (t > 1).any():
+        more = t > 1
+        t = np.where(more, np.ceil(2 * t / p1), t)
+        levels += more
+    return {"programs": programs, "masked_fwd": dp != dim, "tiles": tiles * blocks, "levels": levels, "masked_bwd": dim % tw != 0}
 
 # Mean access count of a row in each reuse bin: (0,1] → 1, (2^(j-1), 2^j] → mean of its integers.
 _BIN_MEAN = np.array([1.0] + [(2 ** (j - 1) + 1 + 2**j) / 2 for j in range(1, 16)] + [2.0**16])
@@ -138,6 +221,51 @@ def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload()) ->
     out[:, TERMS.index("out_bytes")] = batch_size * dim * elt
     out[:, TERMS.index("grad_bytes")] = lookups * row_bytes
     out[:, TERMS.index("update_bytes")] = unique * (2 * row_bytes + 2 * state)
+    g = triton_geometry(dim, lookups, batch_size, elt, workload.optimizer == "rowwise_adagrad")
+    out[:, TERMS.index("programs")] = g["programs"]
+    out[:, TERMS.index("wide_programs")] = g["programs"]  # kept only in shards with a dim over WIDE_DIM (shard_terms)
+    out[:, TERMS.index("masked_gather_bytes")] = np.where(g["masked_fwd"], lookups * row_bytes, 0.0)
+    out[:, TERMS.index("tiles")] = g["tiles"]
+    out[:, TERMS.index("masked_grad_bytes")] = np.where(g["masked_bwd"], lookups * row_bytes, 0.0)
+    out[:, TERMS.index("launches")] = g["levels"]  # alone; in a shard, tables of one class share launches (shard_terms)
+    return out
+
+
+_NUM_CLASSES = 2 * len(TW_CLASSES)
+_CLASS = {whole: np.log2(_TW[whole]).astype(np.int64) - 4 + np.where(_DIMS % _TW[whole] == 0, 0, len(TW_CLASSES)) for whole in (False, True)}
+
+
+def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray, workload: Workload = Workload(),
+                columns: Sequence[int] | None = None) -> np.ndarray:
+    """[n_shards, len(TERMS)] terms of the shards that tables make when the i-th of `flat` (table
+    i % T, T = len(P), so several placements of the same tables can be stacked) goes to shard
+    flat[i]: sums of the tables' terms, except SHARD_TERMS (launch: the shard has a table; active:
+    it has lookups; wide_programs: its programs if any dim is over WIDE_DIM; launches: per tile
+    class, the most levels of its tables — tables of one class share each level's launch).
+    `columns`: compute only these (the others stay 0)."""
+    cols = range(len(TERMS)) if columns is None else columns
+    reps = len(flat) // max(len(P), 1)
+
+    def stacked(values: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(values, (reps, len(values))).ravel()
+
+    out = np.zeros((n_shards, len(TERMS)))
+    for j in cols:  # bincount per term: the scatter-add that makes shards
+        if TERMS[j] not in ("launch", "active", "launches"):
+            out[:, j] = np.bincount(flat, weights=stacked(P[:, j]), minlength=n_shards)
+    out[:, TERMS.index("launch")] = np.bincount(flat, minlength=n_shards) > 0
+    out[:, TERMS.index("active")] = np.bincount(flat, weights=stacked(P[:, TERMS.index("lookups")]), minlength=n_shards) > 0
+    wp = TERMS.index("wide_programs")
+    if wp in cols:
+        widest = np.zeros(n_shards)
+        np.maximum.at(widest, flat, stacked(dims))
+        out[:, wp] *= widest > WIDE_DIM
+    la = TERMS.index("launches")
+    if la in cols:
+        cls = _CLASS[workload.optimizer == "rowwise_adagrad"][np.minimum(dims.astype(np.int64), 1024)]
+        per_class = np.zeros(n_shards * _NUM_CLASSES)
+        np.maximum.at(per_class, flat * _NUM_CLASSES + stacked(cls), stacked(P[:, la]))
+        out[:, la] = per_class.reshape(n_shards, _NUM_CLASSES).sum(axis=1)
     return out
 
 
@@ -155,6 +283,8 @@ class SimBackend(CostBackend):
         self.calibration = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
         self.name = self.calibration.label
         self._fwd, self._bwd = _coef(self.calibration)
+        # only the terms this calibration prices (a search costs thousands of placements)
+        self._columns = [j for j in range(len(TERMS)) if self._fwd[j] or self._bwd[j]]
 
     def _comm(self, sent: np.ndarray, recv: np.ndarray) -> np.ndarray:
         """CommModel.predict, vectorized: latency + (max + serial_fraction·min) / bandwidth."""
@@ -172,15 +302,11 @@ class SimBackend(CostBackend):
         N, T = placements.shape
         P = table_terms(tables, workload) if terms is None else terms
         flat = (placements + np.arange(N)[:, None] * devices).ravel()
-        shard = np.empty((N * devices, len(TERMS)))
-        for j in range(len(TERMS)):  # bincount per term: the scatter-add that makes shards
-            shard[:, j] = np.bincount(flat, weights=np.broadcast_to(P[:, j], (N, T)).ravel(), minlength=N * devices)
-        nonempty = shard[:, TERMS.index("tables")] > 0
-        shard[:, TERMS.index("launch")] = nonempty
-        shard[:, TERMS.index("active")] = shard[:, TERMS.index("lookups")] > 0
+        dims = np.array([t.dim for t in tables], dtype=np.float64)
+        shard = shard_terms(P, flat, N * devices, dims, workload, self._columns)
+        nonempty = shard[:, TERMS.index("launch")] > 0
         fwd = np.where(nonempty, shard @ self._fwd, 0.0)
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
-        dims = np.array([t.dim for t in tables], dtype=np.float64)
         rw_dim = sum(t.dim for t in rowwise_tables(tables))
         if rw_dim:  # row shards are not in the all-to-all
             dims[[isinstance(t, RowShardSpec) for t in tables]] = 0.0
@@ -258,11 +384,10 @@ def select_terms(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> tuple[tu
 
 
 def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> np.ndarray:
-    """[S, len(TERMS)]: each shard's summed terms (launch = 1, active = has lookups)."""
-    X = np.array([table_terms(s, workload).sum(axis=0) for s in shards])
-    X[:, TERMS.index("launch")] = 1.0
-    X[:, TERMS.index("active")] = X[:, TERMS.index("lookups")] > 0
-    return X
+    """[S, len(TERMS)]: each shard's terms (shard_terms)."""
+    tables = [t for s in shards for t in s]
+    flat = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
+    return shard_terms(table_terms(tables, workload), flat, len(shards), np.array([t.dim for t in tables], dtype=np.float64), workload)
 
 
 def mape(pred: np.ndarray, true: np.ndarray) -> float:
