@@ -668,6 +668,20 @@ def _print_validation(result: dict, calibration) -> None:
     for x in result["worst"]:
         w.add_row(str(x["tables"]), ",".join(map(str, x["dims"])), str(x["lookups_per_sample"]), str(x["measured_ms"]), str(x["simulated_ms"]), str(x["error"]))
     console.print(w)
+    # where the model fails: per table family (the held-out one marked) and per shape bucket
+    placed = {b["key"]: b for b in result.get("placements_by_family", [])}
+    breakdowns = ([("total compute by table family", "family", result["by_family"])] if "by_family" in result else []) + \
+                 [(f"total compute by shape bucket: {axis}", axis, rows) for axis, rows in result.get("by_bucket", {}).items()]
+    for title, label, rows in breakdowns:
+        b = Table(title=title, caption="* held-out family: nothing is calibrated on it" if label == "family" else None)
+        for col in (label, "shards", "MAPE", "mean signed", "fwd MAPE", "bwd MAPE") + (("plans", "plan MAPE") if label == "family" else ()):
+            b.add_column(col, justify="right")
+        for r in rows:
+            p = placed.get(r["key"]) if label == "family" else None
+            extra = ((str(p["count"]), f"{p['mape']:.1f}%") if p else ("", "")) if label == "family" else ()
+            b.add_row(r["key"] + ("*" if r["held_out"] and label == "family" else ""), str(r["shards"]), f"{r['mape']:.1f}%",
+                      f"{r['mean_signed_error']:+.1f}%", f"{r['fwd_mape']:.1f}%", f"{r['bwd_mape']:.1f}%", *extra)
+        console.print(b)
 
 
 @calibrate.command("comm")
