@@ -15,9 +15,13 @@ TorchRec's storage reservation, storage checks and stats still run.
 
 The mapping (docs/torchrec.md): a table with one full-width shard → `table_wise` on its device's
 rank; a table cut into column shards → `column_wise` (or `table_column_wise`), one TorchRec shard
-per column shard, offsets [0, start] and sizes [rows, width], the ranks in column order. Row-wise
-shards are not in our plans yet; a TorchRec plan that has them (or data-parallel, table-row-wise or
-grid shards) raises `NotExpressibleError`.
+per column shard, offsets [0, start] and sizes [rows, width], the ranks in column order; a table
+split by rows → `row_wise`, TorchRec's layout (`row_wise_cuts`): rank r of all D holds rows
+[r·b, (r+1)·b), b = ceil(rows / D), the last ones what is left (possibly none: a rank past the
+table's rows holds a shard of 0 rows); or `table_row_wise`, the same layout over the ranks of one
+host of `local_world_size`. A row split of another layout (uneven blocks, other ranks, a rank
+order that is not the row order) has no TorchRec form: `NotExpressibleError` says which layout it
+needs. Data-parallel and grid shards have no form in our plans: `NotExpressibleError`.
 
 TorchRec is imported lazily (it is slow to import and absent on the GPU machines): importing this
 module costs nothing; the functions that need TorchRec raise `TorchRecUnavailable` (one line)
@@ -53,8 +57,9 @@ FORMAT = "dreamshard.torchrec/1"  # `export torchrec`'s JSON
 # TorchRec's sharding types of an EmbeddingBagCollection, and those our plans can express.
 ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "data_parallel", "grid_shard")
 COLUMN_TYPES = ("column_wise", "table_column_wise")
-EXPRESSIBLE = ("table_wise",) + COLUMN_TYPES
-ISSUE_ROW_WISE = "row-wise shards are issue 13"
+ROW_TYPES = ("row_wise", "table_row_wise")
+EXPRESSIBLE = ("table_wise",) + COLUMN_TYPES + ROW_TYPES
+NOT_EXPRESSIBLE_WHY = "our plans have table-wise, column and row shards"  # why data-parallel and grid shards are refused
 # "fused": the optimizer runs inside FBGEMM's TBE backward (what our cost backends measure);
 # "dense": plain autograd weights, for setups that want an ordinary optimizer.
 KERNELS = ("fused", "dense")
@@ -67,8 +72,19 @@ class TorchRecUnavailable(OptionError):
 
 
 class NotExpressibleError(InputError):
-    """A sharding one side cannot express: TorchRec's row-wise, table-row-wise, data-parallel or
-    grid shards in our plans, or uneven column shards in TorchRec's own enumerator."""
+    """A sharding one side cannot express: TorchRec's data-parallel or grid shards in our plans;
+    in TorchRec, row splits not of its row-wise layout, or uneven column shards in its enumerator."""
+
+
+def row_wise_cuts(rows: int, ranks: int) -> list[tuple[int, int]]:
+    """TorchRec's row-wise layout of `rows` over `ranks` (torchrec.distributed.sharding_plan.
+    _calculate_rw_shard_sizes_and_offsets, which its RW input dist buckets indices by): rank r
+    holds [r·b, (r+1)·b) with b = ceil(rows / ranks), clipped to the table, so the last ranks may
+    hold fewer rows or none (an empty range (rows, rows)). 10 rows on 4 ranks: 3, 3, 3, 1."""
+    if not (rows >= 1 and ranks >= 1):
+        raise ValueError(f"cannot lay out {rows} rows over {ranks} ranks")
+    b = -(-rows // ranks)
+    return [(min(r * b, rows), min((r + 1) * b, rows)) for r in range(ranks)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,10 +320,8 @@ def placement(rank: int, device_type: str, local_world_size: int) -> str:
 
 
 def _extent(shard: Shard, table: TableSpec) -> tuple[int, int, int, int]:
-    """(first row, first column, rows, columns) of a shard. Plans may gain row ranges (issue 13):
-    read them where a shard has them, so no row shard is ever taken for the whole table."""
-    row_range = getattr(shard, "row_range", None)
-    r0, r1 = row_range(table) if callable(row_range) else (0, table.rows)
+    """(first row, first column, rows, columns) of a shard: a row shard's own range, else every row."""
+    r0, r1 = shard.row_range(table)
     return r0, shard.start, r1 - r0, shard.width
 
 
@@ -329,7 +343,8 @@ def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: st
     out = {}
     for t, shards in zip(plan.task.tables, by_table):
         if any(_extent(s, t)[2] != t.rows for s in shards):
-            raise NotExpressibleError(f"table {t.name}: row shards are not exported to TorchRec yet (their TorchRec row_wise form is to be checked on DMP); column and table-wise shards are")
+            out[t.name] = _row_sharding(t, shards, plan.devices, local, device_type, compute_kernel)
+            continue
         if len(shards) == 1 and shards[0].width == t.dim:
             kind = "table_wise"
         else:
@@ -344,6 +359,33 @@ def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: st
             "shards": [{"rank": s.device, "offsets": [0, s.start], "sizes": [t.rows, s.width], "placement": placement(s.device, device_type, local)} for s in shards],
         }
     return out
+
+
+def _row_sharding(t: TableSpec, shards: list[Shard], devices: int, local: int, device_type: str, compute_kernel: str) -> dict:
+    """A row-split table's ParameterSharding: `row_wise` when its shards are TorchRec's layout over
+    all ranks (rank r, block r: DMP's RW input dist sends an index to rank index // b, so no other
+    assignment runs), `table_row_wise` when they are that layout over the ranks of one host (its
+    local rank order); NotExpressibleError naming the layout it needs otherwise."""
+    shards = sorted(shards, key=lambda s: s.row_start)
+    ours = [(s.device, *s.row_range(t)) for s in shards]
+    first = shards[0].device
+    host = first // local
+    candidates = [("row_wise", list(range(devices)))]
+    if local < devices:
+        candidates.append(("table_row_wise", list(range(host * local, (host + 1) * local))))
+    for kind, ranks in candidates:
+        cuts = row_wise_cuts(t.rows, len(ranks))
+        if [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b] == ours:
+            return {
+                "sharding_type": kind,
+                "compute_kernel": compute_kernel,
+                "ranks": ranks,
+                "shards": [{"rank": r, "offsets": [a, 0], "sizes": [b - a, t.dim], "placement": placement(r, device_type, local)} for r, (a, b) in zip(ranks, cuts)],
+            }
+    b = -(-t.rows // devices)
+    raise NotExpressibleError(
+        f"table {t.name}: row shards {', '.join(f'[{a}, {z}) on {d}' for d, a, z in ours[:4])}{', ...' if len(ours) > 4 else ''} are not TorchRec's row-wise layout: "
+        f"rank r of all {devices} holds rows [r·{b}, (r+1)·{b}) (ceil(rows / ranks) each; table_row_wise: the same over one host's {local} ranks)")
 
 
 def to_sharding_plan(plan: Plan, module: Any = None, module_path: str | None = None, device_type: str = "cuda", compute_kernel: str = "fused",
@@ -378,13 +420,23 @@ def to_sharding_plan(plan: Plan, module: Any = None, module_path: str | None = N
     return tr.ShardingPlan(modules)
 
 
-def shards_from_torchrec(kind: str, name: str, table: int, pieces: Iterable[tuple[int, int, int]], who: str) -> list[Shard]:
-    """Our shards of TorchRec's shards of one table: `pieces` are (rank, column offset, width).
-    The one conversion behind `plan_from_torchrec` and the torchrec planner. Row-wise and the
-    other types our plans lack raise NotExpressibleError: "{who} {kind} for table {name}: ..."."""
+def shards_from_torchrec(kind: str, name: str, table: int, pieces: Iterable[tuple[int, int, int, int, int]], who: str) -> list[Shard]:
+    """Our shards of TorchRec's shards of one table: `pieces` are (rank, row offset, rows, column
+    offset, width). The one conversion behind `plan_from_torchrec` and the torchrec planner: a
+    row-wise or table-row-wise shard keeps its row range (TorchRec's shards of 0 rows, on ranks
+    past a table's last row, hold nothing and are dropped); table-wise and column shards are
+    every row. Data-parallel and grid shards raise NotExpressibleError: "{who} {kind} for table
+    {name}: ..."."""
     if kind not in EXPRESSIBLE:
-        raise NotExpressibleError(f"{who} {kind} for table {name}: not expressible yet ({ISSUE_ROW_WISE})")
-    return [Shard(table, int(rank), int(start), int(start) + int(width)) for rank, start, width in pieces]
+        raise NotExpressibleError(f"{who} {kind} for table {name}: not expressible ({NOT_EXPRESSIBLE_WHY})")
+    out = []
+    for rank, row, rows, start, width in pieces:
+        if kind in ROW_TYPES:
+            if int(rows) > 0:
+                out.append(Shard(table, int(rank), int(start), int(start) + int(width), int(row), int(row) + int(rows)))
+        else:
+            out.append(Shard(table, int(rank), int(start), int(start) + int(width)))
+    return out
 
 
 def _rank_of(placement_: Any, where: str) -> int:
@@ -425,10 +477,10 @@ def plan_from_torchrec(sharding_plan: Any, task: Task, planner: str = "torchrec"
             if not spec_shards:
                 raise PlanError(f"{where}: {kind} with no shards in its sharding_spec")
             pieces = []
-            for m in sorted(spec_shards, key=lambda m: m.shard_offsets[1]):
-                if m.shard_offsets[0] != 0 or m.shard_sizes[0] != t.rows:
-                    raise NotExpressibleError(f"{where}: a shard of rows [{m.shard_offsets[0]}, {m.shard_offsets[0] + m.shard_sizes[0]}) of its {t.rows}: not expressible yet ({ISSUE_ROW_WISE})")
-                pieces.append((_rank_of(m.placement, where), m.shard_offsets[1], m.shard_sizes[1]))
+            for m in sorted(spec_shards, key=lambda m: (m.shard_offsets[0], m.shard_offsets[1])):
+                if kind not in ROW_TYPES and (m.shard_offsets[0] != 0 or m.shard_sizes[0] != t.rows):
+                    raise NotExpressibleError(f"{where}: {kind} with a shard of rows [{m.shard_offsets[0]}, {m.shard_offsets[0] + m.shard_sizes[0]}) of its {t.rows}: split a table by rows or by columns, not both")
+                pieces.append((_rank_of(m.placement, where), m.shard_offsets[0], m.shard_sizes[0], m.shard_offsets[1], m.shard_sizes[1]))
             shards += shards_from_torchrec(kind, name, index[name], pieces, "the TorchRec plan has")
     missing = next((t.name for t in task.tables if t.name not in seen), None)
     if missing is not None:
@@ -460,7 +512,7 @@ def constraints_for(plan: Plan, compute_kernel: str = "fused", column_type: str 
         c = copy.copy(base[t.name]) if base and t.name in base else tr.ParameterConstraints(pooling_factors=[max(float(t.pooling_factor), 1e-9)])
         c.sharding_types = [s["sharding_type"]]
         c.compute_kernels = [compute_kernel]
-        if s["sharding_type"] != "table_wise":
+        if s["sharding_type"] in COLUMN_TYPES:
             c.min_partition = widths.pop()
         out[t.name] = c
     return out
@@ -493,9 +545,13 @@ def _partitioner_class() -> type:
                 ours = self.shards.get(so.name)
                 if ours is None:
                     raise tr.PlannerError(f"table {so.name} is not in the dreamshard plan", tr.PlannerErrorType.PARTITION)
-                theirs = sorted(so.shards, key=lambda s: (s.offset[0], s.offset[1]))
+                ordered = sorted(so.shards, key=lambda s: (s.offset[0], s.offset[1]))
+                theirs = [s for s in ordered if s.size[0] > 0]
                 if [(s.offset[0], s.offset[1], s.size[0], s.size[1]) for s in theirs] != [extent for _, extent in ours]:
                     raise tr.PlannerError(f"table {so.name}: TorchRec's {so.sharding_type} shards are not the dreamshard plan's", tr.PlannerErrorType.PARTITION)
+                for k, shard in enumerate(ordered):  # row-wise shards of 0 rows (ranks past the last row): the rank of their block
+                    if shard.size[0] == 0:
+                        shard.rank = ours[0][0].device + k
                 for shard, (mine, _) in zip(theirs, ours):
                     shard.rank = mine.device
                     left = devices[mine.device] - shard.storage

@@ -203,19 +203,30 @@ def test_placements_over_hosts_and_table_column_wise():
         tio.torchrec_shardings(plan, device_type="tpu")
 
 
-def test_row_shards_are_refused_until_their_torchrec_form_is_checked():
-    if "row_start" not in Shard.__dataclass_fields__:
-        pytest.skip("plans have no row shards yet (issue 13)")
+def test_row_shards_export_only_in_torchrecs_row_wise_layout():
     t = task()
-    rows = Plan(t, [Shard(0, 0, 0, 64, 0, 600), Shard(0, 1, 0, 64, 600, 1000), Shard(1, 0, 0, 16), Shard(2, 1, 0, 16), Shard(3, 0, 0, 8)], "manual")
-    with pytest.raises(tio.NotExpressibleError, match=r"^table t0: row shards are not exported to TorchRec yet"):
-        tio.torchrec_shardings(rows)
+    # 1000 rows on 2 ranks: TorchRec's blocks are [0, 500) on rank 0 and [500, 1000) on rank 1
+    rows = Plan(t, [Shard(0, 0, 0, 64, 0, 500), Shard(0, 1, 0, 64, 500, 1000), Shard(1, 0, 0, 16), Shard(2, 1, 0, 16), Shard(3, 0, 0, 8)], "manual")
+    s = tio.torchrec_shardings(rows)["t0"]
+    assert s["sharding_type"] == "row_wise" and s["ranks"] == [0, 1]
+    assert [(x["offsets"], x["sizes"]) for x in s["shards"]] == [([0, 0], [500, 64]), ([500, 0], [500, 64])]
+    # another cut, or the blocks on other ranks, has no TorchRec form: the error names the layout
+    for shards in ([Shard(0, 0, 0, 64, 0, 600), Shard(0, 1, 0, 64, 600, 1000)], [Shard(0, 1, 0, 64, 0, 500), Shard(0, 0, 0, 64, 500, 1000)]):
+        other = Plan(t, shards + [Shard(1, 0, 0, 16), Shard(2, 1, 0, 16), Shard(3, 0, 0, 8)], "manual")
+        with pytest.raises(tio.NotExpressibleError, match=r"^table t0: row shards \[0, \d+\) on \d, .* are not TorchRec's row-wise layout: rank r of all 2 holds rows \[r·500, \(r\+1\)·500\)"):
+            tio.torchrec_shardings(other)
     # the partitioner compares row ranges too: TorchRec's table-wise t0 is not these two row shards
     with tio.quiet():
         planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=32, partitioner=tio.dreamshard_partitioner(rows), debug=False,
                                            constraints={"t0": ParameterConstraints(sharding_types=["table_wise"])})
     with pytest.raises(PlannerError, match="shards are not the dreamshard plan.s"), tio.quiet():
         planner.plan(meta_ebc(), [tio.import_torchrec().EmbeddingBagCollectionSharder()])
+    # pinned to the plan's own types, TorchRec's planner returns the row-wise plan, and it converts back
+    with tio.quiet():
+        planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cuda"), batch_size=32, partitioner=tio.dreamshard_partitioner(rows), debug=False,
+                                           constraints=tio.constraints_for(rows))
+        back = tio.plan_from_torchrec(planner.plan(meta_ebc(), [tio.import_torchrec().EmbeddingBagCollectionSharder()]), t)
+    assert back.shards == rows.shards
 
 
 def test_model_must_match_the_plan():
@@ -240,8 +251,9 @@ def test_torchrec_plans_back_to_ours(tmp_path):
     assert load_plans(tmp_path / "p.json")[0].shards == plan.shards
     rw = construct_module_sharding_plan(ebc, {"t0": row_wise(), "t1": table_wise(rank=0), "t2": table_wise(rank=0), "t3": table_wise(rank=1)},
                                         local_size=2, world_size=2, device_type="cpu")
-    with pytest.raises(tio.NotExpressibleError, match=r"^the TorchRec plan has row_wise for table t0: not expressible yet \(row-wise shards are issue 13\)$"):
-        tio.plan_from_torchrec(ShardingPlan({"": rw}), t)
+    back = tio.plan_from_torchrec(ShardingPlan({"": rw}), t)  # TorchRec's row_wise: its blocks of ceil(1000 / 2) rows, block r on rank r
+    assert [(s.table, s.device, s.row_range(t.tables[0])) for s in back.shards if s.table == 0] == [(0, 0, (0, 500)), (0, 1, (500, 1000))]
+    assert tio.torchrec_shardings(back)["t0"]["sharding_type"] == "row_wise"
     del tw["t3"]
     with pytest.raises(PlanError, match=r"^TorchRec plan: table 't3' of the task is not in it$"):
         tio.plan_from_torchrec(tw, t)

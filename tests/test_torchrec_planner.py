@@ -88,14 +88,26 @@ def test_column_wise_converts_to_column_shards():
     assert TorchRecPlanner(sharding_types="column_wise").plan(task).split_tables() == {"d": 2}
 
 
-def test_row_wise_is_not_expressible_yet():
-    with pytest.raises(NotExpressibleError, match=r"^torchrec chose row_wise for table \w+: not expressible yet \(row-wise shards are issue 13\)$"):
-        TorchRecPlanner(sharding_types="row_wise").plan(Task(MIXED, 4, 10**9))
+def test_row_wise_choices_are_plans():
+    """TorchRec's row_wise shards become our row shards: its blocks of ceil(rows / ranks) rows,
+    block r on rank r, a valid plan; "all" gives a plan of ours or, for a type we lack, the error."""
+    task = Task(MIXED, 4, 10**9)
+    plan = TorchRecPlanner(sharding_types="row_wise").plan(task)
+    plan.check()
+    assert plan.has_row_shards() and plan.predicted["sharding_types"] == {"row_wise": len(MIXED)}
+    for i, t in enumerate(task.tables):
+        mine = sorted((s for s in plan.shards if s.table == i), key=lambda s: s.row_start)
+        b = -(-t.rows // 4)
+        assert [(s.device, *s.row_range(t)) for s in mine] == [(r, r * b, min((r + 1) * b, t.rows)) for r in range(len(mine))]
     assert issubclass(NotExpressibleError, InputError) and not issubclass(NotExpressibleError, InfeasibleError)
     try:  # "all": whatever TorchRec chooses is either a plan of ours or this error
         TorchRecPlanner(sharding_types="all").plan(Task(MIXED, 4, 10**9)).check()
     except NotExpressibleError as e:
-        assert "not expressible yet" in str(e) and "\n" not in str(e)
+        assert "not expressible" in str(e) and "\n" not in str(e)
+    from dreamshard.torchrec_io import shards_from_torchrec
+
+    with pytest.raises(NotExpressibleError, match=r"^torchrec chose data_parallel for table a: not expressible \(our plans have table-wise, column and row shards\)$"):
+        shards_from_torchrec("data_parallel", "a", 0, [(0, 0, 10, 0, 8)], "torchrec chose")
 
 
 def test_tight_task_torchrec_reserves_memory_ours_place():

@@ -15,6 +15,17 @@ that lowers the predicted step most (`split_descent`, at most `max_splits` cuts,
 it lowers the prediction); the policy then places the pieces afresh as tables of their own. Of
 the table-wise plan, the plan of the descent and the policy's plan of its pieces, the one the cost
 net predicts cheapest is returned, so a split is made only where the model says it pays.
+
+Row-wise shards (issue 13): a step of the descent may also split a whole table on the slowest
+device by rows over k devices (`splits.row_parts`: 2, 4, ... and all D; TorchRec's row-wise
+layout, block r on device r for a split over all D, else the table's device and the k − 1
+devices predicted fastest with memory for a block), scored with its pieces' own features and
+the reduce-scatter + all-gather the simulator charges (scoring.py); the step kept is the cheapest
+cut or row split, only if it lowers the prediction. The policy's ladder stays column cuts (its
+MDP has no notion of a table's blocks needing distinct devices). A table larger than a device is
+placeable only split by rows: with `split`, the search starts from it split so
+(`splits.forced_row_splits`), its pieces placed by NeuroShard's greedy on the cost net
+(`scoring.greedy_batch`) instead of the policy; without `split` such a task is infeasible.
 """
 
 from __future__ import annotations
@@ -33,18 +44,48 @@ from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
 from dreamshard.planners.base import LearnedPlanner, register
 from dreamshard.planners.heuristics import place_or_pack, task_infeasible
-from dreamshard.planners.scoring import PieceScorer, predicted_dict
+from dreamshard.planners.scoring import PieceScorer, comm_params, greedy_batch, predicted_dict
 from dreamshard.tasks import Task
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
 
 
+def row_trials(scorer: PieceScorer, pieces: list[Shard], devices: list[int], state: np.ndarray, used: np.ndarray, slow: int, order: np.ndarray,
+               candidates: int) -> list[tuple[np.ndarray, int, list[Shard], list[int]]]:
+    """The descent's row moves: (state, piece, its row pieces, their devices) of each row split
+    of one of the `candidates` costliest whole tables on `slow` that may pay
+    (`PieceScorer.row_candidates`), over each `splits.row_parts` k that fits memory: over all D,
+    block r on device r; else on `slow` and the k − 1 first of `order` (fastest first), blocks in
+    device order."""
+    task = scorer.task
+    out = []
+    mine = [i for i, d in enumerate(devices) if d == slow]
+    for i in scorer.row_candidates(pieces, mine, candidates):
+        row = scorer.rows([[pieces[i]]])[0, 0]
+        for parts in splits.row_parts(task.devices):
+            rows = splits.row_split(task, pieces[i].table, parts)
+            if rows is None:
+                continue
+            to = list(range(task.devices)) if parts == task.devices else sorted([slow] + [int(d) for d in order if d != slow][: parts - 1])
+            free = used.copy()
+            free[slow] -= splits.sizes(task, [pieces[i]])[0]
+            np.add.at(free, to, splits.sizes(task, rows))
+            if free.max() > task.max_memory_bytes:
+                continue
+            trial = state.copy()
+            trial[slow] -= row
+            np.add.at(trial, to, scorer.rows([rows])[0])
+            out.append((trial, i, rows, to))
+    return out
+
+
 def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], max_splits: int, candidates: int = 4, targets: int = 8) -> tuple[list[Shard], list[int], float]:
     """Greedy descent in split space on the cost net: halve one of the `candidates` costliest
     pieces on the device predicted slowest and move one half to one of the `targets` devices
-    predicted fastest (with memory for it), the cut and target that lower the predicted plan cost
-    most; stop when no cut lowers it or after `max_splits` cuts. → (pieces, devices, cost units)."""
+    predicted fastest (with memory for it), or split one of its `candidates` costliest whole
+    tables by rows (`row_trials`) — the move that lowers the predicted plan cost most; stop when
+    none lowers it or after `max_splits` moves. → (pieces, devices, cost units)."""
     task, net = scorer.task, scorer.net
     nP, cap = net.nP, task.max_memory_bytes
     pieces, devices = list(pieces), list(devices)
@@ -58,18 +99,36 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
         rows = scorer.rows([pieces])[0]
         single = scorer.alone(rows)
         cut = sorted((i for i, d in enumerate(devices) if d == slow and splits.can_halve(pieces[i])), key=lambda i: -single[i])[:candidates]
-        to = np.array([d for d in np.argsort(totals, kind="stable") if d != slow][:targets], np.int64)
-        if not cut or not len(to):
+        order = np.argsort(totals, kind="stable")
+        to = np.array([d for d in order if d != slow][:targets], np.int64)
+        if not len(to):
             break
-        halves = [splits.cut(pieces[i], 2) for i in cut]
-        hrows = scorer.rows(halves)  # [C, 2, R]
-        C, K = len(cut), len(to)
-        trial = np.repeat(np.repeat(state[None, None], C, 0), K, 1)  # [C, K, D, R]
-        trial[:, :, slow] += (hrows[:, 0] - rows[cut])[:, None]
-        trial[np.arange(C)[:, None], np.arange(K)[None, :], to[None, :]] += hrows[:, 1][:, None]
-        moved = np.array(splits.sizes(task, [h[1] for h in halves]))
-        fits = used[to][None, :] + moved[:, None] <= cap
-        score = np.where(fits, scorer.score(trial), np.inf)
+        score = np.full((0, 0), np.inf)
+        if cut:
+            halves = [splits.cut(pieces[i], 2) for i in cut]
+            hrows = scorer.rows(halves)  # [C, 2, R]
+            C, K = len(cut), len(to)
+            trial = np.repeat(np.repeat(state[None, None], C, 0), K, 1)  # [C, K, D, R]
+            trial[:, :, slow] += (hrows[:, 0] - rows[cut])[:, None]
+            trial[np.arange(C)[:, None], np.arange(K)[None, :], to[None, :]] += hrows[:, 1][:, None]
+            moved = np.array(splits.sizes(task, [h[1] for h in halves]))
+            fits = used[to][None, :] + moved[:, None] <= cap
+            score = np.where(fits, scorer.score(trial), np.inf)
+        by_rows = row_trials(scorer, pieces, devices, state, used, slow, order, candidates)
+        row_score = scorer.score(np.stack([r[0] for r in by_rows])) if by_rows else np.full(0, np.inf)
+        if len(row_score) and (not score.size or row_score.min() < score.min()):
+            j = int(row_score.argmin())
+            if not row_score[j] < cost * (1 - 1e-3):  # a split must pay by more than rounding
+                break
+            new_state, i, blocks, on = by_rows[j]
+            used[slow] -= splits.sizes(task, [pieces[i]])[0]
+            np.add.at(used, on, splits.sizes(task, blocks))
+            pieces = pieces[:i] + pieces[i + 1 :] + blocks
+            devices = devices[:i] + devices[i + 1 :] + on
+            state, cost = new_state, float(row_score[j])
+            continue
+        if not score.size:
+            break
         c, k = np.unravel_index(int(score.argmin()), score.shape)
         if not score[c, k] < cost * (1 - 1e-3):  # a cut must pay by more than rounding
             break
@@ -91,8 +150,12 @@ class DreamShardPlanner(LearnedPlanner):
     name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
     CONFIGS, default_config = CONFIGS, "default"
 
-    def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8):
+    def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8,
+                 comm_model: str | Path | None = None):
+        """`comm_model`: the comm model (file) whose collectives price row splits; None: the
+        shipped H200 NCCL model, the shipped cost net's hardware."""
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
+        self.comm = comm_params(comm_model) if split else None
         self.label = "shipped H200 model" if model is None else "trained model" if isinstance(model, DreamShardModel) else str(model)
         self.best_of = int(best_of) if best_of is not None else self.model.best_of
         if self.best_of < 1:
@@ -115,6 +178,8 @@ class DreamShardPlanner(LearnedPlanner):
 
     def plan(self, task: Task) -> Plan:
         if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
+            if self.split and self.max_splits > 0:
+                return self._split_rows_first(task)  # a table larger than a device: split by rows, or InfeasibleError
             raise task_infeasible(task)  # at once: no episode can succeed
         p = prepare(task, self.model.normalization, self.model.linear_features)
         placement, device_costs, overall = best_placement(self.model, p, self.best_of, self.seed, self.player)
@@ -130,15 +195,43 @@ class DreamShardPlanner(LearnedPlanner):
         plan.predicted = predicted_dict(device_costs, overall, self.label)
         return self._split(task, plan) if self.split and self.max_splits > 0 else plan
 
+    def _split_rows_first(self, task: Task) -> Plan:
+        """A task with a table larger than a device: the tables too large split by rows
+        (`splits.forced_row_splits`), every piece placed by the greedy on the cost net under the
+        dim caps 1.0–1.5, then the split descent from there."""
+        pieces = splits.forced_row_splits(task)
+        scorer = PieceScorer(self.model, task, self.comm)
+        cost, devices = greedy_batch(scorer, [pieces], np.array([*np.linspace(1.0, 1.5, 6), splits.NO_DIM_CAP]))
+        if not np.isfinite(cost[0]):
+            raise splits.infeasible(task)
+        pieces, devices, _ = split_descent(scorer, pieces, [int(d) for d in devices[0]], self.max_splits)
+        return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label),
+                             notes=["a table larger than a device: split by rows first"])
+
+    def _row_ladder(self, scorer: PieceScorer, whole: list[Shard], descent: list[Shard]) -> tuple[float, list[Shard], list[int]] | None:
+        """The cheapest placement by NeuroShard's greedy on the cost net (`scoring.greedy_batch`,
+        dim caps 1.0–1.5) of the `row_ladder` cuts, or None (the policy's MDP cannot keep a
+        table's blocks on distinct devices, so the greedy places these)."""
+        ladder = row_ladder(scorer, whole, descent)
+        best = None
+        for pieces in ladder:
+            cost, devices = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
+            if np.isfinite(cost[0]) and (best is None or cost[0] < best[0]):
+                best = (float(cost[0]), pieces, [int(d) for d in devices[0]])
+        return best
+
     def _split(self, task: Task, table_wise: Plan) -> Plan:
         """The cheapest by the cost net of: the table-wise plan, the split descent from it, and
         the policy's placements of a ladder of cuts (`cut_ladder`), all played in one batch."""
-        scorer = PieceScorer(self.model, task)
+        scorer = PieceScorer(self.model, task, self.comm)
         whole = splits.whole(task)
         best = (float(scorer.score(scorer.state(whole, np.array(table_wise.placement)))), whole, table_wise.placement)
         pieces, devices, cost = split_descent(scorer, whole, table_wise.placement, self.max_splits)
         if cost < best[0]:
             best = (cost, pieces, devices)
+        placed = self._row_ladder(scorer, whole, pieces)
+        if placed is not None and placed[0] < best[0]:
+            best = placed
         cuts = cut_ladder(whole, scorer.alone(scorer.rows([whole])[0]), self.max_splits)
         if cuts:
             superset = list(dict.fromkeys(p for c in cuts for p in c))
@@ -159,6 +252,24 @@ class DreamShardPlanner(LearnedPlanner):
         if len(pieces) == len(whole):
             return table_wise
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label))
+
+
+def row_ladder(scorer: PieceScorer, whole: list[Shard], descent: list[Shard], tables: int = 2) -> list[list[Shard]]:
+    """Row cuts to place afresh: the descent's pieces where it split a table by rows (its
+    placement was built around the table-wise one), and the 1, ..., `tables` costliest tables
+    that may pay (`PieceScorer.row_candidates`) split by rows over every device."""
+    task = scorer.task
+    ladder = [descent] if any(p.is_row_shard for p in descent) else []
+    if task.devices > splits.MAX_ROW_PARTS:
+        return ladder
+    chosen: list[int] = []
+    for i in scorer.row_candidates(whole, list(range(len(whole))), tables):
+        rows = splits.row_split(task, i, task.devices)
+        if rows is None:
+            continue
+        chosen.append(i)
+        ladder.append([p for p in whole if p.table not in chosen] + [q for j in chosen for q in splits.row_split(task, j, task.devices)])
+    return ladder
 
 
 def cut_ladder(whole: list[Shard], single: np.ndarray, max_cut: int) -> list[list[Shard]]:

@@ -12,8 +12,17 @@ As its authors describe it:
   2 × `top` candidates per plan); every candidate is scored by its best inner placement.
 The best plan seen, table-wise included, is returned.
 
-Every candidate at one depth has the same number of pieces, so all inner greedies of a depth run
-as one batch (candidates × cap values) in NumPy.
+Our addition, row-wise shards (issue 13; NeuroShard has none): a step may also split a whole table
+by rows over k devices (`splits.row_parts`: 2, 4, ... and all D, TorchRec's row-wise layout), for
+the ROW_CANDIDATES costliest tables whose compute alone exceeds the reduce-scatter + all-gather
+their rows would add (`PieceScorer.row_candidates`). Row pieces are priced by their own features
+and the exchange as the simulator prices it (scoring.py); the inner greedy puts block r of a split
+over all D on device r and the pieces of a smaller split on distinct devices. A row split is kept
+only where the best inner placement of its candidate scores lowest, as a halving is. A table
+larger than a device starts the search split by rows (`splits.forced_row_splits`).
+
+The inner greedies of a depth run as one batch (candidates × cap values) in NumPy per number of
+pieces (a halving adds one piece, a row split k − 1).
 """
 
 from __future__ import annotations
@@ -27,46 +36,25 @@ from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
 from dreamshard.planners.base import Planner, register
-from dreamshard.planners.heuristics import place_or_pack, task_infeasible
-from dreamshard.planners.scoring import PieceScorer
+from dreamshard.planners.heuristics import place_or_pack
+from dreamshard.planners.scoring import PieceScorer, comm_params, greedy_batch  # noqa: F401  (greedy_batch re-exported)
 from dreamshard.tasks import Task
 
+ROW_CANDIDATES = 2  # tables a step may split by rows, per plan in the beam (each tried at every k)
 
-def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """NeuroShard's inner greedy for C candidates × S dim caps at once → (best cost [C] units,
-    inf where no cap placed every piece; devices [C, n] of the best placement)."""
-    task, net = scorer.task, scorer.net
-    C, n, D, S = len(pieces), len(pieces[0]), task.devices, len(caps)
-    rows = scorer.rows(pieces)  # [C, n, R]
-    nP = net.nP
-    single = scorer.alone(rows)  # [C, n]
-    sizes = np.array([splits.sizes(task, ps) for ps in pieces], np.int64)
-    dims = np.array([[p.width for p in ps] for ps in pieces], np.int64)
-    order = np.argsort(-single, axis=1, kind="stable")  # [C, n]
-    E = C * S  # episode e = candidate e // S at cap e % S
-    cand = np.repeat(np.arange(C), S)
-    dim_cap = np.tile(caps, C) * dims[0].sum() / D  # the total dim is the same for every candidate
-    state = net.empty((E, D))
-    comp = np.zeros((E, D))  # an empty device computes nothing (not the heads' bias)
-    used = np.zeros((E, D), np.int64)
-    dim_sum = np.zeros((E, D), np.int64)
-    devices = np.full((E, n), -1, np.int64)
-    failed = np.zeros(E, bool)
-    es = np.arange(E)
-    for step in range(n):
-        i = order[cand, step]  # [E] piece placed now
-        size, dim = sizes[cand, i], dims[cand, i]
-        legal = (used + size[:, None] <= task.max_memory_bytes) & (dim_sum + dim[:, None] <= dim_cap[:, None])
-        failed |= ~legal.any(1)
-        a = np.where(legal, comp, np.inf).argmin(1)
-        state[es, a] += rows[cand, i]
-        used[es, a] += size
-        dim_sum[es, a] += dim
-        comp[es, a] = net.costs(state[es, a, :nP])[:, :2].sum(-1)
-        devices[es, i] = a
-    cost = np.where(failed, np.inf, scorer.score(state)).reshape(C, S)
-    best = cost.argmin(1)
-    return cost[np.arange(C), best], devices.reshape(C, S, n)[np.arange(C), best]
+
+def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """`greedy_batch` of candidates of different piece counts: one batch per count."""
+    costs, devs = np.full(len(candidates), np.inf), [None] * len(candidates)
+    by_len: dict[int, list[int]] = {}
+    for j, c in enumerate(candidates):
+        by_len.setdefault(len(c), []).append(j)
+    for js in by_len.values():
+        cost, dev = greedy_batch(scorer, [candidates[j] for j in js], caps)
+        costs[js] = cost
+        for j, d in zip(js, dev):
+            devs[j] = d
+    return costs, devs
 
 
 @register
@@ -75,52 +63,70 @@ class NeuroShardPlanner(Planner):
     kind = "search"
     description = "NeuroShard (MLSys 2023): beam search over column halvings, greedy under a swept dim-sum cap, scored by the cost net (--model)"
 
-    def __init__(self, model: str | Path | None = None, beam: int = 3, depth: int = 10, top: int = 10, caps: int = 11):
+    def __init__(self, model: str | Path | None = None, beam: int = 3, depth: int = 10, top: int = 10, caps: int = 11, comm_model: str | Path | None = None):
+        """`comm_model`: the comm model (file) whose collectives price row splits; None: the
+        shipped H200 NCCL model, the shipped cost net's hardware."""
         if min(beam, top, caps) < 1 or depth < 0:
             raise ValueError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
         self.model = DreamShardModel.load(model)
+        self.comm = comm_params(comm_model)
         self.label = "shipped H200 model" if model is None else str(model)
         self.beam, self.depth, self.top = beam, depth, top
         self.caps = np.linspace(1.0, 1.5, caps)
 
     def plan(self, task: Task) -> Plan:
-        if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
-            raise task_infeasible(task)
-        scorer = PieceScorer(self.model, task)
-        start = splits.whole(task)
+        forced = over_bounds(task.sizes(), task.max_memory_bytes, task.devices)
+        start = splits.forced_row_splits(task) if forced else splits.whole(task)  # InfeasibleError where even rows cannot place it
+        scorer = PieceScorer(self.model, task, self.comm)
         cost, devices = greedy_batch(scorer, [start], self.caps)
+        if forced and not np.isfinite(cost[0]):  # no packing to fall back on: the greedy under memory alone
+            cost, devices = greedy_batch(scorer, [start], np.array([splits.NO_DIM_CAP]))
         best = (float(cost[0]), start, devices[0])
         beams = [start]
         for _ in range(self.depth):
             seen, candidates = set(), []
             for pieces in beams:
-                for i in self._candidates(scorer, pieces):
-                    halves = splits.cut(pieces[i], 2)
-                    new = pieces[:i] + pieces[i + 1 :] + halves
+                for i, new in self._moves(scorer, pieces):
+                    new = pieces[:i] + pieces[i + 1 :] + new
                     key = frozenset(new)
                     if key not in seen:
                         seen.add(key)
                         candidates.append(new)
             if not candidates:
                 break
-            costs, devs = greedy_batch(scorer, candidates, self.caps)
+            costs, devs = greedy_groups(scorer, candidates, self.caps)
             ranked = np.argsort(costs, kind="stable")
             if costs[ranked[0]] < best[0]:
                 best = (float(costs[ranked[0]]), candidates[ranked[0]], devs[ranked[0]])
-            beams = [candidates[k] for k in ranked[: self.beam] if np.isfinite(costs[k])]
+            keep = list(ranked[: self.beam])
+            # a row split can only be made of a whole table: keep the best candidate with more row
+            # pieces than the beams have, lest the first halving of a hot table rule its row split out
+            rows = max(sum(p.is_row_shard for p in b) for b in beams)
+            more = next((k for k in ranked if sum(p.is_row_shard for p in candidates[k]) > rows), None)
+            if more is not None and more not in keep:
+                keep.append(more)
+            beams = [candidates[k] for k in keep if np.isfinite(costs[k])]
             if not beams:
                 break
         if not np.isfinite(best[0]):  # no cap let the greedy place everything: a memory packing
+            if forced:
+                raise splits.infeasible(task)  # a table larger than a device: no table-wise packing either
             plan = place_or_pack(task, None, self.name)
             plan.notes = ["neuroshard's greedy found no placement within memory and the dim caps; used a memory packing instead"]
             return plan
         _, pieces, devices = best
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, devices, self.label))
 
-    def _candidates(self, scorer: PieceScorer, pieces: list[Shard]) -> list[int]:
-        """Pieces worth halving: the union of the `top` largest and the `top` costliest."""
+    def _moves(self, scorer: PieceScorer, pieces: list[Shard]) -> list[tuple[int, list[Shard]]]:
+        """(piece, what replaces it): the halvings of the pieces worth halving — the union of the
+        `top` largest and the `top` costliest —, then the row splits of the ROW_CANDIDATES
+        costliest whole tables among them that may pay (`PieceScorer.row_candidates`)."""
+        task = scorer.task
         single = scorer.alone(scorer.rows([pieces])[0])
-        sizes = np.array(splits.sizes(scorer.task, pieces))
+        sizes = np.array(splits.sizes(task, pieces))
         k = min(self.top, len(pieces))
-        chosen = set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k])
-        return sorted(int(i) for i in chosen if splits.can_halve(pieces[i]))
+        chosen = sorted(int(i) for i in set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k]))
+        moves = [(i, splits.cut(pieces[i], 2)) for i in chosen if splits.can_halve(pieces[i])]
+        for i in scorer.row_candidates(pieces, chosen, ROW_CANDIDATES):
+            moves += [(i, rows) for parts in splits.row_parts(task.devices) if (rows := splits.row_split(task, pieces[i].table, parts))]
+        return moves

@@ -1,8 +1,18 @@
-"""Column splits shared by the planners that cut tables: pieces, halving, and plans of pieces.
+"""Splits shared by the planners that cut tables: pieces, halving, row splits, plans of pieces.
 
-A *piece* is a `Shard` not yet placed (device -1): a column range of one table. A task cut into
-pieces is planned like a task of tables — each piece is a table of its own width reading the
-table's index stream — and the placed pieces are the plan's shards.
+A *piece* is a `Shard` not yet placed (device -1): a column range of one table, or a row range
+(every column). A task cut into pieces is planned like a task of tables — a column piece is a
+table of its own width reading the table's index stream, a row piece the table's stream
+restricted to its rows (`RowShardSpec`: its measured lookups and bins) — and the placed pieces are
+the plan's shards.
+
+Row splits (`row_split`) are TorchRec's row-wise layout (`torchrec_io.row_wise_cuts`: blocks of
+ceil(rows / k) rows), so that every row split a planner writes over all D devices, block r on
+device r (`row_pinned`), exports as TorchRec `row_wise` and runs under DMP as planned; k is 2, 4,
+8, ... below D and D itself (`row_parts`), at most MAX_ROW_PARTS (a row piece is a measured
+stream: 1,024 of them per table would cost more to plan than they save). A split over k < D
+devices is placed freely, its pieces on distinct devices (its exchange is still a reduce-scatter
+over all D devices: costs/comm.py). A table is split by rows or by columns, never both.
 """
 
 from __future__ import annotations
@@ -11,10 +21,14 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
+from dreamshard.packing import InfeasibleError, format_bytes, infeasible_error
 from dreamshard.plan import Plan, Shard, column_cuts
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task
+from dreamshard.torchrec_io import row_wise_cuts
 from dreamshard.validation import DIM_MULTIPLE
+
+MAX_ROW_PARTS = 64
 
 
 def whole(task: Task) -> list[Shard]:
@@ -28,7 +42,89 @@ def cut(piece: Shard, parts: int) -> list[Shard]:
 
 
 def can_halve(piece: Shard) -> bool:
-    return piece.width >= 2 * DIM_MULTIPLE
+    """A column piece at least twice the kernels' granularity wide (a row piece is never cut by columns)."""
+    return piece.width >= 2 * DIM_MULTIPLE and not piece.is_row_shard
+
+
+def is_whole(task: Task, piece: Shard) -> bool:
+    """The piece is its whole table (what a row split starts from)."""
+    return piece.start == 0 and piece.stop == task.tables[piece.table].dim and not piece.is_row_shard
+
+
+def row_parts(devices: int) -> list[int]:
+    """The numbers of row ranges a planner tries: 2, 4, 8, ... below `devices`, and `devices`
+    itself (TorchRec's row_wise), none over MAX_ROW_PARTS."""
+    ks = [2**j for j in range(1, 7) if 2**j < devices] + [devices]
+    return [k for k in ks if 2 <= k <= MAX_ROW_PARTS]
+
+
+def row_split(task: Task, table: int, parts: int) -> list[Shard] | None:
+    """Table `table`'s rows as `parts` pieces of TorchRec's row-wise layout (in row order), or
+    None where that layout leaves a block empty (fewer rows than it needs)."""
+    t = task.tables[table]
+    cuts = row_wise_cuts(t.rows, parts)
+    if cuts[-1][0] >= cuts[-1][1]:
+        return None
+    return [Shard(table, -1, 0, t.dim, a, b) for a, b in cuts]
+
+
+def row_groups(task: Task, pieces: Sequence[Shard]) -> tuple[list[int], list[int]]:
+    """Per piece: (the device it must take, or -1; its row-split group, or -1). A table split by
+    rows over all devices has block r on device r (TorchRec's row_wise, `row_split`); the pieces
+    of a table split over fewer devices share a group (distinct devices, `Plan.check`)."""
+    count: dict[int, int] = {}
+    for p in pieces:
+        if p.is_row_shard:
+            count[p.table] = count.get(p.table, 0) + 1
+    order = {t: sorted(p.row_start for p in pieces if p.is_row_shard and p.table == t) for t in count}
+    group = {t: g for g, t in enumerate(t for t in count if count[t] != task.devices)}
+    pin = [order[p.table].index(p.row_start) if p.is_row_shard and count[p.table] == task.devices else -1 for p in pieces]
+    return pin, [group.get(p.table, -1) if p.is_row_shard else -1 for p in pieces]
+
+
+def forced_row_splits(task: Task) -> list[Shard]:
+    """Whole pieces, except that a table larger than a device is split by rows into the fewest
+    `row_parts` whose largest block fits one. Raises InfeasibleError (`infeasible`) where even that
+    cannot hold the task: a table whose blocks over the most parts are still too large, or more
+    bytes than all devices hold."""
+    cap, w = task.max_memory_bytes, task.workload
+    if sum(task.sizes()) > task.devices * cap:
+        raise infeasible(task)
+    pieces = []
+    for piece, t in zip(whole(task), task.tables):
+        if task.table_bytes(t) <= cap:
+            pieces.append(piece)
+            continue
+        for k in row_parts(task.devices):
+            rows = row_split(task, piece.table, k)
+            if rows is not None and rows[0].bytes(t, w.precision, w.optimizer) <= cap:
+                pieces += rows
+                break
+        else:
+            raise infeasible(task)
+    return pieces
+
+
+def infeasible(task: Task) -> InfeasibleError:
+    """The splitting planners' InfeasibleError: the packing's one line and, for a table larger
+    than a device, why splitting it by rows does not place it either."""
+    sizes, cap, w = task.sizes(), task.max_memory_bytes, task.workload
+    err = infeasible_error([t.name for t in task.tables], sizes, cap, task.devices)
+    big = max(range(len(sizes)), key=lambda i: sizes[i])
+    if sizes[big] <= cap or sum(sizes) > task.devices * cap:
+        return err
+    parts = row_parts(task.devices)
+    if not parts:
+        return InfeasibleError(f"{err}; one device cannot split it by rows")
+    k = parts[-1]
+    t = task.tables[big]
+    block = Shard(big, -1, 0, t.dim, *row_wise_cuts(t.rows, k)[0]).bytes(t, w.precision, w.optimizer)
+    if block <= cap:
+        return InfeasibleError(f"{err}; split by rows it fits, but no placement of the pieces within memory was found")
+    return InfeasibleError(f"{err}; split by rows over {k} devices its largest block still needs {block} bytes ({format_bytes(block)})")
+
+
+NO_DIM_CAP = 1e9  # a dim-cap factor no placement reaches: the greedy under memory alone
 
 
 def specs(task: Task, pieces: Sequence[Shard]) -> list[TableSpec]:
@@ -36,8 +132,10 @@ def specs(task: Task, pieces: Sequence[Shard]) -> list[TableSpec]:
 
 
 def sizes(task: Task, pieces: Sequence[Shard]) -> list[int]:
-    """Device bytes of each piece under the task's workload."""
-    return [task.table_bytes(s) for s in specs(task, pieces)]
+    """Device bytes of each piece under the task's workload (from its extent: a row piece's
+    stream is not measured for it)."""
+    w = task.workload
+    return [p.bytes(task.tables[p.table], w.precision, w.optimizer) for p in pieces]
 
 
 def as_task(task: Task, pieces: Sequence[Shard]) -> Task:

@@ -17,9 +17,11 @@ finds no table-wise plan on some tight tasks our planners place: such a task rai
 
 Its plan is converted to our shards (`torchrec_io.shards_from_torchrec`, the one conversion
 behind `torchrec_io.plan_from_torchrec` too): table_wise → one full-width shard on its rank; column_wise and
-table_column_wise → one column shard per TorchRec shard (its column offset and width). Row-wise,
-table-row-wise, data-parallel and grid shards have no form in our plans yet: they raise
-`NotExpressibleError`. TorchRec's own estimate (per rank, the sum of its shards' perf, in ms; the
+table_column_wise → one column shard per TorchRec shard (its column offset and width); row_wise and
+table_row_wise → one row shard per TorchRec shard of some rows (its row offset and count: TorchRec's
+blocks of ceil(rows / ranks), `torchrec_io.row_wise_cuts`), priced by our backends as any row
+shard (its measured lookups, the reduce-scatter). Data-parallel and grid shards have no form in
+our plans: they raise `NotExpressibleError`. TorchRec's own estimate (per rank, the sum of its shards' perf, in ms; the
 plan's cost is the slowest rank, as its `NoopPerfModel` rates plans) and its storage estimate go in
 `plan.predicted`; its planning time in the plan's notes.
 
@@ -38,7 +40,7 @@ from dreamshard.plan import Plan, Shard
 from dreamshard.planners.base import Planner, register
 from dreamshard.planners.heuristics import task_infeasible
 from dreamshard.tasks import Task
-from dreamshard.torchrec_io import ALL_TYPES, EXPRESSIBLE, ISSUE_ROW_WISE, NotExpressibleError, TorchRecUnavailable, import_torchrec, shards_from_torchrec  # noqa: F401  (re-exported)
+from dreamshard.torchrec_io import ALL_TYPES, EXPRESSIBLE, NOT_EXPRESSIBLE_WHY, NotExpressibleError, TorchRecUnavailable, import_torchrec, shards_from_torchrec  # noqa: F401  (re-exported)
 from dreamshard.torchrec_io import quiet as _quiet
 from dreamshard.validation import OptionError, one_line
 
@@ -194,7 +196,7 @@ class TorchRecPlanner(Planner):
         for so in options:
             kind = str(so.sharding_type)
             chosen[kind] = chosen.get(kind, 0) + 1
-            shards += shards_from_torchrec(kind, so.name, index[so.name], [(s.rank, s.offset[1], s.size[1]) for s in so.shards], "torchrec chose")
+            shards += shards_from_torchrec(kind, so.name, index[so.name], [(s.rank, s.offset[0], s.size[0], s.offset[1], s.size[1]) for s in so.shards], "torchrec chose")
             for s in so.shards:
                 p = s.perf
                 row = perf[s.rank]
