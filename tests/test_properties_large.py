@@ -137,18 +137,29 @@ def fresh(label: str, planners: dict):
 
 
 def check_plan(task: Task, plan) -> None:
-    """Every table's columns exactly once (its shards tile [0, dim) in multiples of 4), every
-    shard on a device of the task, and each device within memory — computed here, not by
-    `Plan.check`."""
+    """Every table's columns exactly once (its shards tile [0, dim) in multiples of 4) or, split
+    by rows, its rows exactly once (full-width blocks on distinct devices), every shard on a
+    device of the task, and each device within memory counting a shard's rows × columns —
+    computed here, not by `Plan.check`."""
     cover = [0] * len(task.tables)
+    row_cover = {}  # row-split table → next row, devices used
     used = np.zeros(task.devices, np.int64)  # exact integer bytes (float sums lose them past 2^53)
-    for s in sorted(plan.shards, key=lambda s: (s.table, s.start)):
+    for s in sorted(plan.shards, key=lambda s: (s.table, s.start, s.row_start)):
         t = task.tables[s.table]
         assert 0 <= s.device < task.devices, f"a shard of {t.name} off the devices"
-        assert s.start == cover[s.table] and s.stop > s.start and (s.stop - s.start) % 4 == 0, f"{t.name}: shard [{s.start}, {s.stop})"
-        cover[s.table] = s.stop
-        state = 4 * t.rows if task.workload.optimizer == "rowwise_adagrad" else 0
-        used[s.device] += t.rows * (s.stop - s.start) * task.workload.elt_bytes + state
+        a, b = s.row_range(t)
+        if (a, b) != (0, t.rows):
+            row, devices = row_cover.setdefault(s.table, (0, set()))
+            assert (s.start, s.stop) == (0, t.dim) and a == row and a < b <= t.rows and s.device not in devices, f"{t.name}: shard rows [{a}, {b}) on {s.device}"
+            row_cover[s.table] = (b, devices | {s.device})
+        else:
+            assert s.start == cover[s.table] and s.stop > s.start and (s.stop - s.start) % 4 == 0, f"{t.name}: shard [{s.start}, {s.stop})"
+            cover[s.table] = s.stop
+        state = 4 * (b - a) if task.workload.optimizer == "rowwise_adagrad" else 0
+        used[s.device] += (b - a) * (s.stop - s.start) * task.workload.elt_bytes + state
+    for i, (row, _) in row_cover.items():
+        assert row == task.tables[i].rows and cover[i] == 0, f"{task.tables[i].name}: rows [0, {row}) of {task.tables[i].rows}, split by rows and columns"
+        cover[i] = task.tables[i].dim
     assert cover == [t.dim for t in task.tables], "a table's columns not covered"
     assert used.max() <= task.max_memory_bytes, f"device {used.argmax()} holds {used.max():,} bytes > {task.max_memory_bytes:,}"
 

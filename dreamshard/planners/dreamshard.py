@@ -52,16 +52,18 @@ if TYPE_CHECKING:
 
 
 def row_trials(scorer: PieceScorer, pieces: list[Shard], devices: list[int], state: np.ndarray, used: np.ndarray, slow: int, order: np.ndarray,
-               candidates: int) -> list[tuple[np.ndarray, int, list[Shard], list[int]]]:
+               candidates: int, cost: float) -> list[tuple[np.ndarray, int, list[Shard], list[int]]]:
     """The descent's row moves: (state, piece, its row pieces, their devices) of each row split
     of one of the `candidates` costliest whole tables on `slow` that may pay
-    (`PieceScorer.row_candidates`), over each `splits.row_parts` k that fits memory: over all D,
-    block r on device r; else on `slow` and the k − 1 first of `order` (fastest first), blocks in
-    device order."""
+    (`PieceScorer.row_candidates`, and whose `bound_without` beats `cost`: only those are
+    measured), over each `splits.row_parts` k that fits memory: over all D, block r on device r;
+    else on `slow` and the k − 1 first of `order` (fastest first), blocks in device order."""
     task = scorer.task
     out = []
     mine = [i for i, d in enumerate(devices) if d == slow]
     for i in scorer.row_candidates(pieces, mine, candidates):
+        if not scorer.bound_without(state, slow, pieces[i]) < cost * (1 - 1e-3):
+            continue
         row = scorer.rows([[pieces[i]]])[0, 0]
         for parts in splits.row_parts(task.devices):
             rows = splits.row_split(task, pieces[i].table, parts)
@@ -114,7 +116,7 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
             moved = np.array(splits.sizes(task, [h[1] for h in halves]))
             fits = used[to][None, :] + moved[:, None] <= cap
             score = np.where(fits, scorer.score(trial), np.inf)
-        by_rows = row_trials(scorer, pieces, devices, state, used, slow, order, candidates)
+        by_rows = row_trials(scorer, pieces, devices, state, used, slow, order, candidates, cost)
         row_score = scorer.score(np.stack([r[0] for r in by_rows])) if by_rows else np.full(0, np.inf)
         if len(row_score) and (not score.size or row_score.min() < score.min()):
             j = int(row_score.argmin())
@@ -208,11 +210,11 @@ class DreamShardPlanner(LearnedPlanner):
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label),
                              notes=["a table larger than a device: split by rows first"])
 
-    def _row_ladder(self, scorer: PieceScorer, whole: list[Shard], descent: list[Shard]) -> tuple[float, list[Shard], list[int]] | None:
+    def _row_ladder(self, scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], cost: float) -> tuple[float, list[Shard], list[int]] | None:
         """The cheapest placement by NeuroShard's greedy on the cost net (`scoring.greedy_batch`,
         dim caps 1.0–1.5) of the `row_ladder` cuts, or None (the policy's MDP cannot keep a
         table's blocks on distinct devices, so the greedy places these)."""
-        ladder = row_ladder(scorer, whole, descent)
+        ladder = row_ladder(scorer, whole, descent, placement, cost)
         best = None
         for pieces in ladder:
             cost, devices = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
@@ -229,7 +231,7 @@ class DreamShardPlanner(LearnedPlanner):
         pieces, devices, cost = split_descent(scorer, whole, table_wise.placement, self.max_splits)
         if cost < best[0]:
             best = (cost, pieces, devices)
-        placed = self._row_ladder(scorer, whole, pieces)
+        placed = self._row_ladder(scorer, whole, pieces, table_wise.placement, best[0])
         if placed is not None and placed[0] < best[0]:
             best = placed
         cuts = cut_ladder(whole, scorer.alone(scorer.rows([whole])[0]), self.max_splits)
@@ -254,16 +256,20 @@ class DreamShardPlanner(LearnedPlanner):
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label))
 
 
-def row_ladder(scorer: PieceScorer, whole: list[Shard], descent: list[Shard], tables: int = 2) -> list[list[Shard]]:
+def row_ladder(scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], cost: float, tables: int = 2) -> list[list[Shard]]:
     """Row cuts to place afresh: the descent's pieces where it split a table by rows (its
     placement was built around the table-wise one), and the 1, ..., `tables` costliest tables
-    that may pay (`PieceScorer.row_candidates`) split by rows over every device."""
+    that may pay (`PieceScorer.row_candidates`, and whose `bound_without` in the table-wise
+    `placement` beats `cost`) split by rows over every device."""
     task = scorer.task
     ladder = [descent] if any(p.is_row_shard for p in descent) else []
     if task.devices > splits.MAX_ROW_PARTS:
         return ladder
     chosen: list[int] = []
+    state = scorer.state(whole, np.array(placement))
     for i in scorer.row_candidates(whole, list(range(len(whole))), tables):
+        if not scorer.bound_without(state, placement[i], whole[i]) < cost * (1 - 1e-3):
+            continue
         rows = splits.row_split(task, i, task.devices)
         if rows is None:
             continue

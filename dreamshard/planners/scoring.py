@@ -126,6 +126,16 @@ class PieceScorer:
         keep = [(-c, i) for i, c, worth in zip(among, single, single > self.collective_of(dims)) if worth and splits.is_whole(self.task, pieces[i])]
         return [i for _, i in sorted(keep)[:top]]
 
+    def bound_without(self, state: np.ndarray, device: int, piece: Shard) -> float:
+        """A bound, before any row piece is measured, on what splitting `piece` (a whole table
+        on `device`) by rows can reach: the plan's score with the table gone from its device and
+        its dim in the row-wise exchange, its blocks nowhere (they only add to the devices that
+        take them). A row split whose bound does not beat the plan is not worth measuring."""
+        trial = state.copy()
+        trial[device] -= self.rows([[piece]])[0, 0]
+        trial[device, self._rw] += self.task.tables[piece.table].dim
+        return float(self.score(trial))
+
     def predicted(self, pieces: list[Shard], devices: np.ndarray, label: str) -> dict:
         """The plan's `predicted` entry: per-device costs and the overall cost, ms."""
         state = self.state(pieces, devices)
