@@ -84,7 +84,7 @@ TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "h
 # the forward's launch configuration (wide_programs) and the backward's launches shared per class.
 SHARD_TERMS = ("launch", "active", "wide_programs", "launches")
 SECTOR = 32  # bytes per DRAM/L2 transaction
-DEFAULT_CALIBRATION = "h200_triton.json"
+DEFAULT_CALIBRATION = "h200_triton_families.json"  # fitted to the tiled-backward kernel on six table families (docs/costs.md)
 
 # The Triton kernel's tile geometry (costs/kernels/triton_tbe.py; that module needs triton, so it is
 # mirrored here and tests/test_sim.py checks the constants against its source).
@@ -184,7 +184,8 @@ class Calibration:
     @property
     def label(self) -> str:
         short = "H200" if "H200" in self.hardware else self.hardware
-        return f"simulated ({short} calibration)"
+        # the date tells two calibrations of one machine apart (the v4 kernel's of 2026-11-22, the families' of 2026-11-23)
+        return f"simulated ({short} calibration of {self.date})" if self.date else f"simulated ({short} calibration)"
 
 
 def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload()) -> np.ndarray:
