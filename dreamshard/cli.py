@@ -19,7 +19,7 @@ from rich.table import Table
 
 from dreamshard import validation as limits
 from dreamshard.files import atomic_write, check_out_path
-from dreamshard.validation import InputError, MeasurementError, OptionError, one_line
+from dreamshard.validation import InputError, MeasurementError, NoPlanError, OptionError, one_line
 
 console = Console()
 err_console = Console(stderr=True)
@@ -360,9 +360,20 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
     if backend_name is not None:
         kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto")[0]
     planner = get_planner(planner_name, **kwargs)
+    plans, unplaced = [], []
     with progress_bar() as bar:
         job = bar.add_task(f"planning with {planner_name}", total=len(tasks))
-        plans = planner.plan_many(tasks, progress=lambda: bar.advance(job))
+        for i, task in enumerate(tasks):
+            try:
+                plans.append(planner.plan(task))
+            except NoPlanError as e:
+                if tasks_file is None:
+                    raise
+                unplaced.append((i, e))  # one task this planner cannot place: the others are still worth planning
+            bar.advance(job)
+    if not plans:
+        i, e = unplaced[0]
+        raise type(e)(f"no task of {tasks_file} was planned by {planner_name}; task {i + 1}: {e}")
     save_plans(plans, out)
     if len(plans) == 1:
         cut = plans[0].split_tables()
@@ -375,7 +386,10 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         console.print(f"mean predicted overall cost: {mean:.3f} ms [dim]({plans[0].predicted['source']}; per-device predictions in {out})[/dim]")
     for note in {n for p in plans for n in p.notes}:
         console.print(f"[yellow]note:[/yellow] {note}")
-    console.print(f"wrote {len(plans)} plan{'s' if len(plans) > 1 else ''} to {out}")
+    for i, e in unplaced:
+        console.print(f"[yellow]warning:[/yellow] task {i + 1} (line {i + 1} of {tasks_file}) has no plan from {planner_name}: {e}")
+    console.print(f"wrote {len(plans)} plan{'s' if len(plans) > 1 else ''} to {out}"
+                  + (f" — {len(unplaced)} of {len(tasks)} tasks have none (warnings above); each plan carries its task" if unplaced else ""))
 
 
 def predicted_table(predicted: dict) -> Table:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dreamshard.validation import MAX_MEMORY_BYTES, InputError
+from dreamshard.validation import MAX_MEMORY_BYTES, InputError, NoPlanError
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -44,7 +44,7 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-class InfeasibleError(InputError):
+class InfeasibleError(NoPlanError):
     """No placement within memory exists (or none was found within the search budget): the task
     asks for more than its devices hold, so it is bad input (exit status 2 in the CLI)."""
 

@@ -48,7 +48,7 @@ from dreamshard.packing import InfeasibleError
 from dreamshard.plan import Plan, Shard, load_plans
 from dreamshard.tables import TableSpec, load_tables, table_from_record
 from dreamshard.tasks import Task, Workload
-from dreamshard.validation import DataError, InputError, OptionError, PlanError, TableError, one_line
+from dreamshard.validation import DataError, NoPlanError, OptionError, PlanError, TableError, one_line
 
 if TYPE_CHECKING:  # only for annotations: the planners package imports this module
     from dreamshard.planners.base import Planner
@@ -71,7 +71,7 @@ class TorchRecUnavailable(OptionError):
     """TorchRec (1.8, with fbgemm-gpu-cpu) cannot be imported here (e.g. the GPU machines)."""
 
 
-class NotExpressibleError(InputError):
+class NotExpressibleError(NoPlanError):
     """A sharding one side cannot express: TorchRec's data-parallel or grid shards in our plans;
     in TorchRec, row splits not of its row-wise layout, or uneven column shards in its enumerator."""
 
@@ -674,7 +674,9 @@ def export_json(plan: Plan, device_type: str = "cuda", compute_kernel: str = "fu
 # Plain click groups: the root group of cli.py (whose `main` turns InputError into one line and
 # exit status 2) runs them once `cli.add_command(export)` registers this group; importing cli.py
 # here would make an import cycle with that line.
-@click.group("export")
+# -h as well as --help even when the group is invoked on its own (click caches a command's help
+# option the first time it is asked for, from whichever context asked)
+@click.group("export", context_settings={"help_option_names": ["-h", "--help"]})
 def export() -> None:
     """Write plans in other systems' terms."""
 

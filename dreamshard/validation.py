@@ -45,6 +45,12 @@ class DataError(InputError):
     """A data file (DLRM dataset, calibration, comm model, records) is invalid."""
 
 
+class NoPlanError(InputError):
+    """A planner has no plan for this one task (memory too tight for it, or a sharding our plans
+    cannot express); the task file and the options are fine, so planning a file of tasks goes on
+    to the next task."""
+
+
 class OptionError(InputError):
     """A command-line option (or a combination of them) is invalid, or an output path is unusable."""
 

@@ -45,6 +45,24 @@ def test_synth_tasks_plan(pool, tmp_path):
     assert plan.task.tables[0].distribution  # the plan carries the stream descriptors
 
 
+def test_a_task_file_is_planned_past_the_tasks_a_planner_cannot_place(pool, tmp_path):
+    """One task of a file that no placement fits must not cost the user the plans of the others:
+    they are written, the unplaced one is named with its reason; a file of none is an error."""
+    r = run("data", "tasks", "--pool", pool, "--tables", "5:8", "--devices", 2, "--max-memory", "80GB", "--num-train", 0, "--num-test", 2, "--out", tmp_path)
+    assert r.exit_code == 0, r.output
+    lines = (tmp_path / "test.jsonl").read_text().splitlines()
+    tight = json.loads(lines[0]) | {"max_memory_bytes": 1000}
+    (tmp_path / "mixed.jsonl").write_text("\n".join([json.dumps(tight), lines[1]]) + "\n")
+    (tmp_path / "none.jsonl").write_text(json.dumps(tight) + "\n")
+    r = run("plan", "--tasks", tmp_path / "mixed.jsonl", "--planner", "lookup", "--out", tmp_path / "p.jsonl")
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "task 1 (line 1 of" in out and "has no plan from lookup: cannot place" in out and "1 of 2 tasks have none" in out
+    assert [len(p.task.tables) for p in load_plans(tmp_path / "p.jsonl")] == [len(json.loads(lines[1])["tables"])]
+    r = CliRunner().invoke(cli, ["plan", "--tasks", str(tmp_path / "none.jsonl"), "--planner", "lookup", "--out", str(tmp_path / "q.jsonl")])
+    assert r.exit_code == 2 and "no task of" in r.output and "cannot place" in r.output and not (tmp_path / "q.jsonl").exists()
+
+
 def test_planners_lists_registry():
     r = run("planners")
     assert r.exit_code == 0 and "size_lookup" in r.output and "random" in r.output
