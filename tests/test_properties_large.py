@@ -200,7 +200,8 @@ def test_every_planner_on_2000_random_tasks(planners):
     for name, (placed, refused) in outcomes.items():
         n = len(range(0, len(tasks), stride(name)))
         assert placed + refused == n
-        assert placed > n // 4 and refused > n // 40, (name, placed, refused)  # both kinds were exercised
+        # both kinds were exercised (the splitting planners now place by rows tasks with a table larger than a device: fewer refusals)
+        assert placed > n // 4 and refused >= n // 40, (name, placed, refused)
 
 
 def test_fresh_learned_planner_is_deterministic(planners):
