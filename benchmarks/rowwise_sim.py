@@ -46,7 +46,7 @@ from dreamshard.planners.scoring import PieceScorer  # noqa: E402
 from dreamshard.tasks import Task, Workload  # noqa: E402
 
 CAP = 24 * 10**9
-PRICED = "simulator (H200 calibration); reduce-scatter/all-gather model derived from the all-to-all fit, not yet fitted"
+PRICED = "simulator; reduce-scatter/all-gather model derived from the all-to-all fit, not yet fitted"
 TABLE_WISE = {"dreamshard": ("dreamshard", {}), "size_lookup": ("size_lookup", {}), "lookup": ("lookup", {}), "torchrec table_wise": ("torchrec", {})}
 COLUMNS = {"dreamshard --split": ("dreamshard", {"split": True}), "neuroshard": ("neuroshard", {}),
            "size_lookup --split": ("size_lookup", {"split": True}), "lookup --split": ("lookup", {"split": True})}
@@ -111,7 +111,8 @@ def main() -> None:
     out = Path(args.out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     sim = SimBackend()
-    rows, md = [], [f"Priced by the {PRICED}. `PYTHONPATH=. python3 benchmarks/rowwise_sim.py`", "",
+    priced = f"{PRICED} ({sim.name}, calibration of {sim.calibration.date}; planners with the shipped cost net)"
+    rows, md = [], [f"Priced by the {priced}. `PYTHONPATH=. python3 benchmarks/rowwise_sim.py`", "",
                     "| setting | table-wise best | columns best | rows best | TorchRec (all types) | rows vs table-wise | rows vs TorchRec | row-split tables |",
                     "|---|---|---|---|---|---|---|---|"]
     for label, task in settings():
@@ -143,7 +144,7 @@ def main() -> None:
         md.append(f"| {label} | {f('table_wise')} | {f('columns')} | {f('rows')} | {f('torchrec')} | {vs('rows', 'table_wise')} | {vs('rows', 'torchrec')} | "
                   f"{', '.join(entry['rows']['row_tables']) if entry['rows'] else ''} |")
         print(md[-1], flush=True)
-    atomic_write(out / "rowwise_sim.json", json.dumps({"priced_by": PRICED, "settings": rows}, indent=1))
+    atomic_write(out / "rowwise_sim.json", json.dumps({"priced_by": priced, "settings": rows}, indent=1))
     md += ["", "ms: simulated step (max over devices of fwd + bwd compute and comm). rows best: the best plan of our planners with a row shard "
            "(if none chose one, the columns plan). hotK: 30 `dlrm` tables + the heaviest `hot`-family table (dim 128), pool seed 100 + K."]
     atomic_write(out / "rowwise_sim.md", "\n".join(md) + "\n")
