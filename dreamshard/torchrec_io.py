@@ -580,16 +580,16 @@ class ShardingPlanner:
     batch (`batch_size` is per rank, as TorchRec's), then runs TorchRec's planner pinned to that
     plan (`constraints_for`, `dreamshard_partitioner`): TorchRec's enumerator, storage and perf
     estimates, storage checks and stats run as usual and it returns the ShardingPlan. The
-    dreamshard plan is kept in `last_plan`."""
+    dreamshard plan is kept in `last_plan`. `planner` is a planner object
+    (`dreamshard.planners.get_planner(name, ...)`): the planners package imports this module, so
+    this one does not look planners up by name."""
 
-    def __init__(self, planner: "str | Planner" = "size_lookup", topology: Any = None, batch_size: int | None = None, constraints: Mapping[str, Any] | None = None,
+    def __init__(self, planner: "Planner", topology: Any = None, batch_size: int | None = None, constraints: Mapping[str, Any] | None = None,
                  storage_reservation: Any = None, stats: Any = None, optimizer: str = "sgd", compute_kernel: str = "fused", column_type: str = "column_wise",
                  **statistics) -> None:
+        if not callable(getattr(planner, "plan", None)):
+            raise OptionError(f"ShardingPlanner: planner must be a dreamshard planner object (get_planner(name)), not {planner!r:.60}")
         self.tr = import_torchrec("ShardingPlanner")
-        if isinstance(planner, str):
-            from dreamshard.planners import get_planner  # here: the planners package imports this module
-
-            planner = get_planner(planner)
         self.planner = planner
         with quiet():  # TorchRec warns on every directly built Topology and on its heuristic reservation
             self.topology = topology if topology is not None else self.tr.Topology(world_size=1, compute_device="cuda")

@@ -304,7 +304,7 @@ def test_sharding_planner_refusals_are_one_line():
     with tio.quiet():
         tiny = Topology(world_size=2, compute_device="cpu", ddr_cap=200_000)
     with pytest.raises(InfeasibleError) as e:
-        tio.ShardingPlanner("size_lookup", topology=tiny, batch_size=32, batches=[batch(0)[0]]).plan(meta_ebc())
+        tio.ShardingPlanner(get_planner("size_lookup"), topology=tiny, batch_size=32, batches=[batch(0)[0]]).plan(meta_ebc())
     assert "\n" not in str(e.value)
     # TorchRec's storage check refuses what our byte count lets through (its estimate adds I/O buffers)
     with tio.quiet():
@@ -312,7 +312,7 @@ def test_sharding_planner_refusals_are_one_line():
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
     with pytest.raises(InfeasibleError, match=r"^TorchRec refused the size_lookup plan: .* \(rank \d: table t\d's shard needs 0 bytes of HBM and [\d,]+ of DDR by TorchRec's estimate; 0 and [\d,]+ are left\)$"):
-        tio.ShardingPlanner("size_lookup", topology=snug, batch_size=4096, storage_reservation=FixedPercentageStorageReservation(0.0), batches=[batch(0)[0]]).plan(meta_ebc())
+        tio.ShardingPlanner(get_planner("size_lookup"), topology=snug, batch_size=4096, storage_reservation=FixedPercentageStorageReservation(0.0), batches=[batch(0)[0]]).plan(meta_ebc())
     uneven = split_plan(task())
     with pytest.raises(tio.NotExpressibleError, match=r"^table t0: column shards of widths 24, 20, 20: TorchRec's planner enumerates only equal ones"):
         tio.constraints_for(uneven)
@@ -514,3 +514,10 @@ def test_example_runs():
     assert "column_wise" in out and "table_wise" in out  # the plan in TorchRec's terms, a split table among them
     losses = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if line.startswith("step ")]
     assert len(losses) >= 3 and all(math.isfinite(x) for x in losses)
+
+
+def test_sharding_planner_takes_a_planner_object():
+    from dreamshard.validation import OptionError
+
+    with pytest.raises(OptionError, match=r"planner must be a dreamshard planner object \(get_planner\(name\)\)"):
+        tio.ShardingPlanner("size_lookup")
