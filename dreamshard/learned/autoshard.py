@@ -61,7 +61,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, mape, numpy_rng_restorer, run_meta
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, mape, numpy_rng_restorer, run_meta, decay_lr
 from dreamshard.learned import sequence
 from dreamshard.learned.nets import mlp
 from dreamshard.learned.sequence import Episodes, Prepared, fullest, placements, prepare, with_room
@@ -337,9 +337,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     done_here = 0
     for it in range(start, cfg.iterations):
         t0 = time.time()
-        lr = cfg.lr * (1 - it / cfg.iterations)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = decay_lr(optimizer, cfg.lr, it, cfg.iterations)
         row: dict = {"iteration": it, "lr": lr}
 
         # --- act: play episodes with the current policy, measure those that fit memory --------
@@ -415,7 +413,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
             bar.phase(it, "evaluating")
             net.eval()
             chosen = [complete(t, p, p is None) for t, p in ((t, plan_placement(net, t)) for t in eval_tasks)]
-            row["eval/mean_ms"] = float(np.mean([r.overall_ms for r in measurer.evaluate(eval_tasks, chosen)]))
+            row["eval/mean_ms"] = measurer.mean_cost(eval_tasks, chosen)
             net.train()
 
         row["seconds"] = time.time() - t0

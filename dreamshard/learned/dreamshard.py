@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, complete, make_config, mape, numpy_rng_restorer, run_meta, spearman
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, complete, decay_lr, make_config, mape, numpy_rng_restorer, run_meta, spearman
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, prepare, rollout
 from dreamshard.learned.nets import SCORES, DreamShardModel, Measured, ReplayBuffer, collate, plan_cost
 from dreamshard.tasks import Task
@@ -210,9 +210,7 @@ def train(
     done_here = 0
     for it in range(start, cfg.iterations):
         t0 = time.time()
-        lr = cfg.lr * (1 - it / cfg.iterations)  # linear decay, as the reference's LambdaLR
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = decay_lr(optimizer, cfg.lr, it, cfg.iterations)
         row: dict = {"iteration": it, "lr": lr}
 
         # --- 1. collect: sample plans with the current policy, measure them for real ----------
@@ -298,7 +296,7 @@ def train(
             cost_net.eval()
             policy.eval()
             placements = plan_placements(model, eval_prepared, eval_tasks)
-            row["eval/mean_ms"] = float(np.mean([r.overall_ms for r in measurer.evaluate(eval_tasks, placements)]))
+            row["eval/mean_ms"] = measurer.mean_cost(eval_tasks, placements)
             cost_net.train()
             policy.train()
 

@@ -124,6 +124,19 @@ class Measurer:
     def evaluate(self, tasks: Sequence[Task], placements: Sequence[Sequence[int]]) -> list[CostReport]:
         return measure(self.backend, tasks, placements, self.batch_size)
 
+    def mean_cost(self, tasks: Sequence[Task], placements: Sequence[Sequence[int]]) -> float:
+        """Mean overall ms of placements priced by `evaluate` (a loop's eval/mean_ms)."""
+        return float(np.mean([r.overall_ms for r in self.evaluate(tasks, placements)]))
+
+
+def decay_lr(optimizer: torch.optim.Optimizer, lr: float, iteration: int, iterations: int) -> float:
+    """Set every parameter group to `lr` decayed linearly to 0 over the iterations (the reference
+    codes' LambdaLR) at `iteration`; → the rate set."""
+    rate = lr * (1 - iteration / iterations)
+    for group in optimizer.param_groups:
+        group["lr"] = rate
+    return rate
+
 
 # --------------------------------------------------------------------------------------------
 # Checkpoints and model files

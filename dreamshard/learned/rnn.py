@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dreamshard.learned import sequence
-from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, numpy_rng_restorer, run_meta
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, numpy_rng_restorer, run_meta, decay_lr
 from dreamshard.learned.nets import mlp
 from dreamshard.learned.sequence import Episodes, Prepared, placements, prepare, with_room
 from dreamshard.tables import NUM_FEATURES
@@ -197,9 +197,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     done_here = 0
     for it in range(start_it, cfg.iterations):
         t0 = time.time()
-        lr = cfg.lr * (1 - it / cfg.iterations)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = decay_lr(optimizer, cfg.lr, it, cfg.iterations)
         row: dict = {"iteration": it, "lr": lr}
         n = min(cfg.measurements_at(it), measurer.left())
         if n > 0:
@@ -238,7 +236,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
             bar.phase(it, "evaluating")
             net.eval()
             chosen_plans = [complete(t, p, p is None) for t, p in ((t, plan_placement(net, t)) for t in eval_tasks)]
-            row["eval/mean_ms"] = float(np.mean([r.overall_ms for r in measurer.evaluate(eval_tasks, chosen_plans)]))
+            row["eval/mean_ms"] = measurer.mean_cost(eval_tasks, chosen_plans)
             net.train()
         row["seconds"] = time.time() - t0
         run_log.write(row)

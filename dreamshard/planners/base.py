@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
@@ -33,14 +33,6 @@ class Planner(ABC):
 
     @abstractmethod
     def plan(self, task: Task) -> Plan: ...
-
-    def plan_many(self, tasks: list[Task], progress: Callable[[], None] | None = None) -> list[Plan]:
-        plans = []
-        for task in tasks:
-            plans.append(self.plan(task))
-            if progress:
-                progress()
-        return plans
 
 
 class LearnedPlanner(Planner):
