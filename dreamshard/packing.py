@@ -137,4 +137,8 @@ def infeasible_error(names: Sequence[str], sizes: Sequence[int], cap: int, D: in
         msg += f"; {what[:-1]} {names[big]} alone needs {sizes[big]} bytes > {cap} per device"
     elif total <= have:
         msg += f"; no packing into {cap} bytes per device was found"
+    else:  # say what would be enough (more devices, or more memory each), a lower bound in either case
+        per = -(-total // D)
+        per = -(-per // 10 ** max(0, len(str(per)) - 3)) * 10 ** max(0, len(str(per)) - 3)  # up to 3 digits: enough, as printed
+        msg += f"; that takes at least {-(-total // cap)} devices of {format_bytes(cap)} or {format_bytes(per)} on each of {D}"
     return InfeasibleError(msg)

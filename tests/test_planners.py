@@ -1,6 +1,7 @@
 """Every planner: a complete placement within memory for feasible tasks, the clear error otherwise."""
 
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -58,6 +59,28 @@ def test_registry_lists_heuristics():
     assert set(HEURISTICS) <= set(PLANNERS)
     with pytest.raises(ValueError, match="unknown planner"):
         get_planner("nope")
+
+
+def test_too_many_bytes_says_what_would_be_enough():
+    import re
+
+    from dreamshard.packing import infeasible_error, over_bounds
+
+    for seed in range(50):
+        rng = random.Random(seed)
+        sizes = [rng.randint(1, 10**9) for _ in range(rng.randint(2, 40))]
+        devices = rng.randint(1, 8)
+        cap = max(max(sizes), sum(sizes) // devices - rng.randint(1, 10**9))  # every table fits one device, not all of them
+        if not over_bounds(sizes, cap, devices):
+            continue
+        msg = str(infeasible_error(["t"] * len(sizes), sizes, cap, devices))
+        m = re.search(r"; that takes at least (\d+) devices of .* or ([\d.]+) (GB|MB) on each of (\d+)$", msg)
+        assert m, msg
+        need = int(m.group(1))
+        per = float(m.group(2)) * {"GB": 1e9, "MB": 1e6}[m.group(3)]
+        # the advice is enough (as far as bytes go) and the device count is the least that is
+        assert need * cap >= sum(sizes) > (need - 1) * cap
+        assert per * devices >= sum(sizes) and int(m.group(4)) == devices
 
 
 def test_lookup_greedy_balances_lookups():
