@@ -1,0 +1,154 @@
+"""DreamShard against the heuristics on tasks of the held-out family, measured (issue 10's planner
+target): one time-boxed call on one H200.
+
+    PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT                          # ≤ 9.5 min
+    PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out /tmp/h --device cpu --quick  # logic check
+
+Tasks: the held-out family (`mixed`, pool seed 11 — never in any calibration or training run),
+16 tasks per setting: 40 tables on 4 devices and 80 on 8 at 24 GB per device, and 120 on 8 at
+tight memory, 8 GB per device (78–96% full on most draws). The first tasks of the first two
+settings are the ones benchmarks/gpu_shipped_model.py measured (same seeds). Planners: the shipped
+DreamShard model (or --model), the heuristics size, dim, lookup and size_lookup. Each plan is
+measured by the sequential runner on our Triton TBE (compute measured device by device, the
+all-to-all from the shipped comm model); a placement two planners share is measured once.
+Tasks are measured whole (every planner), the settings in turn, until --total-s: a cut leaves the
+settings about equally measured.
+Written as it goes: plans.csv (one line per planner and task), summary.json (per setting: means,
+DreamShard's wins / ties / losses against the best heuristic of each task, its worst ratio to it,
+the cost net's max-device error on these measured plans).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.families import HELD_OUT_FAMILY, synth_family  # noqa: E402
+from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.packing import format_bytes  # noqa: E402
+from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
+from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+
+GB = 10**9
+# (tables, devices, bytes per device); the task seeds follow gpu_shipped_model.py (200 + devices),
+# the tight setting has its own
+SETTINGS = ((40, 4, 24 * GB, 204), (80, 8, 24 * GB, 208), (120, 8, 8 * GB, 308))
+HEURISTICS = ("size", "dim", "lookup", "size_lookup")
+TIE = 0.01  # within 1% of the best heuristic: a tie (the runner's repeat-to-repeat spread is ~1%)
+COLUMNS = ["setting", "task", "planner", "measured_ms", "measured_max_device_ms", "predicted_max_device_ms", "sim_ms", "plan_s"]
+
+
+def setting_name(n: int, d: int, cap: int) -> str:
+    return f"{n} tables / {d} devices / {format_bytes(cap)}"
+
+
+def summarise(rows: list[dict], dreamshard: str) -> dict:
+    out = {}
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        mine = [r for r in rows if r["setting"] == setting]
+        by_task: dict[int, dict[str, dict]] = {}
+        for r in mine:
+            by_task.setdefault(r["task"], {})[r["planner"]] = r
+        tasks = [t for t, planners in by_task.items() if dreamshard in planners and all(h in planners for h in HEURISTICS)]
+        if not tasks:
+            continue
+        entry = {"tasks": len(tasks), "mean_measured_ms": {}}
+        for p in (dreamshard, *HEURISTICS):
+            entry["mean_measured_ms"][p] = float(np.mean([by_task[t][p]["measured_ms"] for t in tasks]))
+        ratios = []
+        for t in tasks:
+            best = min(by_task[t][h]["measured_ms"] for h in HEURISTICS)
+            ratios.append(by_task[t][dreamshard]["measured_ms"] / best)
+        entry["wins"] = sum(r < 1 - TIE for r in ratios)
+        entry["ties"] = sum(1 - TIE <= r <= 1 + TIE for r in ratios)
+        entry["losses"] = sum(r > 1 + TIE for r in ratios)
+        entry["worse_than_best_heuristic_by_over_2pct"] = sum(r > 1.02 for r in ratios)
+        entry["worst_ratio_to_best_heuristic"] = float(max(ratios))
+        entry["mean_ratio_to_best_heuristic"] = float(np.mean(ratios))
+        pred = [(by_task[t][dreamshard]["predicted_max_device_ms"], by_task[t][dreamshard]["measured_max_device_ms"]) for t in tasks]
+        if all(p is not None for p, _ in pred):
+            # the cost net's per-plan max-device error on measured held-out plans (target ≤ 5%)
+            entry["cost_net_max_device_mape"] = float(np.mean([abs(p - m) / m for p, m in pred]))
+        entry["sim_mape"] = float(np.mean([abs(r["sim_ms"] - r["measured_ms"]) / r["measured_ms"] for r in mine]))
+        out[setting] = entry
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--model", default=None, help="a DreamShard model file (default: the shipped model)")
+    ap.add_argument("--tasks", type=int, default=16, help="held-out tasks per setting")
+    ap.add_argument("--pool-tables", type=int, default=300)
+    ap.add_argument("--total-s", type=float, default=540.0)
+    ap.add_argument("--quick", action="store_true", help="CPU logic check: batch 1024, 1 task per setting, small tables")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    os.makedirs(args.out, exist_ok=True)
+    log = lambda text: print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)  # noqa: E731
+    from dreamshard.costs.runners import SequentialRunner
+
+    batch = 1024 if args.quick else 65_536
+    workload = Workload(batch)
+    runner = SequentialRunner("triton" if args.device == "cuda" else "torch", device=args.device)
+    sim = SimBackend()
+    ds = DreamShardPlanner(model=args.model) if args.model else get_planner("dreamshard")
+    dreamshard = "dreamshard" + (f" ({os.path.basename(args.model)})" if args.model else " (shipped)")
+    planners = {dreamshard: ds, **{h: get_planner(h) for h in HEURISTICS}}
+    pool = synth_family(HELD_OUT_FAMILY, args.pool_tables, 11)
+    if args.quick:  # tables a CPU initialises in seconds
+        pool = [t for t in pool if t.rows <= 200_000]
+    n_tasks = 1 if args.quick else args.tasks
+    settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
+    tasks = {setting_name(n, d, cap): sample_tasks(pool, n_tasks, (n, n), d, cap, seed=seed, workload=workload) for n, d, cap, seed in settings}
+    summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "pool_seed": 11, "simulator": sim.calibration.label,
+                     "runner": runner.name, "dreamshard": dreamshard, "tie_band": TIE}
+    rows: list[dict] = []
+    with open(os.path.join(args.out, "plans.csv"), "w", newline="") as fh:
+        out = csv.DictWriter(fh, COLUMNS)
+        out.writeheader()
+        for i in range(n_tasks):
+            for setting, ts in tasks.items():
+                if time.monotonic() - t0 > args.total_s:
+                    break
+                measured: dict[tuple, tuple] = {}  # a placement two planners share is measured once
+                for label, planner in planners.items():
+                    t = time.monotonic()
+                    plan = planner.plan(ts[i])
+                    plan_s = time.monotonic() - t
+                    key = tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop or 0) for s in plan.shards))
+                    if key not in measured:
+                        report = runner.evaluate_plan(plan)
+                        measured[key] = (report.overall_ms, max(c.total_ms for c in report.devices), sim.evaluate_plan(plan).overall_ms)
+                    ms, max_dev, sim_ms = measured[key]
+                    predicted = plan.predicted or {}
+                    row = {"setting": setting, "task": i, "planner": label, "measured_ms": round(ms, 5), "measured_max_device_ms": round(max_dev, 5),
+                           "predicted_max_device_ms": max((c["total_ms"] for c in predicted.get("devices", [])), default=None),
+                           "sim_ms": round(sim_ms, 5), "plan_s": round(plan_s, 3)}
+                    out.writerow(row)
+                    rows.append(row)
+                fh.flush()
+                log(f"{setting} task {i}: " + ", ".join(f"{r['planner']} {r['measured_ms']:.3f}" for r in rows[-len(planners):]))
+            else:
+                continue
+            log(f"time box: stopped in round {i} of {n_tasks}")
+            break
+    summary["settings"] = summarise(rows, dreamshard)
+    summary["elapsed_s"] = round(time.monotonic() - t0, 1)
+    atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
+    log("done: " + json.dumps(summary["settings"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
