@@ -128,6 +128,93 @@ def pack(sizes: Sequence[int], cap: int, D: int, node_budget: int = 200_000) -> 
     return placement
 
 
+def balanced_pack(sizes: Sequence[int], cap: int, D: int, load: Sequence[float], max_rounds: int = 2_000) -> list[int] | None:
+    """A packing (as `pack`) that also keeps the most loaded device light, for an additive load per
+    item (a planner's proxy of each table's cost), or None when `pack` finds none.
+
+    A planner falls back to packing when memory is too tight for its own placement, and a packing
+    that ignores cost is ruinous: first-fit decreasing fills device 0 with the largest tables and
+    leaves the small hot ones together on the last devices (measured on an H200, 120 tables of the
+    held-out family on 8 devices of 8 GB: 30.7 ms against 8.1 ms for the size greedy). So: the
+    better of the size-ordered greedy onto the least loaded device with room and `pack`'s
+    placement, each improved by moves and swaps off the most loaded device while memory allows."""
+    if not sizes:
+        return []
+    sz = np.asarray(sizes, np.int64)
+    ld = np.asarray(load, np.float64)
+    starts = []
+    free = np.full(D, cap, np.int64)
+    tot = np.zeros(D)
+    greedy = np.full(len(sz), -1, np.int64)
+    for i in np.argsort(-sz, kind="stable"):  # large items first keeps it a packing when it can be
+        d = int(np.where(free >= sz[i], tot, np.inf).argmin())
+        if free[d] < sz[i]:
+            break
+        free[d] -= sz[i]
+        tot[d] += ld[i]
+        greedy[i] = d
+    else:
+        starts.append(greedy)
+    packed = pack(sizes, cap, D)
+    if packed is not None:
+        starts.append(np.asarray(packed, np.int64))
+    if not starts:
+        return None
+    best = min((_unload_the_top(sz, ld, cap, D, dev, max_rounds) for dev in starts), key=lambda dev: np.bincount(dev, ld, D).max())
+    return [int(d) for d in best]
+
+
+def _unload_the_top(sz: np.ndarray, ld: np.ndarray, cap: int, D: int, dev: np.ndarray, max_rounds: int) -> np.ndarray:
+    """Local search on the most loaded device: the move, else the swap, that leaves the two devices
+    it touches both below the top load, lowest such pair first; until none is left. Each step
+    lowers the sorted loads lexicographically, so it ends; `max_rounds` bounds the time."""
+    dev = dev.copy()
+    used = np.bincount(dev, sz, D).astype(np.int64)
+    tot = np.bincount(dev, ld, D)
+    for _ in range(max_rounds):
+        s = int(tot.argmax())
+        top = tot[s]
+        below = top * (1 - 1e-9)  # strictly lower, beyond rounding
+        mine = np.flatnonzero(dev == s)
+        # moves: item i of s to device d
+        new = np.maximum(top - ld[mine, None], tot[None, :] + ld[mine, None])
+        ok = (used[None, :] + sz[mine, None] <= cap) & (new < below)
+        ok[:, s] = False
+        if ok.any():
+            k, d = np.unravel_index(np.where(ok, new, np.inf).argmin(), ok.shape)
+            i = mine[k]
+            used[s] -= sz[i]
+            tot[s] -= ld[i]
+            used[d] += sz[i]
+            tot[d] += ld[i]
+            dev[i] = d
+            continue
+        # swaps: item a of s with item b elsewhere (the heaviest few of s: where the gain is)
+        others = np.flatnonzero(dev != s)
+        if not others.size:
+            break
+        found = None
+        for a in mine[np.argsort(-ld[mine])][:64]:
+            od = dev[others]
+            src = top - ld[a] + ld[others]
+            dst = tot[od] - ld[others] + ld[a]
+            fit = (used[s] - sz[a] + sz[others] <= cap) & (used[od] - sz[others] + sz[a] <= cap)
+            new = np.where(fit & (src < below) & (dst < below), np.maximum(src, dst), np.inf)
+            j = int(new.argmin())
+            if np.isfinite(new[j]) and (found is None or new[j] < found[0]):
+                found = (new[j], a, others[j])
+        if found is None:
+            break
+        _, a, b = found
+        d = int(dev[b])
+        used[s] += sz[b] - sz[a]
+        tot[s] += ld[b] - ld[a]
+        used[d] += sz[a] - sz[b]
+        tot[d] += ld[a] - ld[b]
+        dev[a], dev[b] = d, s
+    return dev
+
+
 def infeasible_error(names: Sequence[str], sizes: Sequence[int], cap: int, D: int, what: str = "tables") -> InfeasibleError:
     """The one-line reason a packing failed, naming the largest item if it alone is too big."""
     total, have = sum(sizes), D * cap

@@ -61,6 +61,42 @@ def test_registry_lists_heuristics():
         get_planner("nope")
 
 
+def test_balanced_pack_fits_and_is_never_worse_balanced_than_the_packing():
+    from dreamshard.packing import balanced_pack
+
+    for seed in range(200):
+        rng = random.Random(seed)
+        n, devices = rng.randint(1, 60), rng.randint(1, 8)
+        sizes = [rng.randint(1, 1000) for _ in range(n)]
+        load = [rng.choice([0.0, rng.random(), 100 * rng.random()]) for _ in range(n)]
+        cap = max(max(sizes), int(sum(sizes) / devices * rng.uniform(0.9, 1.6)))
+        packed, balanced = pack(sizes, cap, devices), balanced_pack(sizes, cap, devices, load)
+        assert (packed is None) == (balanced is None), seed
+        if packed is None:
+            continue
+        used, tot, tot_packed = [0] * devices, [0.0] * devices, [0.0] * devices
+        for i, d in enumerate(balanced):
+            used[d] += sizes[i]
+            tot[d] += load[i]
+            tot_packed[packed[i]] += load[i]
+        assert len(balanced) == n and max(used) <= cap and all(0 <= d < devices for d in balanced), seed
+        assert max(tot) <= max(tot_packed) + 1e-9, seed
+
+
+def test_a_greedy_stuck_on_memory_falls_back_to_a_balanced_packing():
+    # a cold table of 9 units and six hot ones of 1 on 3 devices of 10: the lookup greedy spreads
+    # the hot ones 2/2/2 first and has no room left for the cold one; first-fit decreasing would put
+    # the cold one and a hot one on device 0 and the five other hot ones together on device 1
+    tables = [TableSpec("cold", 9000, 64, 0.01)] + [TableSpec(f"hot{i}", 1000, 64, 100.0) for i in range(6)]
+    probe = Task(tables, 3, 10**9)
+    cap = probe.sizes()[0] + probe.sizes()[1]
+    assert cap == 10 * probe.sizes()[1]  # sizes are linear in rows here
+    plan = get_planner("lookup").plan(Task(tables, 3, cap))
+    assert plan.notes and "ran out of memory" in plan.notes[0]
+    hot_per_device = [sum(1 for i in range(1, 7) if plan.placement[i] == d) for d in range(3)]
+    assert max(hot_per_device) == 3 and hot_per_device[plan.placement[0]] == 1
+
+
 def test_too_many_bytes_says_what_would_be_enough():
     import re
 

@@ -16,10 +16,11 @@ than a device is still infeasible for the heuristics."""
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
-from dreamshard.packing import infeasible_error, pack
+from dreamshard.packing import balanced_pack, infeasible_error
 from dreamshard.plan import Plan
 from dreamshard.planners import splits
 from dreamshard.planners.base import Planner, register
@@ -58,11 +59,18 @@ def greedy(task: Task, proxy: list[float], groups: list[int] | None = None) -> l
     return placement
 
 
-def place_or_pack(task: Task, placement: list[int] | None, planner: str) -> Plan:
-    """The heuristic's placement, or — when memory is too tight for it — a packing that fits."""
+def lookup_load(table: TableSpec) -> float:
+    """Rows read per sample: the lookup greedy's proxy, and the load every fallback packing balances."""
+    return table.dim * table.pooling_factor
+
+
+def place_or_pack(task: Task, placement: list[int] | None, planner: str, load: Sequence[float] | None = None) -> Plan:
+    """The planner's placement, or — when memory is too tight for it — a packing that fits, with
+    `load` (default: `lookup_load` of each table) balanced over the devices as memory allows."""
     if placement is not None:
         return Plan.table_wise(task, placement, planner)
-    packed = pack(task.sizes(), task.max_memory_bytes, task.devices)
+    load = [lookup_load(t) for t in task.tables] if load is None else load
+    packed = balanced_pack(task.sizes(), task.max_memory_bytes, task.devices, load)
     if packed is None:
         raise task_infeasible(task)
     return Plan.table_wise(task, packed, planner, notes=[f"{planner} greedy ran out of memory; used a memory packing instead"])
@@ -85,11 +93,11 @@ class GreedyPlanner(Planner):
         proxy = [self.proxy(t, task) for t in task.tables]
         pieces = splits.split_heaviest(task, proxy) if self.split else splits.whole(task)
         if len(pieces) == len(task.tables):
-            return place_or_pack(task, greedy(task, proxy), self.name)
+            return place_or_pack(task, greedy(task, proxy), self.name, proxy)
         cut = splits.as_task(task, pieces)
         devices = greedy(cut, [self.proxy(t, cut) for t in cut.tables], [p.table for p in pieces])
         if devices is None:  # memory too tight for the greedy over pieces: table-wise, or a packing
-            return place_or_pack(task, greedy(task, proxy), self.name)
+            return place_or_pack(task, greedy(task, proxy), self.name, proxy)
         return splits.placed(task, pieces, devices, self.name)
 
 
@@ -114,7 +122,7 @@ class LookupGreedyPlanner(GreedyPlanner):
     name, description = "lookup", "greedy by dim × pooling factor"
 
     def proxy(self, table, task):
-        return table.dim * table.pooling_factor
+        return lookup_load(table)
 
 
 @register
