@@ -128,7 +128,10 @@ def pack(sizes: Sequence[int], cap: int, D: int, node_budget: int = 200_000) -> 
     return placement
 
 
-def balanced_pack(sizes: Sequence[int], cap: int, D: int, load: Sequence[float], max_rounds: int = 2_000) -> list[int] | None:
+SWAP_ITEMS = 16  # the heaviest items of the top device that a round tries to swap
+
+
+def balanced_pack(sizes: Sequence[int], cap: int, D: int, load: Sequence[float], max_rounds: int = 200) -> list[int] | None:
     """A packing (as `pack`) that also keeps the most loaded device light, for an additive load per
     item (a planner's proxy of each table's cost), or None when `pack` finds none.
 
@@ -189,23 +192,20 @@ def _unload_the_top(sz: np.ndarray, ld: np.ndarray, cap: int, D: int, dev: np.nd
             tot[d] += ld[i]
             dev[i] = d
             continue
-        # swaps: item a of s with item b elsewhere (the heaviest few of s: where the gain is)
+        # swaps: one of the heaviest items a of s with an item b elsewhere (where the gain is)
         others = np.flatnonzero(dev != s)
         if not others.size:
             break
-        found = None
-        for a in mine[np.argsort(-ld[mine])][:64]:
-            od = dev[others]
-            src = top - ld[a] + ld[others]
-            dst = tot[od] - ld[others] + ld[a]
-            fit = (used[s] - sz[a] + sz[others] <= cap) & (used[od] - sz[others] + sz[a] <= cap)
-            new = np.where(fit & (src < below) & (dst < below), np.maximum(src, dst), np.inf)
-            j = int(new.argmin())
-            if np.isfinite(new[j]) and (found is None or new[j] < found[0]):
-                found = (new[j], a, others[j])
-        if found is None:
+        heavy = mine[np.argsort(-ld[mine])][:SWAP_ITEMS, None]
+        od = dev[others][None, :]
+        src = top - ld[heavy] + ld[others][None, :]
+        dst = tot[od] - ld[others][None, :] + ld[heavy]
+        fit = (used[s] - sz[heavy] + sz[others][None, :] <= cap) & (used[od] - sz[others][None, :] + sz[heavy] <= cap)
+        new = np.where(fit & (src < below) & (dst < below), np.maximum(src, dst), np.inf)
+        k, j = np.unravel_index(new.argmin(), new.shape)
+        if not np.isfinite(new[k, j]):
             break
-        _, a, b = found
+        a, b = int(heavy[k, 0]), int(others[j])
         d = int(dev[b])
         used[s] += sz[b] - sz[a]
         tot[s] += ld[b] - ld[a]
