@@ -4,10 +4,12 @@ A row-wise split cuts a table's rows into ranges that sit on distinct devices. A
 up only the indices of the table's stream that fall in its range (the others of each bag add
 nothing), so it produces *partial* pooled sums for the whole batch; the devices' partials are
 summed by a reduce-scatter (costs/comm.py). To the cost backends a row shard is a `RowShardSpec`:
-a `TableSpec` whose rows are its range, whose pooling factor and reuse bins are *measured* on the
-table's own stream restricted to the range (hot rows are not spread evenly over ranges;
-`streams.row_shard_spec` builds it), and which keeps its parent table and range, from which
-`streams.table_bags` regenerates exactly the parent's indices in range, re-based to 0.
+a `TableSpec` whose rows are its range, whose pooling factor is the table's times the range's
+share of its lookups *counted* on a sample of the table's own stream (hot rows are not spread
+evenly over ranges), whose reuse bins are the stream's reweighted by the range's part of each
+(`streams.row_range_stats`; `streams.row_shard_spec` builds the spec), and which keeps its parent
+table and range, from which `streams.table_bags` regenerates exactly the parent's indices in
+range, re-based to 0.
 
 This module holds the noun only (no torch): the plan, the simulator and the runners import it;
 the stream maths is streams.py's.
@@ -27,9 +29,9 @@ _TABLE_FIELDS = tuple(f.name for f in fields(TableSpec))
 @dataclass(frozen=True)
 class RowShardSpec(TableSpec):
     """Rows [row_start, row_stop) of `parent`, all its columns. `rows`, `pooling_factor` and `bins`
-    describe the shard's own stream (measured); `distribution` names it for people
-    (`rows:<start>:<stop>:<parent's>`, which no table file accepts, so a row shard can never be
-    mistaken for a whole table with that stream)."""
+    describe the shard's own stream (from the table's: `streams.row_range_stats`); `distribution`
+    names it for people (`rows:<start>:<stop>:<parent's>`, which no table file accepts, so a row
+    shard can never be mistaken for a whole table with that stream)."""
 
     parent: TableSpec | None = None
     row_start: int = 0

@@ -12,12 +12,14 @@ DLRM-format streams (`dlrm:<file>#<t>`) replay the file's bags, cycling samples 
 than the file's.
 A row shard's stream (`rowshard.RowShardSpec`) is its table's stream for the same batch and step,
 each bag keeping only the indices in the shard's row range, re-based to 0: the shards of a table
-together see exactly the table's lookups.
+together see exactly the table's lookups. Its share of them and its reuse bins come from a sample
+of the table's stream (`row_range_stats`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +28,7 @@ import torch
 
 import numpy as np
 
-from dreamshard.bins import NUM_BINS, REFERENCE_BATCH, count_bins, zipf_alpha
+from dreamshard.bins import BIN_EDGES, NUM_BINS, REFERENCE_BATCH, count_bins, reuse_bins, zipf_alpha
 from dreamshard.rowshard import RowShardSpec, row_shard_distribution, row_shard_name
 from dreamshard.tables import TableError, TableSpec
 from dreamshard.validation import check_dlrm_file
@@ -121,43 +123,114 @@ def restrict_bags(lengths: torch.Tensor, indices: torch.Tensor, start: int, stop
     return new_lengths.to(lengths.dtype), indices[keep] - start
 
 
-# A row shard's pooling factor and bins are measured on its table's stream at the reference
-# batch (the batch the bins are defined at), unless that is over this many lookups; then at the
-# largest batch under it (a table of pooling > 256), whose bins see a little less reuse.
-ROW_STATS_MAX_LOOKUPS = 1 << 24
+# A row range's share of its table's lookups and its reuse bins come from one sample of the
+# table's stream, drawn and counted once per table and shared by every range a planner tries: the
+# stream at the largest batch of at most ROW_SAMPLE_LOOKUPS lookups (step 0; the reference batch
+# itself where that is under it). Drawing and counting the whole reference batch (up to 2^24
+# lookups) took ~0.5 s per table, seconds for a plan's first row moves; this sample takes ~5 ms.
+# The share's relative sampling error is sqrt((1 - share) / (share × lookups)): 0.7% for an
+# eighth of the table (docs/dreamshard.md, "Planning speed", has the measured effect on prices).
+ROW_SAMPLE_LOOKUPS = 1 << 17
+# A row seen more than this many times in the sample has its count at the reference batch known
+# to ~25% (Poisson), within its reuse bin's factor of two: it is placed in its bin individually.
+RESOLVED_COUNT = 16
 
 
-def row_stats_batch(table: TableSpec) -> int:
-    return int(min(REFERENCE_BATCH, max(1, ROW_STATS_MAX_LOOKUPS // max(1, math.ceil(table.pooling_factor)))))
+def row_sample_batch(table: TableSpec) -> int:
+    return int(min(REFERENCE_BATCH, max(1, ROW_SAMPLE_LOOKUPS // max(1, math.ceil(table.pooling_factor)))))
 
 
-@lru_cache(maxsize=2)  # a plan's row shards come table by table; an entry can be ~0.5 GB
-def _row_counts(table: TableSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct rows, sorted; their access counts) in the table's measuring batch (step 0)."""
-    _, indices = table_bags(table, row_stats_batch(table), step=0)
-    rows, counts = torch.unique(indices, sorted=True, return_counts=True)
-    return rows.numpy(), counts.numpy()
+def stream_bins(table: TableSpec) -> np.ndarray:
+    """The reuse bins of the table's stream at the reference batch: those its distribution implies
+    (bins.py) for a synthetic stream, whatever bins the spec was given; a file's stream's own, as
+    `tables_from_dlrm` measured them on the file."""
+    dist = table.distribution or "uniform"
+    if dist.startswith("dlrm:"):
+        return np.asarray(table.bins, np.float64)
+    return np.asarray(reuse_bins(table.rows, table.pooling_factor, dist), np.float64)
+
+
+@dataclass(frozen=True)
+class RowSample:
+    """One table's sample, as `row_range_stats` reads it: the rows seen, sorted, split into those
+    resolved (counted often enough to place in a bin) and the others."""
+
+    lookups: int  # in the sample
+    cold_rows: np.ndarray  # the unresolved rows
+    cold_upto: np.ndarray  # [len + 1] lookups of the first k unresolved rows
+    hot_rows: np.ndarray  # the resolved rows
+    hot_upto: np.ndarray  # [len + 1] lookups of the first k resolved rows
+    hot_bin: np.ndarray  # each resolved row's bin at the reference batch (count × the batch ratio)
+    hot_per_bin: np.ndarray  # [17] resolved rows of the table in each bin
+    cold_bins: np.ndarray  # [17] bool: the bins of the unresolved rows (at or below the threshold)
+    bins: np.ndarray  # [17] the table's reuse at the reference batch (`stream_bins`)
+
+
+@lru_cache(maxsize=32)  # at most a few MB each
+def row_sample(table: TableSpec) -> RowSample:
+    """The sample of `table`'s stream that `row_range_stats` reads (`row_sample_batch`, step 0)."""
+    batch = row_sample_batch(table)
+    _, indices = table_bags(table, batch, step=0)
+    rows, counts = np.unique(indices.numpy(), return_counts=True)
+    scale = REFERENCE_BATCH / batch  # a row's expected count at the reference batch per count here
+    # Resolved: counted more than RESOLVED_COUNT times, the threshold rounded up to a bin edge so
+    # that a bin holds resolved rows only or unresolved ones only. Where the sample is the reference
+    # batch every count is exact: only the rows looked up once stay unresolved.
+    threshold = 2.0 ** math.ceil(math.log2(scale * RESOLVED_COUNT)) if scale > 1 else 1.0
+    hot = counts * scale > threshold
+    # The resolved rows' bins: their distinct counts, ascending, fill `count_bins`' bins in order.
+    values, which = np.unique(counts[hot] * scale, return_inverse=True)
+    per_value, _ = count_bins(values)
+    hot_bin = np.repeat(np.arange(NUM_BINS), per_value.astype(np.int64))[which]
+    zero = np.zeros(1, np.int64)
+    return RowSample(
+        lookups=int(counts.sum()),
+        cold_rows=rows[~hot],
+        cold_upto=np.concatenate([zero, np.cumsum(counts[~hot])]),
+        hot_rows=rows[hot],
+        hot_upto=np.concatenate([zero, np.cumsum(counts[hot])]),
+        hot_bin=hot_bin,
+        hot_per_bin=np.bincount(hot_bin, minlength=NUM_BINS),
+        cold_bins=np.append(BIN_EDGES[1:], np.inf) <= threshold,
+        bins=stream_bins(table),
+    )
 
 
 def row_range_stats(table: TableSpec, start: int, stop: int) -> tuple[float, tuple[float, ...]]:
-    """(share of the table's lookups in rows [start, stop), reuse bins of those rows) measured on
-    its stream (`row_stats_batch`). A stream with no lookups in that batch shares them by rows."""
-    rows, counts = _row_counts(table)
-    i, j = np.searchsorted(rows, [start, stop], side="left")
-    total, mine = int(counts.sum()), counts[i:j]
-    if total == 0:
+    """(share of the table's lookups in rows [start, stop), reuse bins of those rows at the
+    reference batch), from the table's sample (`row_sample`).
+
+    The share is counted. The bins are the table's (`stream_bins`), each reweighted by the range's
+    part of that bin's rows: counted among the resolved rows (the hot ones, which land in some
+    ranges and not others), and for the bins of the unresolved rows taken as the range's part of
+    those rows' lookups. Their own counts would not do: a row looked up a few times at the
+    reference batch is mostly not seen at all in a sample many times smaller, so the sample's bins
+    (scaled up or not) miss most of those rows and misplace the rest. How they spread over the low
+    bins is taken to be the table's in every range: the synthetic streams' hashing scatters rows
+    so (a file's ids are taken as they come). A stream with no lookups in the sample shares them
+    by rows."""
+    s = row_sample(table)
+    if s.lookups == 0:
         return (stop - start) / table.rows, tuple(table.bins)
-    if mine.size == 0:
+    i, j = np.searchsorted(s.cold_rows, [start, stop])
+    k, m = np.searchsorted(s.hot_rows, [start, stop])
+    cold = int(s.cold_upto[j] - s.cold_upto[i])
+    mine = cold + int(s.hot_upto[m] - s.hot_upto[k])
+    if mine == 0:
         return 0.0, (0.0,) * NUM_BINS
-    in_bins, _ = count_bins(mine)
-    return float(mine.sum()) / total, tuple((in_bins / mine.size).tolist())
+    share = mine / s.lookups
+    # a bin none of whose rows the sample resolved (expected, not drawn) takes the range's share
+    part = np.where(s.hot_per_bin > 0, np.bincount(s.hot_bin[k:m], minlength=NUM_BINS) / np.maximum(s.hot_per_bin, 1), share)
+    part[s.cold_bins] = cold / s.cold_upto[-1] if s.cold_upto[-1] else share
+    weights = s.bins * part
+    return share, tuple((weights / weights.sum() if weights.any() else s.bins).tolist())
 
 
 @lru_cache(maxsize=4096)
 def row_shard_spec(table: TableSpec, start: int, stop: int) -> RowShardSpec:
-    """Rows [start, stop) of `table` as a table a backend can price and measure: its rows, the
-    measured share of the table's pooling factor and its measured bins; its stream is the
-    table's restricted to the range (`table_bags`)."""
+    """Rows [start, stop) of `table` as a table a backend can price and measure: its rows, its
+    share of the table's pooling factor and its bins, both from the table's stream
+    (`row_range_stats`); its stream is the table's restricted to the range (`table_bags`)."""
     if not 0 <= start < stop <= table.rows:
         raise ValueError(f"rows [{start}, {stop}) are not a range of the {table.rows} rows of {table.name!r}")
     share, bins = row_range_stats(table, start, stop)

@@ -13,7 +13,7 @@ from dreamshard.costs.comm import CommModel, collective_ms, fit_collective, meas
 from dreamshard.costs.sim import SimBackend
 from dreamshard.plan import Plan, Shard, load_plans, row_cuts, save_plans
 from dreamshard.rowshard import RowShardSpec, exchange_dims, spec_from_dict
-from dreamshard.streams import row_stats_batch, table_bags
+from dreamshard.streams import row_sample_batch, table_bags
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task, Workload
 from dreamshard.validation import PlanError
@@ -126,10 +126,10 @@ def test_a_row_shard_stream_is_its_tables_indices_in_range(table):
 
 def test_a_row_shard_is_priced_on_its_measured_lookups():
     """Zipf's hot rows fall in some ranges: a shard's pooling factor is its measured share of the
-    table's lookups (counted here independently on the same stream), not pooling / shards."""
+    table's lookups (counted here independently on the same sample of its stream), not pooling / shards."""
     cuts = row_cuts(W.rows, 4)
     specs = [Shard(0, d, 0, 96, a, b).spec(W) for d, (a, b) in enumerate(cuts)]
-    _, ix = table_bags(W, row_stats_batch(W), 0)
+    _, ix = table_bags(W, row_sample_batch(W), 0)
     shares = [float(((ix >= a) & (ix < b)).sum()) / ix.numel() for a, b in cuts]
     for spec, share, (a, b) in zip(specs, shares, cuts):
         assert isinstance(spec, RowShardSpec) and (spec.rows, spec.dim, spec.row_start, spec.row_stop) == (b - a, 96, a, b)
