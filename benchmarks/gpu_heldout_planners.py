@@ -8,14 +8,14 @@ Tasks: the held-out family (`mixed`, pool seed 11 — never in any calibration o
 16 tasks per setting: 40 tables on 4 devices and 80 on 8 at 24 GB per device, and 120 on 8 at
 tight memory, 8 GB per device (78–96% full on most draws). The first tasks of the first two
 settings are the ones benchmarks/gpu_shipped_model.py measured (same seeds). Planners: the shipped
-DreamShard model (or --model), the heuristics size, dim, lookup and size_lookup. Each plan is
+DreamShard model and any --model files beside it, the heuristics size, dim, lookup and size_lookup. Each plan is
 measured by the sequential runner on our Triton TBE (compute measured device by device, the
 all-to-all from the shipped comm model); a placement two planners share is measured once.
 Tasks are measured whole (every planner), the settings in turn, until --total-s: a cut leaves the
 settings about equally measured.
 Written as it goes: plans.csv (one line per planner and task), summary.json (per setting: means,
 DreamShard's wins / ties / losses against the best heuristic of each task, its worst ratio to it,
-the cost net's max-device error on these measured plans).
+the cost net's max-device error on these measured plans), for each DreamShard model.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def setting_name(n: int, d: int, cap: int) -> str:
 
 
 def summarise(rows: list[dict], dreamshard: str) -> dict:
+    """Per setting: the model `dreamshard` against the heuristics on the tasks measured whole."""
     out = {}
     for setting in dict.fromkeys(r["setting"] for r in rows):
         mine = [r for r in rows if r["setting"] == setting]
@@ -88,7 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--model", default=None, help="a DreamShard model file (default: the shipped model)")
+    ap.add_argument("--model", action="append", default=[], help="a DreamShard model file to measure beside the shipped one (repeatable)")
     ap.add_argument("--tasks", type=int, default=16, help="held-out tasks per setting")
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--total-s", type=float, default=540.0)
@@ -103,9 +104,8 @@ def main() -> None:
     workload = Workload(batch)
     runner = SequentialRunner("triton" if args.device == "cuda" else "torch", device=args.device)
     sim = SimBackend()
-    ds = DreamShardPlanner(model=args.model) if args.model else get_planner("dreamshard")
-    dreamshard = "dreamshard" + (f" ({os.path.basename(args.model)})" if args.model else " (shipped)")
-    planners = {dreamshard: ds, **{h: get_planner(h) for h in HEURISTICS}}
+    models = {"dreamshard (shipped)": get_planner("dreamshard"), **{f"dreamshard ({os.path.basename(m)})": DreamShardPlanner(model=m) for m in args.model}}
+    planners = {**models, **{h: get_planner(h) for h in HEURISTICS}}
     pool = synth_family(HELD_OUT_FAMILY, args.pool_tables, 11)
     if args.quick:  # tables a CPU initialises in seconds
         pool = [t for t in pool if t.rows <= 200_000]
@@ -113,7 +113,7 @@ def main() -> None:
     settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
     tasks = {setting_name(n, d, cap): sample_tasks(pool, n_tasks, (n, n), d, cap, seed=seed, workload=workload) for n, d, cap, seed in settings}
     summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "pool_seed": 11, "simulator": sim.calibration.label,
-                     "runner": runner.name, "dreamshard": dreamshard, "tie_band": TIE}
+                     "runner": runner.name, "tie_band": TIE}
     rows: list[dict] = []
     with open(os.path.join(args.out, "plans.csv"), "w", newline="") as fh:
         out = csv.DictWriter(fh, COLUMNS)
@@ -144,10 +144,10 @@ def main() -> None:
                 continue
             log(f"time box: stopped in round {i} of {n_tasks}")
             break
-    summary["settings"] = summarise(rows, dreamshard)
+    summary["models"] = {m: summarise(rows, m) for m in models}
     summary["elapsed_s"] = round(time.monotonic() - t0, 1)
     atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
-    log("done: " + json.dumps(summary["settings"], indent=1))
+    log("done: " + json.dumps(summary["models"], indent=1))
 
 
 if __name__ == "__main__":
