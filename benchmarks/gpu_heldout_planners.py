@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--model", action="append", default=[], help="a DreamShard model file to measure beside the shipped one (repeatable)")
     ap.add_argument("--tasks", type=int, default=16, help="held-out tasks per setting")
+    ap.add_argument("--first-task", type=int, default=0, help="start at this task of each setting (to go on from a cut run)")
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="CPU logic check: batch 1024, 1 task per setting, small tables")
@@ -118,7 +119,7 @@ def main() -> None:
     with open(os.path.join(args.out, "plans.csv"), "w", newline="") as fh:
         out = csv.DictWriter(fh, COLUMNS)
         out.writeheader()
-        for i in range(n_tasks):
+        for i in range(args.first_task, n_tasks):
             for setting, ts in tasks.items():
                 if time.monotonic() - t0 > args.total_s:
                     break
