@@ -2,6 +2,7 @@
 that decides which model ships — one time-boxed call on one H200.
 
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT                       # one H200, ≤ 9.5 min
+    PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000    # the GPU-trained model with the simulator prior
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out /tmp/g --device cpu --quick  # logic check
 
 1. Training tasks from the *training* families (dreamshard/families.py; pools of seed 10, the
@@ -9,6 +10,8 @@ that decides which model ships — one time-boxed call on one H200.
    devices, 24 GB per device.
 2. `gpu`: DreamShard's training (config `default`) against the sequential runner measuring our
    Triton TBE on the GPU — `--budget` real measurements (the paper's scale is ~100).
+   With `--prior-plans N` its cost net is first fitted on N plans priced by the simulator (default
+   calibration; not measurements, ~70 s of CPU for 8,000: docs/costs.md, "The cost net").
    `sim`: the same training against the simulator with `--calibration` (the per-family fit), on
    the same tasks, for the comparison.
 3. Held-out tasks of the held-out family (`mixed`, pool seed 11: never in calibration or training),
@@ -47,6 +50,17 @@ SETTINGS = ((40, 4), (80, 8))
 COLUMNS = ["task", "tables", "devices", "planner", "measured_ms", "measured_max_device_ms", "predicted_ms", "predicted_max_device_ms", "sim_ms", "split_tables"]
 
 
+def training_tasks(per_family: int, pool_tables: int, workload: Workload, families=TRAINING_FAMILIES) -> list:
+    """`per_family` tasks of each family's pool of seed 10 (the calibration shards' pools): 20–60
+    tables on 2–8 devices of 24 GB (benchmarks/costnet_prior.py fits its prior on the same tasks)."""
+    tasks = []
+    for f in families:
+        pool = synth_family(f, pool_tables, 10)
+        for k in range(per_family):
+            tasks += sample_tasks(pool, 1, (20, 60), 2 + k % 7, CAP, seed=100 + k, workload=workload)
+    return tasks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -57,6 +71,7 @@ def main() -> None:
     ap.add_argument("--test-tasks", type=int, default=4, help="held-out tasks per setting")
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--calibration", default=FAMILIES_CALIBRATION)
+    ap.add_argument("--prior-plans", type=int, default=0, help="the GPU-trained model's simulator prior: plans priced by the simulator (default calibration) before measuring (Config.prior_plans)")
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="tiny run (CPU logic check): batch 1024, 4 measurements, 1 test task")
     args = ap.parse_args()
@@ -72,19 +87,17 @@ def main() -> None:
     runner = SequentialRunner("triton" if args.device == "cuda" else "torch", device=args.device)
     sim = SimBackend(args.calibration)
 
-    tasks = []
     # quick: families without 10^7-row tables, which take minutes to initialise on a CPU
-    for f in (("dlrm", "hot") if args.quick else TRAINING_FAMILIES):
-        pool = synth_family(f, args.pool_tables, 10)
-        for k in range(per_family):
-            tasks += sample_tasks(pool, 1, (20, 60), 2 + k % 7, CAP, seed=100 + k, workload=workload)
+    tasks = training_tasks(per_family, args.pool_tables, workload, ("dlrm", "hot") if args.quick else TRAINING_FAMILIES)
     log(f"{len(tasks)} training tasks")
 
-    summary: dict = {"device": args.device, "batch_size": batch, "budget": budget, "iterations": iterations, "training_tasks": len(tasks),
+    summary: dict = {"device": args.device, "batch_size": batch, "budget": budget, "iterations": iterations, "prior_plans": args.prior_plans, "training_tasks": len(tasks),
                      "held_out_family": HELD_OUT_FAMILY, "simulator": sim.calibration.label, "models": {}}
     models = {}
     for name, backend in (("gpu", runner), ("sim", sim)):
-        cfg = DreamShardPlanner.config("default", budget=budget, iterations=iterations, batch_size=batch)
+        # the simulator prior (train's default prior: the simulator with its default calibration) for the GPU-trained model only
+        prior = args.prior_plans if name == "gpu" else None
+        cfg = DreamShardPlanner.config("default", budget=budget, iterations=iterations, batch_size=batch, prior_plans=prior or None)
         t = time.monotonic()
         models[name] = DreamShardPlanner.fit(tasks, backend, os.path.join(args.out, f"model_{name}.pt"), cfg, log=os.path.join(args.out, f"train_{name}.jsonl"), progress=False)
         summary["models"][name] = {"backend": backend.name, "seconds": round(time.monotonic() - t, 1), "measurements": models[name].model.meta["measurements"]}

@@ -425,8 +425,10 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--eval-tasks", type=click.Path(exists=True, dir_okay=False), help="also measure the planner on these tasks after every iteration (logged)")
 @click.option("--log", "log_file", type=OUT_FILE, help="JSONL log, one line of numbers per iteration")
 @click.option("--resume", is_flag=True, help="continue from MODEL.pt.ckpt where a previous run stopped")
+@click.option("--prior-plans", type=int, help="dreamshard: first fit the cost net on this many plans priced by the simulator (default calibration: an H200 with the triton kernel); they are not measurements  [config's: 0; 8000 for an H200, docs/costs.md]")
 @click.pass_context
-def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume) -> None:
+def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
+              prior_plans) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.planners import PLANNERS
     from dreamshard.tasks import load_tasks
@@ -439,14 +441,20 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
         raise OptionError(f"--config: planner {planner_name} has no config {config_name!r}; choose from {', '.join(planner_cls.CONFIGS)}")
     if calibration and backend != "sim":
         raise OptionError("--calibration is for --backend sim")
+    if prior_plans is not None and planner_name != "dreamshard":
+        raise OptionError(f"--prior-plans is for --planner dreamshard, not {planner_name}")
+    if prior_plans is not None and prior_plans < 0:
+        raise OptionError(f"--prior-plans must be >= 0, got {prior_plans}")
     if backend == "sim":
         refuse_unused(ctx, ["runner", "device", "comm_model"], "with --backend sim (the simulator measures nothing)")
     elif runner == "distributed":
         refuse_unused(ctx, ["comm_model"], "with --runner distributed (its all-to-alls are real)")
     cost_backend, dev_type = _cost_backend(backend, runner, device, comm_model=comm_model, calibration=calibration)
+    if prior_plans and backend == "sim" and cost_backend.name == _cost_backend("sim", runner, device)[0].name:  # train's prior: the default simulator
+        raise OptionError(f"--prior-plans: the backend is already the simulator that prices the prior ({cost_backend.name}); raise --budget instead")
     if batch_size is None and backend != "sim" and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
-    cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed)
+    cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans)
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
     console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")

@@ -19,7 +19,7 @@ from dreamshard.learned.nets import CostNet, DreamShardModel, PolicyNet, plan_co
 from dreamshard.planners import get_planner
 from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.tables import NUM_FEATURES, TableSpec
-from dreamshard.tasks import Task, sample_tasks, save_tasks, split_pool
+from dreamshard.tasks import Task, Workload, sample_tasks, save_tasks, split_pool
 from dreamshard.validation import ModelError
 
 HEURISTICS = ["random", "size", "dim", "lookup", "size_lookup"]
@@ -207,6 +207,104 @@ def test_resume_after_a_kill_continues_exactly(pool, tmp_path):
         train(small_config(iterations=4, lr=1e-3), tasks, sim, tmp_path / "b.pt", progress=False, resume=True)
 
 
+class CountingBackend(SimBackend):
+    """The default simulator, counting the plans it prices."""
+
+    def __init__(self, calibration=None):
+        super().__init__(calibration)
+        self.plans = 0
+
+    def evaluate(self, shards, workload=Workload()):
+        self.plans += 1
+        return super().evaluate(shards, workload)
+
+
+def test_simulator_prior_fits_the_cost_net_before_any_measurement_and_costs_no_budget(pool, tmp_path):
+    """The prior's plans are priced by the prior backend only; the budget counts the real ones;
+    the cost net predicts the first real plans (held-out: not fitted on yet) far better with it."""
+    train_half, _ = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 6, (8, 14), 3, 10**12, seed=0)
+    cfg = small_config(iterations=2, measurements_per_iteration=4)
+    first_error = {}
+    for plans in (0, 300):
+        real, prior = CountingBackend(), CountingBackend()
+        run = small_config(iterations=2, measurements_per_iteration=4, prior_plans=plans, prior_epochs=11)
+        model = train(run, tasks, real, tmp_path / f"m{plans}.pt", log=tmp_path / f"m{plans}.jsonl", progress=False, prior=prior if plans else None)
+        rows = [json.loads(line) for line in (tmp_path / f"m{plans}.jsonl").read_text().splitlines()]
+        assert real.plans == cfg.total_budget() == model.meta["measurements"] == rows[-1]["measurements"]
+        assert prior.plans == plans and rows[0].get("prior/plans", 0) == plans and "prior/plans" not in rows[1]
+        first_error[plans] = rows[0]["cost/mape_overall"]
+    assert model.meta["prior_backend"] == SimBackend().name
+    assert first_error[300] < 0.15 < first_error[0], first_error
+
+
+def test_resume_with_a_prior_continues_exactly(pool, tmp_path):
+    train_half, _ = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 6, (8, 14), 3, 10**12, seed=0)
+    sim, cfg = SimBackend(), small_config(iterations=3, prior_plans=40, prior_epochs=6, prior_share=0.5)
+    prior = SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json")  # another cost surface than the backend's
+    straight = train(cfg, tasks, sim, tmp_path / "a.pt", log=tmp_path / "a.jsonl", progress=False, prior=prior)
+    train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, stop_after=1, prior=prior)
+    ck = torch.load(tmp_path / "b.pt.ckpt", weights_only=False)
+    assert len(ck["prior_buffer"]["x_index"]) == 40 and len(ck["prior_buffer"]["x"]) <= len(tasks)  # kept, one feature array per task
+    with pytest.raises(ValueError, match="prior is simulated"):
+        train(cfg, tasks, sim, tmp_path / "b.pt", progress=False, resume=True)  # the default prior is another simulator
+    resumed = train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, resume=True, prior=prior)
+    for a, b in ((straight.cost_net, resumed.cost_net), (straight.policy, resumed.policy)):
+        for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(va, vb), k
+    strip = lambda path: [{k: v for k, v in json.loads(line).items() if k not in ("seconds", "prior/seconds")} for line in path.read_text().splitlines()]
+    assert strip(tmp_path / "a.jsonl") == strip(tmp_path / "b.jsonl")
+    # dropped once real plans exist (share 0): nothing of the prior's plans is checkpointed
+    train(small_config(iterations=2, prior_plans=40, prior_epochs=6, prior_share=0.0), tasks, sim, tmp_path / "c.pt", progress=False, stop_after=1, prior=prior)
+    assert torch.load(tmp_path / "c.pt.ckpt", weights_only=False)["prior_buffer"]["x_index"] == []
+
+
+def test_prior_options_are_checked(pool, tmp_path):
+    for bad, msg in ((dict(prior_plans=-1), "prior_plans must be >= 0"), (dict(prior_share=1.0), "prior_share must be in"), (dict(prior_epochs=-5), "prior_epochs")):
+        with pytest.raises(ValueError, match=msg) as e:
+            small_config(**bad)
+        assert "\n" not in str(e.value)
+    tasks = sample_tasks(split_pool(pool, 0)[0], 2, (4, 6), 2, 10**12, seed=0)
+    with pytest.raises(ValueError, match="prior_plans is 0"):
+        train(small_config(), tasks, SimBackend(), tmp_path / "m.pt", progress=False, prior=SimBackend())
+
+
+def test_cost_loss_ignores_unmeasured_targets():
+    """A shard timed alone (calibration records) has no all-to-all and no plan cost: NaN targets
+    add nothing to the loss, and the comm and overall heads get no gradient from it."""
+    from dreamshard.learned.dreamshard import cost_loss
+    from dreamshard.learned.nets import Measured, collate
+
+    torch.manual_seed(0)
+    net = CostNet()
+    x = np.random.default_rng(0).random((3, NUM_FEATURES)).astype(np.float32)
+    shard = Measured(x, np.zeros(3, np.int64), np.array([[0.2, 0.9, np.nan]], np.float32), float("nan"))
+    loss = cost_loss(net, collate([shard]))
+    with torch.no_grad():
+        dev, _ = net(*[collate([shard])[k] for k in ("x", "placement", "device_mask")])
+    assert float(loss.detach()) == pytest.approx(float((dev[0, 0, 0] - 0.2) ** 2 + (dev[0, 0, 1] - 0.9) ** 2), rel=1e-5)
+    loss.backward()
+    assert net.heads[2][0].weight.grad.abs().sum() == 0 and net.overall_head[0].weight.grad.abs().sum() == 0
+    assert net.heads[0][0].weight.grad.abs().sum() > 0
+
+
+def test_replay_buffer_stores_a_shared_feature_array_once():
+    from dreamshard.learned.nets import Measured, ReplayBuffer
+
+    x = np.ones((4, NUM_FEATURES), np.float32)
+    buffer = ReplayBuffer()
+    for d in range(5):
+        buffer.add(Measured(x, np.full(4, d % 2, np.int64), np.full((2, 3), d, np.float32), float(d)))
+    buffer.add(Measured(np.zeros((2, NUM_FEATURES), np.float32), np.zeros(2, np.int64), np.ones((1, 3), np.float32), 1.0))
+    state = buffer.state_dict()
+    assert len(state["x"]) == 2 and state["x_index"] == [0, 0, 0, 0, 0, 1]
+    loaded = ReplayBuffer()
+    loaded.load_state_dict(state)
+    for a, b in zip(buffer.items, loaded.items):
+        assert np.array_equal(a.x, b.x) and np.array_equal(a.placement, b.placement) and np.array_equal(a.device_costs, b.device_costs) and a.overall == b.overall
+
+
 def test_learned_planner_role_fit_save_load_plan(pool, tmp_path):
     """`DreamShardPlanner.fit` is `train` behind the role; save → load plans the same."""
     from dreamshard.planners.base import LearnedPlanner
@@ -319,6 +417,28 @@ def test_cli_train_and_plan(pool, tmp_path, tiny_model):
     assert len(plans) == 2 and all(p.planner == "dreamshard" and p.predicted for p in plans)
     r = CliRunner().invoke(cli, ["plan", "--tasks", str(tmp_path / "test.jsonl"), "--planner", "lookup", "--model", str(tmp_path / "m.pt"), "--out", str(tmp_path / "q.jsonl")])
     assert r.exit_code == 2 and "--model is for the planners with a model (autoshard, dreamshard, neuroshard, rnn)" in r.output
+
+
+def test_cli_train_with_a_prior(pool, tmp_path):
+    from dreamshard.cli import cli
+    from dreamshard.tables import save_tables
+
+    save_tables(pool, tmp_path / "tables.csv")
+    save_tasks(sample_tasks(split_pool(pool, 0)[0], 3, (5, 8), 2, 10**12, seed=2, pool=str(tmp_path)), tmp_path / "train.jsonl")
+    base = ["train", "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "m.pt"), "--iterations", "1", "--budget", "2"]
+    for extra, msg in ((["--prior-plans", "-1"], "--prior-plans must be >= 0, got -1"),
+                       (["--prior-plans", "5", "--planner", "autoshard"], "--prior-plans is for --planner dreamshard, not autoshard"),
+                       (["--prior-plans", "5"], "--prior-plans: the backend is already the simulator that prices the prior")):
+        r = CliRunner().invoke(cli, base + extra)
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and msg in r.output, r.output
+    # against another cost surface (here the CPU calibration, as a kernel on real hardware would be) the prior makes sense
+    r = CliRunner().invoke(cli, base + ["--backend", "sim", "--calibration", "dreamshard/data/calibrations/cpu_fbgemm.json", "--prior-plans", "20",
+                                        "--log", str(tmp_path / "log.jsonl")])
+    assert r.exit_code == 0, r.output
+    row = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])
+    assert row["prior/plans"] == 20 and row["measurements"] == 2
+    meta = DreamShardModel.load(tmp_path / "m.pt").meta
+    assert meta["config"]["prior_plans"] == 20 and meta["prior_backend"] == SimBackend().name and meta["measurements"] == 2
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ row-wise plan is measured by the distributed runner on two gloo processes."""
 import re
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -14,9 +15,11 @@ import pytest
 from dreamshard import torchrec_io as tio
 from dreamshard.costs.comm import load_comm_model, rowwise_ms
 from dreamshard.packing import InfeasibleError
-from dreamshard.plan import Plan
+from dreamshard.plan import Plan, Shard
+from dreamshard.planners import dreamshard as dreamshard_planner
 from dreamshard.planners import get_planner, splits
-from dreamshard.planners.scoring import COMM, PieceScorer
+from dreamshard.planners import neuroshard as neuroshard_planner
+from dreamshard.planners.scoring import COMM, PieceScorer, greedy_batch
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task, Workload
 
@@ -178,6 +181,133 @@ def test_splitting_planners_on_random_tasks(planners):
             oversize += big
             assert not big or plan.has_row_shards()
     assert placed >= 8 and oversize >= 2
+
+
+def reference_greedy(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`scoring.greedy_batch` as first written, the spec its batched loop is checked against: each
+    step gathers what every episode places and applies every constraint on [E, D] arrays; the
+    row constraints as `splits.row_groups` first had them."""
+    task, net = scorer.task, scorer.net
+    C, n, D, S = len(pieces), len(pieces[0]), task.devices, len(caps)
+    rows = scorer.rows(pieces)
+    sizes = np.array([splits.sizes(task, ps) for ps in pieces], np.int64)
+    dims = np.array([[0 if p.is_row_shard else p.width for p in ps] for ps in pieces], np.int64)
+    pin, group = np.full((C, n), -1), np.full((C, n), -1)
+    for c, ps in enumerate(pieces):
+        count = Counter(p.table for p in ps if p.is_row_shard)
+        starts = {t: sorted(p.row_start for p in ps if p.is_row_shard and p.table == t) for t in count}
+        groups = {t: g for g, t in enumerate(t for t in count if count[t] != D)}
+        for k, p in enumerate(ps):
+            if p.is_row_shard and count[p.table] == D:
+                pin[c, k] = starts[p.table].index(p.row_start)
+            elif p.is_row_shard:
+                group[c, k] = groups[p.table]
+    order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")
+    E = C * S
+    cand = np.repeat(np.arange(C), S)
+    dim_cap = np.tile(caps, C) * dims[cand].sum(1) / D
+    state, comp = scorer.empty((E, D)), np.zeros((E, D))
+    used, dim_sum = np.zeros((E, D), np.int64), np.zeros((E, D), np.int64)
+    held = np.zeros((E, max(1, int(group.max()) + 1), D), bool)
+    devices, failed, es = np.full((E, n), -1), np.zeros(E, bool), np.arange(E)
+    for step in range(n):
+        i = order[cand, step]
+        size, dim, p, g = sizes[cand, i], dims[cand, i], pin[cand, i], group[cand, i]
+        legal = (used + size[:, None] <= task.max_memory_bytes) & (dim_sum + dim[:, None] <= dim_cap[:, None])
+        legal &= (p[:, None] < 0) | (np.arange(D)[None, :] == p[:, None])
+        legal &= ~(held[es, np.maximum(g, 0)] & (g[:, None] >= 0))
+        failed |= ~legal.any(1)
+        a = np.where(legal, comp, np.inf).argmin(1)
+        state[es, a] += rows[cand, i]
+        used[es, a] += size
+        dim_sum[es, a] += dim
+        held[es, np.maximum(g, 0), a] |= g >= 0
+        comp[es, a] = net.costs(state[es, a, : net.nP])[:, :2].sum(-1)
+        devices[es, i] = a
+    cost = np.where(failed, np.inf, scorer.score(state)).reshape(C, S)
+    best = cost.argmin(1)
+    return cost[np.arange(C), best], devices.reshape(C, S, n)[np.arange(C), best]
+
+
+def reference_state(scorer: PieceScorer, pieces: list[Shard], devices: np.ndarray) -> np.ndarray:
+    state = scorer.empty((scorer.task.devices,))
+    np.add.at(state, np.asarray(devices), scorer.rows([pieces])[0])
+    return state
+
+
+def candidate_cuts(task: Task) -> list[list[Shard]]:
+    """Whole tables; each table split by rows over every k of `splits.row_parts` (pinned blocks
+    over all D, a group under D); each halved; and a mix of the three."""
+    whole = splits.whole(task)
+    out = [whole]
+    for i, piece in enumerate(whole):
+        for k in splits.row_parts(task.devices):
+            if rows := splits.row_split(task, i, k):
+                out.append(whole[:i] + whole[i + 1 :] + rows)
+        if splits.can_halve(piece):
+            out.append(whole[:i] + splits.cut(piece, 2) + whole[i + 1 :])
+    if len(whole) >= 3 and (over_all := splits.row_split(task, 0, task.devices)) and (over_two := splits.row_split(task, 1, 2)):
+        out.append([q for p in whole[2:] for q in (splits.cut(p, 2) if splits.can_halve(p) else [p])] + over_two + over_all)
+    return out
+
+
+def test_the_batched_greedy_is_the_step_by_step_one(planners):
+    """NeuroShard's inner greedy, batched over candidates and caps with its per-step work laid out
+    before the loop, places every piece where the step-by-step reference does: same devices,
+    same costs (inf where no cap placed everything), bit for bit."""
+    finite = failed = 0
+    for task in [hot_task(4), hot_task(2), hot_task(4, cap=int(HOT.bytes() * 0.6))] + random_tasks(8, seed=11):
+        scorer = PieceScorer(planners["neuroshard"].model, task)
+        by_len: dict[int, list[list[Shard]]] = {}
+        for c in candidate_cuts(task):
+            by_len.setdefault(len(c), []).append(c)
+        for caps in (np.linspace(1.0, 1.5, 4), np.array([splits.NO_DIM_CAP])):
+            for cands in by_len.values():
+                cost, devices = greedy_batch(scorer, cands, caps)
+                ref_cost, ref_devices = reference_greedy(scorer, cands, caps)
+                assert np.array_equal(cost, ref_cost) and np.array_equal(devices, ref_devices)
+                finite += int(np.isfinite(cost).sum())
+                failed += int(np.isinf(cost).sum())
+    assert finite > 100 and failed > 0
+
+
+def test_the_scorers_cache_is_each_pieces_own_measure(planners):
+    """Pieces measured a few at a time as a search meets them (the cache grown, reindexed) have
+    the rows measured all at once, their bytes `splits.sizes`, their all-to-all width their
+    columns (0 for a row piece), and keep them as the cache grows."""
+    task = hot_task(4)
+    pieces = list(dict.fromkeys(p for c in candidate_cuts(task) for p in c))
+    model = planners["neuroshard"].model
+    once = PieceScorer(model, task).rows([pieces])[0]
+    scorer = PieceScorer(model, task)
+    order = np.random.default_rng(0).permutation(len(pieces))
+    first = scorer.rows([[pieces[order[0]]]])[0, 0]
+    for k in range(1, len(order), 3):
+        scorer.slots([[pieces[i] for i in order[k : k + 3]]])
+    slots = scorer.slots([pieces])[0]
+    assert np.allclose(scorer.table[slots], once, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(scorer.table[slots[order[0]]], first)
+    assert scorer.bytes[slots].tolist() == splits.sizes(task, pieces)
+    assert scorer.a2a_dim[slots].tolist() == [0 if p.is_row_shard else p.width for p in pieces]
+
+
+def test_plans_are_the_reference_paths(planners, monkeypatch):
+    """Both splitting planners plan as they do with the reference greedy and device states."""
+    tasks = [hot_task(4), hot_task(2), hot_task(4, cap=int(HOT.bytes() * 0.6))] + random_tasks(4, seed=5)
+    fast = {name: [] for name in planners}
+    for task in tasks:
+        for name, planner in planners.items():
+            fast[name].append(planner.plan(task))
+    monkeypatch.setattr(dreamshard_planner, "greedy_batch", reference_greedy)
+    monkeypatch.setattr(neuroshard_planner, "greedy_batch", reference_greedy)
+    monkeypatch.setattr(PieceScorer, "state", reference_state)
+    rows = 0
+    for k, task in enumerate(tasks):
+        for name, planner in planners.items():
+            plan, ref = fast[name][k], planner.plan(task)
+            assert plan.shards == ref.shards and plan.predicted == ref.predicted, (name, k)
+            rows += plan.has_row_shards()
+    assert rows >= 4
 
 
 def test_torchrec_row_wise_choices_convert_and_round_trip_through_export():

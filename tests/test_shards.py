@@ -2,6 +2,7 @@
 memory and costs follow the shards, and a column shard is measured for real."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -88,6 +89,16 @@ def test_shards_are_held_to_memory():
     Plan(task, [Shard(0, 0, 0, 48), Shard(0, 1, 48, 96), Shard(1, 0, 0, 16)], "manual").check()  # fits only split
     with pytest.raises(PlanError, match="device 0 holds"):
         Plan.table_wise(task, [0, 0], "manual").check()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_a_shards_bytes_are_its_extent_as_a_table(precision, optimizer):
+    """Shard.bytes prices the shard's rows × columns by TableSpec.bytes without building a spec."""
+    table = TableSpec("w", 5000, 96, 20.0)
+    for shard in [Shard(0, 0, 0, 96), Shard(0, 0, 32, 96), Shard(0, 0, 0, 96, 0, 5000), Shard(0, 0, 0, 96, 1250, 2500), Shard(0, 0, 0, 96, 4999)]:
+        a, b = shard.row_range(table)
+        assert shard.bytes(table, precision, optimizer) == replace(table, rows=b - a, dim=shard.width).bytes(precision, optimizer)
 
 
 def test_plan_1_files_still_load(tmp_path):

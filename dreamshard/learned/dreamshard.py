@@ -11,12 +11,21 @@ Each iteration (DESIGN.md §2):
                 environment; no backend call).
 The backend is any `CostBackend`: the H200-calibrated simulator, or a runner that measures GPUs.
 
+Simulator prior (issue 10; `prior_plans` > 0, for training against real hardware): before
+iteration 0 the cost net is fitted on `prior_plans` plans sampled by the initial policy on the
+training tasks and priced by a *prior* backend (the calibrated simulator unless another is given).
+They are not measurements: the budget counts only the real backend's plans. Afterwards a
+`prior_share` of every cost-net batch is still drawn from them, so the few real plans correct the
+prior instead of replacing it (benchmarks/costnet_prior.py, docs/costs.md).
+
 Two configurations are kept (`CONFIGS`): `paper` reproduces the reference code; `default` holds
 our changes, each kept only because the ablation (benchmarks/ablation.py, docs/dreamshard.md)
 shows it lowers the mean cost of held-out test tasks.
 
 Logged numbers (one JSON line per iteration in the log):
   iteration, lr, measurements        — progress; measurements = real backend calls so far
+  prior/plans, prior/loss, prior/seconds — iteration 0 with a prior: plans priced by the prior
+                                       backend, mean cost-net MSE over the prior fit, its wall time
   collect/measured_ms                — mean measured overall cost of this iteration's sampled plans
   collect/predicted_ms               — the cost net's prediction of the same plans (before fitting on them)
   collect/stuck                      — fraction of sampled episodes that ran out of memory (packed instead)
@@ -41,7 +50,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, complete, decay_lr, make_config, mape, numpy_rng_restorer, run_meta, spearman
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, complete, decay_lr, make_config, mape, measure, numpy_rng_restorer, run_meta, spearman
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, prepare, rollout
 from dreamshard.learned.nets import SCORES, DreamShardModel, Measured, ReplayBuffer, collate, plan_cost
 from dreamshard.tasks import Task
@@ -61,6 +70,15 @@ class Config(BudgetConfig):
     # cost net
     cost_steps: int = 300
     cost_batch: int = 64
+    # simulator prior: plans priced by the prior backend before the first measurement (0: none,
+    # the reference); passes over them in cost_batch batches, the cost net alone (Adam at `lr`,
+    # decayed to 0 over them); afterwards the share of every cost batch drawn from them. 0.5: fitted
+    # to real H200 shards beside them, the net kept the prior's accuracy on the families it had not
+    # measured; without them (0) it lost it (benchmarks/costnet_prior.py). Use 0 with a prior far
+    # from the hardware: kept, a wrong prior keeps pulling.
+    prior_plans: int = 0
+    prior_epochs: int = 80
+    prior_share: float = 0.5
     # REINFORCE on the estimated MDP
     rl_batches: int = 10
     rl_tasks_per_batch: int = 1  # the reference draws one task per batch
@@ -91,6 +109,11 @@ class Config(BudgetConfig):
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
+        for f in ("prior_plans", "prior_epochs"):
+            if getattr(self, f) < 0:
+                raise OptionError(f"{f} must be >= 0, got {getattr(self, f)}")
+        if not 0 <= self.prior_share < 1:
+            raise OptionError(f"prior_share must be in [0, 1) (a share of every cost batch), got {self.prior_share}")
         return self
 
 
@@ -129,6 +152,66 @@ def to_measured(p: Prepared, placement: np.ndarray, report: CostReport) -> Measu
     return Measured(p.x, placement.astype(np.int64), dev, float(report.overall_ms))
 
 
+def cost_loss(cost_net, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """MSE of a collated batch in units of `scale` ms: the overall head, plus per component the mean
+    over real devices (reference: one loss per head). A target that was not measured is NaN and
+    adds nothing (a shard timed alone, as in calibration records, has no all-to-all and no plan)."""
+    scale = cost_net.scale
+    dev_pred, ov_pred = cost_net(b["x"], b["placement"], b["device_mask"])
+    target, overall = b["device_costs"] / scale, b["overall"] / scale
+    m = (b["device_mask"].unsqueeze(-1) & ~target.isnan()).float()
+    kernel = (((dev_pred - target.nan_to_num()) ** 2) * m).sum((0, 1)) / m.sum((0, 1)).clamp(min=1)
+    known = ~overall.isnan()
+    return (((ov_pred - overall.nan_to_num()) ** 2) * known).sum() / known.sum().clamp(min=1) + kernel.sum()
+
+
+def fit_batch(buffer: ReplayBuffer, prior: ReplayBuffer, cfg: Config, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    """A cost-net batch of real plans, `prior_share` of it prior plans while the prior is kept."""
+    k = round(cfg.cost_batch * cfg.prior_share) if len(prior) else 0
+    return collate(buffer.draw(cfg.cost_batch - k, rng) + (prior.draw(k, rng) if k else []))
+
+
+# episodes rolled out at once while sampling the prior's plans (memory only: thousands at once would
+# pad every episode to the largest task in one tensor)
+PRIOR_CHUNK = 256
+
+
+def prior_steps(cfg: Config) -> int:
+    """Cost-net steps of the prior fit: `prior_epochs` passes over the prior plans."""
+    return -(-cfg.prior_epochs * cfg.prior_plans // cfg.cost_batch)
+
+
+def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepared: Sequence[Prepared], prior: CostBackend,
+              rng: np.random.Generator, gen: torch.Generator, bar: Progress) -> tuple[ReplayBuffer, float]:
+    """The simulator prior: `prior_plans` plans sampled by the (initial) policy on random training
+    tasks, priced by `prior` (no measurement), and `prior_steps` cost-net steps on them alone; sets
+    the cost net's `scale` from them. → (their buffer, mean loss of the fit)."""
+    buffer = ReplayBuffer()
+    idx = rng.integers(len(tasks), size=cfg.prior_plans)
+    bar.phase(0, f"pricing {cfg.prior_plans} prior plans")
+    for s in range(0, len(idx), PRIOR_CHUNK):
+        chunk = idx[s : s + PRIOR_CHUNK]
+        with torch.no_grad():
+            ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared[i] for i in chunk]), greedy=False, generator=gen, keep_room=cfg.keep_room)
+        placements = [complete(tasks[i], ro.placement[k, : len(tasks[i].tables)].numpy(), bool(ro.stuck[k])) for k, i in enumerate(chunk)]
+        reports = measure(prior, [tasks[i] for i in chunk], placements, cfg.batch_size)
+        for i, p, r in zip(chunk, placements, reports):
+            buffer.add(to_measured(prepared[i], p, r))
+    cost_net = model.cost_net
+    cost_net.scale.fill_(float(np.mean([m.overall for m in buffer.items])))
+    optimizer = torch.optim.Adam(cost_net.parameters(), lr=cfg.lr)
+    bar.phase(0, "fitting the cost net on the prior")
+    losses, steps = [], prior_steps(cfg)
+    for step in range(steps):
+        decay_lr(optimizer, cfg.lr, step, steps)
+        loss = cost_loss(cost_net, buffer.sample(cfg.cost_batch, rng))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return buffer, float(np.mean(losses)) if losses else math.nan
+
+
 def advantages(returns: torch.Tensor, groups: torch.Tensor, ok: torch.Tensor, mode: str) -> torch.Tensor:
     """Normalised returns: over the whole batch (reference) or within each task's episodes.
 
@@ -154,8 +237,9 @@ def advantages(returns: torch.Tensor, groups: torch.Tensor, ok: torch.Tensor, mo
 # --------------------------------------------------------------------------------------------
 
 
-# what a DreamShard checkpoint holds besides the run (loop.RUN_KEYS)
-CHECKPOINT_STATE = {"model": dict, "optimizer": dict, "buffer": dict, "numpy_rng": dict, "torch_rng": torch.Tensor}
+# what a DreamShard checkpoint holds besides the run (loop.RUN_KEYS); the prior's plans only while
+# they are kept (`prior_share` > 0), its backend's name ("" without a prior) in any case
+CHECKPOINT_STATE = {"model": dict, "optimizer": dict, "buffer": dict, "prior_buffer": dict, "prior_backend": str, "numpy_rng": dict, "torch_rng": torch.Tensor}
 
 
 def train(
@@ -168,16 +252,25 @@ def train(
     eval_tasks: Sequence[Task] | None = None,
     progress: bool = True,
     stop_after: int | None = None,
+    prior: CostBackend | None = None,
 ) -> DreamShardModel:
     """Train DreamShard on `tasks` against `backend`; write the model to `out`.
 
     The full training state goes to `out`.ckpt after every iteration (atomically); `resume`
     continues from it exactly (same numbers as an uninterrupted run). `stop_after` ends the run
-    after that many iterations of this call (to test resuming).
+    after that many iterations of this call (to test resuming). `prior` prices the
+    `cfg.prior_plans` prior plans (default: the simulator with its default calibration).
     """
     cfg.validate()
     if not tasks:
         raise TaskError("no training tasks")
+    if prior is not None and not cfg.prior_plans:
+        raise OptionError("a prior backend is given but prior_plans is 0; set prior_plans >= 1")
+    if cfg.prior_plans and prior is None:
+        from dreamshard.costs.sim import SimBackend
+
+        prior = SimBackend()
+    prior_name = prior.name if cfg.prior_plans else ""
     prepared = [prepare(t, cfg.normalization, cfg.linear_features) for t in tasks]
     eval_prepared = [prepare(t, cfg.normalization, cfg.linear_features) for t in eval_tasks] if eval_tasks else []
     task_ids = [[t.name for t in task.tables] for task in tasks]
@@ -189,7 +282,7 @@ def train(
         model = DreamShardModel.create(cfg.policy_sees_table, cfg.normalization, cfg.best_of, cfg.score, cfg.linear_features, cfg.keep_room)
     cost_net, policy = model.cost_net, model.policy
     optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
-    buffer = ReplayBuffer()
+    buffer, prior_buffer = ReplayBuffer(), ReplayBuffer()
     rng = np.random.default_rng(cfg.seed)  # which tasks, which replay samples
     gen = torch.Generator().manual_seed(cfg.seed)  # which actions
     measurer = Measurer(backend, cfg.batch_size, cfg.total_budget())
@@ -199,7 +292,10 @@ def train(
         model = DreamShardModel.from_state(ck["model"], f"{checkpoint.path}, key 'model'")
         cost_net, policy = model.cost_net, model.policy
         optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
-        checkpoint.restore(ck, {"optimizer": optimizer.load_state_dict, "buffer": buffer.load_state_dict, "torch_rng": gen.set_state, "numpy_rng": numpy_rng_restorer(rng)})
+        if ck["prior_backend"] != prior_name:  # the prior's plans must be priced as they were
+            raise OptionError(f"--resume: the checkpoint's prior is {ck['prior_backend'] or 'none'}, not {prior_name or 'none'}; rerun with the same prior")
+        checkpoint.restore(ck, {"optimizer": optimizer.load_state_dict, "buffer": buffer.load_state_dict, "prior_buffer": prior_buffer.load_state_dict,
+                                "torch_rng": gen.set_state, "numpy_rng": numpy_rng_restorer(rng)})
         start, measurer.used = ck["iteration"], ck["measurements"]
     cost_net.train()
     policy.train()
@@ -207,11 +303,18 @@ def train(
     run_log = RunLog(log, resume, start)
 
     bar = Progress(progress, cfg.iterations, start, {"collect/measured_ms": "measured", "rl/predicted_ms": "predicted", "eval/mean_ms": "eval"})
+    prior_row: dict = {}
+    if start == 0 and cfg.prior_plans:
+        t0 = time.time()
+        prior_buffer, prior_loss = fit_prior(cfg, model, tasks, prepared, prior, rng, gen, bar)
+        prior_row = {"prior/plans": len(prior_buffer), "prior/loss": prior_loss, "prior/seconds": time.time() - t0}
+        if cfg.prior_share == 0:
+            prior_buffer = ReplayBuffer()
     done_here = 0
     for it in range(start, cfg.iterations):
         t0 = time.time()
         lr = decay_lr(optimizer, cfg.lr, it, cfg.iterations)
-        row: dict = {"iteration": it, "lr": lr}
+        row: dict = {"iteration": it, "lr": lr, **(prior_row if it == 0 else {})}
 
         # --- 1. collect: sample plans with the current policy, measure them for real ----------
         n = min(cfg.measurements_at(it), measurer.left())
@@ -224,8 +327,8 @@ def train(
             placements = [complete(tasks[i], ro.placement[k, : len(tasks[i].tables)].numpy(), bool(ro.stuck[k])) for k, i in enumerate(idx)]
             reports = measurer.sample([tasks[i] for i in idx], placements)
             new = [to_measured(prepared[i], p, r) for i, p, r in zip(idx, placements, reports)]
-            if len(buffer) == 0:
-                # Targets in units of the first plans' mean cost: numbers near 1 on any hardware.
+            if len(buffer) == 0 and not cfg.prior_plans:
+                # Targets in units of the first plans' mean cost (the prior's, with one): numbers near 1 on any hardware.
                 cost_net.scale.fill_(float(np.mean([m.overall for m in new])))
             # held-out accuracy: the cost net has not seen these plans yet
             fresh = collate(new)
@@ -248,17 +351,11 @@ def train(
                 buffer.add(m)
         row["measurements"] = measurer.used
 
-        # --- 2. fit the cost net on every measurement so far (MSE) -----------------------------
+        # --- 2. fit the cost net on every measurement so far (MSE), beside the prior's plans -------
         bar.phase(it, "fitting the cost net")
         losses = []
         for _ in range(cfg.cost_steps if len(buffer) else 0):
-            b = buffer.sample(cfg.cost_batch, rng)
-            scale = cost_net.scale
-            dev_pred, ov_pred = cost_net(b["x"], b["placement"], b["device_mask"])
-            m = b["device_mask"].unsqueeze(-1).float()
-            # per component: mean squared error over real devices (reference: one loss per head)
-            kernel = (((dev_pred - b["device_costs"] / scale) ** 2) * m).sum((0, 1)) / m.sum()
-            loss = ((ov_pred - b["overall"] / scale) ** 2).mean() + kernel.sum()
+            loss = cost_loss(cost_net, fit_batch(buffer, prior_buffer, cfg, rng))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -304,8 +401,11 @@ def train(
         row["seconds"] = time.time() - t0
         run_log.write(row)
         model.meta = run_meta(cfg, backend.name, tasks, measurer.used, it + 1)
+        if prior_name:
+            model.meta["prior_backend"] = prior_name
         checkpoint.save(cfg, task_ids, backend.name, it + 1, measurer.used, model=model.state(), optimizer=optimizer.state_dict(),
-                        buffer=buffer.state_dict(), numpy_rng=rng.bit_generator.state, torch_rng=gen.get_state())
+                        buffer=buffer.state_dict(), prior_buffer=prior_buffer.state_dict(), prior_backend=prior_name,
+                        numpy_rng=rng.bit_generator.state, torch_rng=gen.get_state())
         bar.done(it, row)
         done_here += 1
         if stop_after is not None and done_here >= stop_after and it + 1 < cfg.iterations:

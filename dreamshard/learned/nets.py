@@ -199,7 +199,9 @@ def collate(items: list[Measured]) -> dict[str, torch.Tensor]:
 
 
 class ReplayBuffer:
-    """Every real measurement so far (the paper keeps them all: there are only ~100)."""
+    """Every real measurement so far (the paper keeps them all: there are only ~100), or the
+    simulator prior's plans. Items of one task share its feature array; the state stores each
+    distinct array once (thousands of prior plans on tens of tasks stay a few MB)."""
 
     def __init__(self) -> None:
         self.items: list[Measured] = []
@@ -210,21 +212,31 @@ class ReplayBuffer:
     def add(self, item: Measured) -> None:
         self.items.append(item)
 
+    def draw(self, n: int, rng: np.random.Generator) -> list[Measured]:
+        """`n` items drawn uniformly with replacement."""
+        return [self.items[i] for i in rng.integers(len(self.items), size=n)]
+
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        return collate([self.items[i] for i in rng.integers(len(self.items), size=batch_size)])
+        return collate(self.draw(batch_size, rng))
 
     def state_dict(self) -> dict:
+        arrays: dict[int, np.ndarray] = {}
+        for m in self.items:
+            arrays.setdefault(id(m.x), m.x)
+        slot = {key: i for i, key in enumerate(arrays)}
         return {
-            "x": [torch.from_numpy(m.x) for m in self.items],
+            "x": [torch.from_numpy(a) for a in arrays.values()],
+            "x_index": [slot[id(m.x)] for m in self.items],
             "placement": [torch.from_numpy(m.placement) for m in self.items],
             "device_costs": [torch.from_numpy(m.device_costs) for m in self.items],
             "overall": [float(m.overall) for m in self.items],
         }
 
     def load_state_dict(self, state: dict) -> None:
+        xs = [x.numpy() for x in state["x"]]
         self.items = [
-            Measured(x.numpy(), p.numpy(), c.numpy(), float(o))
-            for x, p, c, o in zip(state["x"], state["placement"], state["device_costs"], state["overall"])
+            Measured(xs[i], p.numpy(), c.numpy(), float(o))
+            for i, p, c, o in zip(state["x_index"], state["placement"], state["device_costs"], state["overall"], strict=True)
         ]
 
 

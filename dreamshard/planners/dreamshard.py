@@ -51,83 +51,88 @@ if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
 
 
-def row_trials(scorer: PieceScorer, pieces: list[Shard], devices: list[int], state: np.ndarray, used: np.ndarray, slow: int, order: np.ndarray,
-               candidates: int, cost: float) -> list[tuple[np.ndarray, int, list[Shard], list[int]]]:
-    """The descent's row moves: (state, piece, its row pieces, their devices) of each row split
-    of one of the `candidates` costliest whole tables on `slow` that may pay
+def row_trials(scorer: PieceScorer, pieces: list[Shard], slots: np.ndarray, mine: list[int], state: np.ndarray, used: np.ndarray, slow: int, order: np.ndarray,
+               candidates: int, cost: float) -> list[tuple[int, list[Shard], list[int]]]:
+    """The descent's row moves: (piece, its row pieces, their devices) of each row split of one
+    of the `candidates` costliest whole tables among the pieces `mine` on `slow` that may pay
     (`PieceScorer.row_candidates`, and whose `bound_without` beats `cost`: only those are
     measured), over each `splits.row_parts` k that fits memory: over all D, block r on device r;
-    else on `slow` and the k − 1 first of `order` (fastest first), blocks in device order."""
+    else on `slow` and the k − 1 first of `order` (fastest first), blocks in device order. The
+    row pieces are not measured here (the caller measures a step's new pieces together)."""
     task = scorer.task
     out = []
-    mine = [i for i, d in enumerate(devices) if d == slow]
     for i in scorer.row_candidates(pieces, mine, candidates):
         if not scorer.bound_without(state, slow, pieces[i]) < cost * (1 - 1e-3):
             continue
-        row = scorer.rows([[pieces[i]]])[0, 0]
         for parts in splits.row_parts(task.devices):
             rows = splits.row_split(task, pieces[i].table, parts)
             if rows is None:
                 continue
             to = list(range(task.devices)) if parts == task.devices else sorted([slow] + [int(d) for d in order if d != slow][: parts - 1])
             free = used.copy()
-            free[slow] -= splits.sizes(task, [pieces[i]])[0]
-            np.add.at(free, to, splits.sizes(task, rows))
-            if free.max() > task.max_memory_bytes:
-                continue
-            trial = state.copy()
-            trial[slow] -= row
-            np.add.at(trial, to, scorer.rows([rows])[0])
-            out.append((trial, i, rows, to))
+            free[slow] -= scorer.bytes[slots[i]]
+            free[to] += splits.sizes(task, rows)  # a table's blocks go to distinct devices
+            if free.max() <= task.max_memory_bytes:
+                out.append((i, rows, to))
     return out
 
 
-def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], max_splits: int, candidates: int = 4, targets: int = 8) -> tuple[list[Shard], list[int], float]:
-    """Greedy descent in split space on the cost net: halve one of the `candidates` costliest
-    pieces on the device predicted slowest and move one half to one of the `targets` devices
-    predicted fastest (with memory for it), or split one of its `candidates` costliest whole
-    tables by rows (`row_trials`) — the move that lowers the predicted plan cost most; stop when
-    none lowers it or after `max_splits` moves. → (pieces, devices, cost units)."""
+def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], state: np.ndarray, max_splits: int, candidates: int = 4,
+                  targets: int = 8) -> tuple[list[Shard], list[int], float]:
+    """Greedy descent in split space on the cost net from `pieces` on `devices` (their device
+    states `state`, `PieceScorer.state`): halve one of the `candidates` costliest pieces on the
+    device predicted slowest and move one half to one of the `targets` devices predicted fastest
+    (with memory for it), or split one of its `candidates` costliest whole tables by rows
+    (`row_trials`) — the move that lowers the predicted plan cost most; stop when none lowers it
+    or after `max_splits` moves. → (pieces, devices, cost units)."""
     task, net = scorer.task, scorer.net
     nP, cap = net.nP, task.max_memory_bytes
     pieces, devices = list(pieces), list(devices)
-    state = scorer.state(pieces, np.array(devices))
+    slots = scorer.slots([pieces])[0]  # the pieces' cache slots, kept in step with them
     used = np.zeros(task.devices, np.int64)
-    np.add.at(used, devices, splits.sizes(task, pieces))
+    np.add.at(used, devices, scorer.bytes[slots])
     cost = float(scorer.score(state))
     for _ in range(max_splits):
         totals = net.costs(state[:, :nP]).sum(-1)
         slow = int(totals.argmax())
-        rows = scorer.rows([pieces])[0]
-        single = scorer.alone(rows)
-        cut = sorted((i for i, d in enumerate(devices) if d == slow and splits.can_halve(pieces[i])), key=lambda i: -single[i])[:candidates]
+        mine = np.flatnonzero(np.array(devices) == slow)
+        single = scorer.alone(scorer.table[slots[mine]])
+        cut = [int(mine[j]) for j in np.argsort(-single, kind="stable") if splits.can_halve(pieces[mine[j]])][:candidates]
         order = np.argsort(totals, kind="stable")
         to = np.array([d for d in order if d != slow][:targets], np.int64)
         if not len(to):
             break
+        halves = [splits.cut(pieces[i], 2) for i in cut]
+        by_rows = row_trials(scorer, pieces, slots, mine.tolist(), state, used, slow, order, candidates, cost)
+        scorer.measure([p for h in halves for p in h] + [p for _, blocks, _ in by_rows for p in blocks])  # in one batch
         score = np.full((0, 0), np.inf)
         if cut:
-            halves = [splits.cut(pieces[i], 2) for i in cut]
-            hrows = scorer.rows(halves)  # [C, 2, R]
+            hslots = scorer.slots(halves)  # [C, 2]
+            hrows = scorer.table[hslots]
             C, K = len(cut), len(to)
             trial = np.repeat(np.repeat(state[None, None], C, 0), K, 1)  # [C, K, D, R]
-            trial[:, :, slow] += (hrows[:, 0] - rows[cut])[:, None]
+            trial[:, :, slow] += (hrows[:, 0] - scorer.table[slots[cut]])[:, None]
             trial[np.arange(C)[:, None], np.arange(K)[None, :], to[None, :]] += hrows[:, 1][:, None]
-            moved = np.array(splits.sizes(task, [h[1] for h in halves]))
+            moved = scorer.bytes[hslots[:, 1]]
             fits = used[to][None, :] + moved[:, None] <= cap
             score = np.where(fits, scorer.score(trial), np.inf)
-        by_rows = row_trials(scorer, pieces, devices, state, used, slow, order, candidates, cost)
-        row_score = scorer.score(np.stack([r[0] for r in by_rows])) if by_rows else np.full(0, np.inf)
+        row_states = np.repeat(state[None], len(by_rows), 0)
+        for trial_state, (i, blocks, on) in zip(row_states, by_rows):
+            trial_state[slow] -= scorer.table[slots[i]]
+            trial_state[on] += scorer.rows([blocks])[0]  # a table's blocks go to distinct devices
+        row_score = scorer.score(row_states) if by_rows else np.full(0, np.inf)
         if len(row_score) and (not score.size or row_score.min() < score.min()):
             j = int(row_score.argmin())
             if not row_score[j] < cost * (1 - 1e-3):  # a split must pay by more than rounding
                 break
-            new_state, i, blocks, on = by_rows[j]
-            used[slow] -= splits.sizes(task, [pieces[i]])[0]
-            np.add.at(used, on, splits.sizes(task, blocks))
+            i, blocks, on = by_rows[j]
+            bslots = scorer.slots([blocks])[0]
+            used[slow] -= scorer.bytes[slots[i]]
+            used[on] += scorer.bytes[bslots]
+            slots = np.concatenate([np.delete(slots, i), bslots])
             pieces = pieces[:i] + pieces[i + 1 :] + blocks
             devices = devices[:i] + devices[i + 1 :] + on
-            state, cost = new_state, float(row_score[j])
+            state, cost = row_states[j], float(row_score[j])
             continue
         if not score.size:
             break
@@ -135,9 +140,10 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
         if not score[c, k] < cost * (1 - 1e-3):  # a cut must pay by more than rounding
             break
         i, (keep, move) = cut[c], halves[c]
-        before, after = splits.sizes(task, [pieces[i], keep])
-        used[slow] -= before - after
+        used[slow] -= scorer.bytes[slots[i]] - scorer.bytes[hslots[c, 0]]
         used[to[k]] += moved[c]
+        slots = np.append(slots, hslots[c, 1])
+        slots[i] = hslots[c, 0]
         pieces[i] = keep
         pieces.append(move)
         devices.append(int(to[k]))
@@ -206,15 +212,16 @@ class DreamShardPlanner(LearnedPlanner):
         cost, devices = greedy_batch(scorer, [pieces], np.array([*np.linspace(1.0, 1.5, 6), splits.NO_DIM_CAP]))
         if not np.isfinite(cost[0]):
             raise splits.infeasible(task)
-        pieces, devices, _ = split_descent(scorer, pieces, [int(d) for d in devices[0]], self.max_splits)
+        devices = [int(d) for d in devices[0]]
+        pieces, devices, _ = split_descent(scorer, pieces, devices, scorer.state(pieces, np.array(devices)), self.max_splits)
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label),
                              notes=["a table larger than a device: split by rows first"])
 
-    def _row_ladder(self, scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], cost: float) -> tuple[float, list[Shard], list[int]] | None:
+    def _row_ladder(self, scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], state: np.ndarray, cost: float) -> tuple[float, list[Shard], list[int]] | None:
         """The cheapest placement by NeuroShard's greedy on the cost net (`scoring.greedy_batch`,
         dim caps 1.0–1.5) of the `row_ladder` cuts, or None (the policy's MDP cannot keep a
         table's blocks on distinct devices, so the greedy places these)."""
-        ladder = row_ladder(scorer, whole, descent, placement, cost)
+        ladder = row_ladder(scorer, whole, descent, placement, state, cost)
         best = None
         for pieces in ladder:
             cost, devices = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
@@ -227,11 +234,12 @@ class DreamShardPlanner(LearnedPlanner):
         the policy's placements of a ladder of cuts (`cut_ladder`), all played in one batch."""
         scorer = PieceScorer(self.model, task, self.comm)
         whole = splits.whole(task)
-        best = (float(scorer.score(scorer.state(whole, np.array(table_wise.placement)))), whole, table_wise.placement)
-        pieces, devices, cost = split_descent(scorer, whole, table_wise.placement, self.max_splits)
+        state = scorer.state(whole, np.array(table_wise.placement))
+        best = (float(scorer.score(state)), whole, table_wise.placement)
+        pieces, devices, cost = split_descent(scorer, whole, table_wise.placement, state, self.max_splits)
         if cost < best[0]:
             best = (cost, pieces, devices)
-        placed = self._row_ladder(scorer, whole, pieces, table_wise.placement, best[0])
+        placed = self._row_ladder(scorer, whole, pieces, table_wise.placement, state, best[0])
         if placed is not None and placed[0] < best[0]:
             best = placed
         cuts = cut_ladder(whole, scorer.alone(scorer.rows([whole])[0]), self.max_splits)
@@ -256,17 +264,16 @@ class DreamShardPlanner(LearnedPlanner):
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label))
 
 
-def row_ladder(scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], cost: float, tables: int = 2) -> list[list[Shard]]:
+def row_ladder(scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], state: np.ndarray, cost: float, tables: int = 2) -> list[list[Shard]]:
     """Row cuts to place afresh: the descent's pieces where it split a table by rows (its
     placement was built around the table-wise one), and the 1, ..., `tables` costliest tables
     that may pay (`PieceScorer.row_candidates`, and whose `bound_without` in the table-wise
-    `placement` beats `cost`) split by rows over every device."""
+    `placement`, of device states `state`, beats `cost`) split by rows over every device."""
     task = scorer.task
     ladder = [descent] if any(p.is_row_shard for p in descent) else []
     if task.devices > splits.MAX_ROW_PARTS:
         return ladder
     chosen: list[int] = []
-    state = scorer.state(whole, np.array(placement))
     for i in scorer.row_candidates(whole, list(range(len(whole))), tables):
         if not scorer.bound_without(state, placement[i], whole[i]) < cost * (1 - 1e-3):
             continue

@@ -72,14 +72,18 @@ def row_groups(task: Task, pieces: Sequence[Shard]) -> tuple[list[int], list[int
     """Per piece: (the device it must take, or -1; its row-split group, or -1). A table split by
     rows over all devices has block r on device r (TorchRec's row_wise, `row_split`); the pieces
     of a table split over fewer devices share a group (distinct devices, `Plan.check`)."""
-    count: dict[int, int] = {}
-    for p in pieces:
-        if p.is_row_shard:
-            count[p.table] = count.get(p.table, 0) + 1
-    order = {t: sorted(p.row_start for p in pieces if p.is_row_shard and p.table == t) for t in count}
-    group = {t: g for g, t in enumerate(t for t in count if count[t] != task.devices)}
-    pin = [order[p.table].index(p.row_start) if p.is_row_shard and count[p.table] == task.devices else -1 for p in pieces]
-    return pin, [group.get(p.table, -1) if p.is_row_shard else -1 for p in pieces]
+    rows = [(k, p) for k, p in enumerate(pieces) if p.is_row_shard]  # few: the rest is -1
+    starts: dict[int, list[int]] = {}
+    for _, p in rows:
+        starts.setdefault(p.table, []).append(p.row_start)
+    group = {t: g for g, t in enumerate(t for t, s in starts.items() if len(s) != task.devices)}
+    pin, groups = [-1] * len(pieces), [-1] * len(pieces)
+    for k, p in rows:
+        if p.table in group:
+            groups[k] = group[p.table]
+        else:
+            pin[k] = sorted(starts[p.table]).index(p.row_start)
+    return pin, groups
 
 
 def forced_row_splits(task: Task) -> list[Shard]:
