@@ -11,7 +11,7 @@ that decides which model ships — one time-boxed call on one H200.
 2. `gpu`: DreamShard's training (config `default`) against the sequential runner measuring our
    Triton TBE on the GPU — `--budget` real measurements (the paper's scale is ~100).
    With `--prior-plans N` its cost net is first fitted on N plans priced by the simulator (default
-   calibration; not measurements, ~70 s of CPU for 8,000: docs/costs.md, "The cost net").
+   calibration; not measurements; ~75 s of one CPU core for 8,000: docs/costs.md, "The cost net on the same measurements").
    `sim`: the same training against the simulator with `--calibration` (the per-family fit), on
    the same tasks, for the comparison.
 3. Held-out tasks of the held-out family (`mixed`, pool seed 11: never in calibration or training),
