@@ -226,6 +226,7 @@ def infeasible_error(names: Sequence[str], sizes: Sequence[int], cap: int, D: in
         msg += f"; no packing into {cap} bytes per device was found"
     else:  # say what would be enough (more devices, or more memory each), a lower bound in either case
         per = -(-total // D)
-        per = -(-per // 10 ** max(0, len(str(per)) - 3)) * 10 ** max(0, len(str(per)) - 3)  # up to 3 digits: enough, as printed
+        step = 10 ** max(0, len(str(per)) - 3)  # rounded up to 3 digits: enough, as printed
+        per = -(-per // step) * step
         msg += f"; that takes at least {-(-total // cap)} devices of {format_bytes(cap)} or {format_bytes(per)} on each of {D}"
     return InfeasibleError(msg)

@@ -152,6 +152,17 @@ def to_measured(p: Prepared, placement: np.ndarray, report: CostReport) -> Measu
     return Measured(p.x, placement.astype(np.int64), dev, float(report.overall_ms))
 
 
+def sample_placements(model: DreamShardModel, tasks: Sequence[Task], prepared: Sequence[Prepared], idx: Sequence[int], keep_room: bool,
+                      gen: torch.Generator) -> tuple[list[np.ndarray], float]:
+    """One sampled episode of the current policy on each task `idx[k]`, a stuck one replaced by a
+    memory packing (`loop.complete`): the plans to measure, or to price for the prior; and the
+    fraction of episodes that got stuck."""
+    with torch.no_grad():
+        ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared[i] for i in idx]), greedy=False, generator=gen, keep_room=keep_room)
+    placements = [complete(tasks[i], ro.placement[k, : len(tasks[i].tables)].numpy(), bool(ro.stuck[k])) for k, i in enumerate(idx)]
+    return placements, float(ro.stuck.float().mean())
+
+
 def cost_loss(cost_net, b: dict[str, torch.Tensor]) -> torch.Tensor:
     """MSE of a collated batch in units of `scale` ms: the overall head, plus per component the mean
     over real devices (reference: one loss per head). A target that was not measured is NaN and
@@ -191,9 +202,7 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
     bar.phase(0, f"pricing {cfg.prior_plans} prior plans")
     for s in range(0, len(idx), PRIOR_CHUNK):
         chunk = idx[s : s + PRIOR_CHUNK]
-        with torch.no_grad():
-            ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared[i] for i in chunk]), greedy=False, generator=gen, keep_room=cfg.keep_room)
-        placements = [complete(tasks[i], ro.placement[k, : len(tasks[i].tables)].numpy(), bool(ro.stuck[k])) for k, i in enumerate(chunk)]
+        placements, _ = sample_placements(model, tasks, prepared, chunk, cfg.keep_room, gen)
         reports = measure(prior, [tasks[i] for i in chunk], placements, cfg.batch_size)
         for i, p, r in zip(chunk, placements, reports):
             buffer.add(to_measured(prepared[i], p, r))
@@ -321,10 +330,7 @@ def train(
         if n > 0:
             bar.phase(it, "measuring")
             idx = rng.integers(len(tasks), size=n)
-            batch = EpisodeBatch.of([prepared[i] for i in idx])
-            with torch.no_grad():
-                ro = rollout(cost_net, policy, batch, greedy=False, generator=gen, keep_room=cfg.keep_room)
-            placements = [complete(tasks[i], ro.placement[k, : len(tasks[i].tables)].numpy(), bool(ro.stuck[k])) for k, i in enumerate(idx)]
+            placements, stuck = sample_placements(model, tasks, prepared, idx, cfg.keep_room, gen)
             reports = measurer.sample([tasks[i] for i in idx], placements)
             new = [to_measured(prepared[i], p, r) for i, p, r in zip(idx, placements, reports)]
             if len(buffer) == 0 and not cfg.prior_plans:
@@ -341,7 +347,7 @@ def train(
             row.update({
                 "collect/measured_ms": float(ov_true.mean()),
                 "collect/predicted_ms": float(ov_pred.mean()),
-                "collect/stuck": float(ro.stuck.float().mean()),
+                "collect/stuck": stuck,
                 "cost/mape_overall": mape(ov_pred, ov_true),
                 "cost/spearman_overall": spearman(ov_pred, ov_true),
                 "cost/mape_device": mape(dv_pred, dv_true),
