@@ -245,9 +245,9 @@ def hits_per_row(tables: Sequence[TableSpec], batch_size: int = REFERENCE_BATCH)
         out[synthetic] = s["lookups"] / np.maximum(s["unique"], 1e-12) * (s["unique"] > 0)
     replayed = [i for i in set(range(len(tables))) - set(synthetic) if tables[i].pooling_factor > 0]
     if replayed:
-        from dreamshard.costs.sim import _BIN_MEAN  # noqa: PLC0415 - only for replayed DLRM files
+        from dreamshard.costs.terms import BIN_MEAN  # noqa: PLC0415 - only for replayed DLRM files
 
-        out[replayed] = [float(np.dot(tables[i].bins, _BIN_MEAN)) for i in replayed]
+        out[replayed] = [float(np.dot(tables[i].bins, BIN_MEAN)) for i in replayed]
     return out
 
 

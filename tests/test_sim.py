@@ -113,7 +113,7 @@ def _triton_source_namespace() -> dict:
 
 
 def test_triton_geometry_mirrors_the_kernel():
-    from dreamshard.costs import sim
+    from dreamshard.costs import terms as sim  # the geometry the simulator prices (and the cost net's kernel features count)
 
     k = _triton_source_namespace()
     for name in ("FWD_LANES", "BWD_LANES", "BWD_UP_LANES", "BWD_PMAX", "BWD_MAX_TW", "TW_CLASSES"):
@@ -170,7 +170,7 @@ def test_triton_terms_monotone_in_lookups_and_dim():
 
 
 def test_triton_terms_additive_except_the_shared_ones():
-    from dreamshard.costs.sim import SHARD_TERMS, TERMS
+    from dreamshard.costs.terms import SHARD_TERMS, TERMS
     from dreamshard.tables import TableSpec
 
     a, b, c, w = TableSpec("a", 10**6, 64, 10.0), TableSpec("b", 10**5, 64, 30.0), TableSpec("c", 10**5, 96, 5.0), TableSpec("w", 10**5, 320, 5.0)

@@ -88,6 +88,13 @@ class CostBackend(ABC):
         """Cost of one placement given as what each device holds (list index = device; a column
         shard is a table of its own width, `Plan.device_tables()`)."""
 
+    def comm_params(self) -> dict | None:
+        """The parameters of the all-to-all model this backend prices a plan's all-to-all with
+        (costs/comm.py, `alltoall_ms`), or None where it runs real all-to-alls. A cost net that
+        adds the comm model's all-to-all (DreamShard's Config.comm "model") takes them from the
+        backend it is trained against, so that it adds what its targets had."""
+        return None
+
     def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], workload: Workload = Workload()) -> list[CostReport]:
         return [self.evaluate(s, workload) for s in placements]
 

@@ -70,17 +70,34 @@ SKEW = 4  # skewed exchange: rank 0's chunks are SKEW × the others'
 COLLECTIVES = ("reduce_scatter", "all_gather")
 
 
-def alltoall_bytes_array(dim_sums: np.ndarray, batch_size: int, elt: int) -> tuple[np.ndarray, np.ndarray]:
+def alltoall_bytes_array(dim_sums: np.ndarray, batch_size: int, elt, total=None, devices=None) -> tuple[np.ndarray, np.ndarray]:
     """(send, recv) bytes of the forward all-to-all for dim sums of shape [..., D] (batched).
 
     Own slices are excluded, so one device moves nothing. The simulator costs thousands of
     placements at once through this; ``alltoall_bytes`` is the one-placement view of it.
+    `total` (default: the sum over the last axis) is the all-to-all's whole width and `devices`
+    (default: the last axis's length) its device count, each broadcast against [..., 1]: the
+    learned cost net prices a device of a plan still being built, or of a batch padded to more
+    devices, with its task's (learned/nets.py, `CommFormula`). `elt` may be an array too.
     """
     dim_sums = np.asarray(dim_sums, dtype=np.float64)
-    D = dim_sums.shape[-1]
+    D = dim_sums.shape[-1] if devices is None else devices
+    total = dim_sums.sum(axis=-1, keepdims=True) if total is None else total
     send = batch_size * dim_sums * elt * (D - 1) / D
-    recv = (batch_size / D) * (dim_sums.sum(axis=-1, keepdims=True) - dim_sums) * elt
+    recv = (batch_size / D) * (total - dim_sums) * elt
     return send, recv
+
+
+def alltoall_ms(comm: dict, send, recv):
+    """One device's all-to-all ms from a comm model's parameters (``CommModel.params()`` or a
+    calibration's ``comm``): latency + (max + serial_fraction·min)(send, recv) / bandwidth, 0 where
+    nothing moves. Numbers or arrays. The one formula: `CommModel.predict`, the simulator and
+    the learned cost net's `CommFormula` all price the all-to-all through it."""
+    send, recv = np.asarray(send, dtype=np.float64), np.asarray(recv, dtype=np.float64)
+    hi, lo = np.maximum(send, recv), np.minimum(send, recv)
+    t = comm["latency_ms"] + (hi + comm.get("serial_fraction", 0.0) * lo) / (comm["bandwidth_GBps"] * 1e6)
+    out = np.where(hi > 0, t, 0.0)
+    return float(out) if out.ndim == 0 else out
 
 
 def alltoall_bytes(dim_sums: Sequence[int], batch_size: int, elt: int) -> tuple[list[float], list[float]]:
@@ -198,8 +215,7 @@ class CommModel:
     def predict(self, send_bytes, recv_bytes):
         """Milliseconds for one device's all-to-all; numbers or equal-length sequences."""
         if isinstance(send_bytes, (int, float)) and isinstance(recv_bytes, (int, float)):
-            hi, lo = max(send_bytes, recv_bytes), min(send_bytes, recv_bytes)
-            return self.latency_ms + (hi + self.serial_fraction * lo) / (self.bandwidth_GBps * 1e6)
+            return alltoall_ms(self.params(), send_bytes, recv_bytes)
         return [self.predict(float(s), float(r)) for s, r in zip(send_bytes, recv_bytes, strict=True)]
 
     def placement_ms(self, dim_sums: Sequence[int], batch_size: int, elt: int) -> tuple[list[float], list[float]]:

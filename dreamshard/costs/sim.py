@@ -48,7 +48,6 @@ holds a fitted ``reduce_scatter`` / ``all_gather``).
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -59,9 +58,11 @@ from typing import Sequence
 import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import alltoall_bytes_array, rowwise_ms
+from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
+# the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
+from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
-from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec
+from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
 from dreamshard.validation import DataError, one_line
@@ -78,74 +79,7 @@ OPTIONAL_TERMS = ("tables",)
 TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
 TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
-TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes",
-         "programs", "wide_programs", "masked_gather_bytes", "tiles", "masked_grad_bytes", "launches")
-# Terms a shard does not get by summing its tables' (set per shard in shard_terms): the fixed ones,
-# the forward's launch configuration (wide_programs) and the backward's launches shared per class.
-SHARD_TERMS = ("launch", "active", "wide_programs", "launches")
-SECTOR = 32  # bytes per DRAM/L2 transaction
 DEFAULT_CALIBRATION = "h200_triton_families.json"  # fitted to the tiled-backward kernel on six table families (docs/costs.md)
-
-# The Triton kernel's tile geometry (costs/kernels/triton_tbe.py; that module needs triton, so it is
-# mirrored here and tests/test_sim.py checks the constants against its source).
-FWD_LANES = 1024
-BWD_LANES = 4096
-BWD_UP_LANES = 2048
-BWD_PMAX = 64
-BWD_MAX_TW = 256
-TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
-WIDE_DIM = 256  # a shard with a dim over this runs its forward with 8 warps and the wide branches
-
-
-def _pow2(dim: np.ndarray) -> np.ndarray:
-    return np.maximum(4, 2 ** np.ceil(np.log2(np.maximum(dim, 1)))).astype(np.int64)
-
-
-def _block_width(dim: int, whole_row: bool) -> int:
-    """triton_tbe._bwd_tile_width: the column block covering the dim with the fewest padded columns
-    (each block ~16 elements of overhead), or the whole row rounded up to a power of two (Adagrad)."""
-    if whole_row:
-        return max(TW_CLASSES[0], 1 << (int(dim) - 1).bit_length())
-    best = min((-(-dim // tw) * (tw + 16), -tw) for tw in TW_CLASSES if tw <= BWD_MAX_TW)
-    return -best[1]
-
-
-# per dim (0..1,024) and optimizer: the block width (and, below, the tile class 0..13 that shares launches)
-_DIMS = np.arange(0, 1025, dtype=np.int64)
-_TW = {whole: np.array([_block_width(max(d, 4), whole) for d in _DIMS]) for whole in (False, True)}
-
-
-def _chunk(tw: np.ndarray, lanes: int) -> np.ndarray:
-    """triton_tbe._chunk: elements of a tile, P = lanes / TW within [16, BWD_PMAX]."""
-    return np.minimum(np.maximum(lanes // tw, 16), max(BWD_PMAX, 16))
-
-
-def triton_geometry(dim: np.ndarray, lookups: np.ndarray, batch_size: int, elt_bytes: int, whole_row: bool) -> dict[str, np.ndarray]:
-    """Per table: forward programs, level-0 backward tiles (times column blocks), levels, and which
-    paths are masked (dims that are not a power of two forward, not a multiple of the block backward)."""
-    dim = np.asarray(dim, dtype=np.int64)
-    dp = _pow2(dim)
-    programs = np.ceil(batch_size / np.maximum(1, FWD_LANES // dp))
-    tw = _TW[whole_row][np.minimum(dim, 1024)]
-    blocks = -(-dim // tw)
-    p0 = _chunk(tw, BWD_LANES // (2 if elt_bytes == 4 else 1))
-    p1 = _chunk(tw, BWD_UP_LANES)
-    n = np.round(lookups)
-    tiles = np.ceil(n / p0)
-    # levels: level 0, then each level k >= 1 cuts the 2 entries per tile of level k-1 into tiles of p1
-    levels = (n > 0).astype(np.float64)
-    t = tiles.copy()
-    while (t > 1).any():
-        more = t > 1
-        t = np.where(more, np.ceil(2 * t / p1), t)
-        levels += more
-    return {"programs": programs, "masked_fwd": dp != dim, "tiles": tiles * blocks, "levels": levels, "masked_bwd": dim % tw != 0}
-
-# Mean access count of a row in each reuse bin: (0,1] → 1, (2^(j-1), 2^j] → mean of its integers.
-_BIN_MEAN = np.array([1.0] + [(2 ** (j - 1) + 1 + 2**j) / 2 for j in range(1, 16)] + [2.0**16])
-_WARM = np.arange(NUM_BINS) >= 1  # used more than once
-_HOT = np.arange(NUM_BINS) >= 5  # used more than 16 times
-
 
 @dataclass
 class Calibration:
@@ -188,52 +122,8 @@ class Calibration:
         return f"simulated ({short} calibration of {self.date})" if self.date else f"simulated ({short} calibration)"
 
 
-def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload()) -> np.ndarray:
-    """[T, len(TERMS)] per-table terms; a shard's terms are their sum (launch, active: set per shard)."""
-    n = len(tables)
-    out = np.zeros((n, len(TERMS)))
-    if n == 0:
-        return out
-    elt, batch_size = workload.elt_bytes, workload.batch_size
-    dim = np.array([t.dim for t in tables], dtype=np.float64)
-    rows = np.array([t.rows for t in tables], dtype=np.float64)
-    pf = np.array([t.pooling_factor for t in tables], dtype=np.float64)
-    # fromiter over the flattened tuples: twice as fast as np.array on a list of tuples, which
-    # matters when a whole placement must be costed in a millisecond
-    bins = np.fromiter(itertools.chain.from_iterable([t.bins for t in tables]), np.float64, count=n * NUM_BINS).reshape(n, NUM_BINS)
-    lookups = batch_size * pf
-    row_bytes = np.ceil(dim * elt / SECTOR) * SECTOR
-    # Reuse at this batch from the histogram at the reference batch: a row's expected count
-    # beyond its first touch scales with the batch; distinct rows never exceed the table.
-    mean_count = np.maximum(bins @ _BIN_MEAN, 1.0)
-    mean_count = 1.0 + (mean_count - 1.0) * batch_size / REFERENCE_BATCH
-    unique = np.minimum(lookups / mean_count, rows)
-    lookup_share = bins * _BIN_MEAN  # lookups falling in each bin, unnormalized
-    norm = np.maximum(lookup_share.sum(axis=1), 1e-12)
-    hot_frac = (lookup_share[:, _HOT]).sum(axis=1) / norm
-    repeat = np.maximum(lookups - unique, 0.0)
-    hot = np.minimum(repeat, lookups * hot_frac)
-    state = 4.0 if workload.optimizer == "rowwise_adagrad" else 0.0
-    out[:, TERMS.index("tables")] = 1.0
-    out[:, TERMS.index("lookups")] = lookups
-    out[:, TERMS.index("cold_bytes")] = unique * row_bytes
-    out[:, TERMS.index("warm_bytes")] = (repeat - hot) * row_bytes
-    out[:, TERMS.index("hot_bytes")] = hot * row_bytes
-    out[:, TERMS.index("out_bytes")] = batch_size * dim * elt
-    out[:, TERMS.index("grad_bytes")] = lookups * row_bytes
-    out[:, TERMS.index("update_bytes")] = unique * (2 * row_bytes + 2 * state)
-    g = triton_geometry(dim, lookups, batch_size, elt, workload.optimizer == "rowwise_adagrad")
-    out[:, TERMS.index("programs")] = g["programs"]
-    out[:, TERMS.index("wide_programs")] = g["programs"]  # kept only in shards with a dim over WIDE_DIM (shard_terms)
-    out[:, TERMS.index("masked_gather_bytes")] = np.where(g["masked_fwd"], lookups * row_bytes, 0.0)
-    out[:, TERMS.index("tiles")] = g["tiles"]
-    out[:, TERMS.index("masked_grad_bytes")] = np.where(g["masked_bwd"], lookups * row_bytes, 0.0)
-    out[:, TERMS.index("launches")] = g["levels"]  # alone; in a shard, tables of one class share launches (shard_terms)
-    return out
-
-
 _NUM_CLASSES = 2 * len(TW_CLASSES)
-_CLASS = {whole: np.log2(_TW[whole]).astype(np.int64) - 4 + np.where(_DIMS % _TW[whole] == 0, 0, len(TW_CLASSES)) for whole in (False, True)}
+_CLASS = {whole: np.log2(BLOCK_WIDTH[whole]).astype(np.int64) - 4 + np.where(ALL_DIMS % BLOCK_WIDTH[whole] == 0, 0, len(TW_CLASSES)) for whole in (False, True)}
 
 
 def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray, workload: Workload = Workload(),
@@ -288,11 +178,10 @@ class SimBackend(CostBackend):
         self._columns = [j for j in range(len(TERMS)) if self._fwd[j] or self._bwd[j]]
 
     def _comm(self, sent: np.ndarray, recv: np.ndarray) -> np.ndarray:
-        """CommModel.predict, vectorized: latency + (max + serial_fraction·min) / bandwidth."""
-        c = self.calibration.comm
-        hi, lo = np.maximum(sent, recv), np.minimum(sent, recv)
-        t = c["latency_ms"] + (hi + c.get("serial_fraction", 0.0) * lo) / (c["bandwidth_GBps"] * 1e6)
-        return np.where(hi > 0, t, 0.0)
+        return alltoall_ms(self.calibration.comm, sent, recv)
+
+    def comm_params(self) -> dict:
+        return self.calibration.comm
 
     def costs_batch(self, tables: Sequence[TableSpec], placements: np.ndarray, devices: int, workload: Workload = Workload(), terms: np.ndarray | None = None) -> np.ndarray:
         """Costs of N placements of the same tables at once: [N, D, 4] (fwd comp, fwd comm, bwd comm, bwd comp).

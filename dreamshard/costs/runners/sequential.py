@@ -54,6 +54,9 @@ class SequentialRunner(CostBackend):
             self._comm = load_comm_model(None, self.device.type)
         return self._comm
 
+    def comm_params(self) -> dict:
+        return self.comm_model.params()
+
     def _measure_shard(self, tables: Sequence[TableSpec], batch_size: int, precision: str, optimizer: str) -> tuple[list[float], list[float]]:
         import torch
 

@@ -1,0 +1,139 @@
+"""The work a fused table-batched embedding step does per table: pure shape arithmetic.
+
+`table_terms` counts, for each table under a workload (batch size, precision, optimizer), what the
+step's kernels do with it — lookups, gathered bytes split by how often a row is reused in the batch
+(from the table's reuse bins), output and gradient bytes, row updates, and the Triton kernel's tile
+geometry (`triton_geometry`: forward programs, backward tiles and levels, masked paths), mirrored
+from costs/kernels/triton_tbe.py (which needs triton; tests/test_sim.py checks the constants and
+the block-width rule against its source). What each term models: costs/sim.py's module doc.
+
+Two users, so the counts are written once here and neither imports the other:
+  - the calibrated simulator (costs/sim.py), a cost backend: a shard's terms are its tables' sums
+    (`sim.shard_terms` sets the per-shard ones), priced by coefficients fitted to measurements;
+  - DreamShard's cost net (learned/nets.py, `KernelFeatures`): the same per-table counts as input
+    features, their coefficients left to the net. Planners and learned modules may import this
+    module: it is counts of tables only (no backend, no measurement, no calibration file).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import numpy as np
+
+from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec
+from dreamshard.tasks import Workload
+
+TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes",
+         "programs", "wide_programs", "masked_gather_bytes", "tiles", "masked_grad_bytes", "launches")
+# Terms a shard does not get by summing its tables' (set per shard in shard_terms): the fixed ones,
+# the forward's launch configuration (wide_programs) and the backward's launches shared per class.
+SHARD_TERMS = ("launch", "active", "wide_programs", "launches")
+SECTOR = 32  # bytes per DRAM/L2 transaction
+
+# The Triton kernel's tile geometry (costs/kernels/triton_tbe.py; that module needs triton, so it is
+# mirrored here and tests/test_sim.py checks the constants against its source).
+FWD_LANES = 1024
+BWD_LANES = 4096
+BWD_UP_LANES = 2048
+BWD_PMAX = 64
+BWD_MAX_TW = 256
+TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
+WIDE_DIM = 256  # a shard with a dim over this runs its forward with 8 warps and the wide branches
+
+
+def _pow2(dim: np.ndarray) -> np.ndarray:
+    return np.maximum(4, 2 ** np.ceil(np.log2(np.maximum(dim, 1)))).astype(np.int64)
+
+
+def _block_width(dim: int, whole_row: bool) -> int:
+    """triton_tbe._bwd_tile_width: the column block covering the dim with the fewest padded columns
+    (each block ~16 elements of overhead), or the whole row rounded up to a power of two (Adagrad)."""
+    if whole_row:
+        return max(TW_CLASSES[0], 1 << (int(dim) - 1).bit_length())
+    best = min((-(-dim // tw) * (tw + 16), -tw) for tw in TW_CLASSES if tw <= BWD_MAX_TW)
+    return -best[1]
+
+
+# per dim (0..1,024) and optimizer: the block width (and, below, the tile class 0..13 that shares launches)
+ALL_DIMS = np.arange(0, 1025, dtype=np.int64)
+BLOCK_WIDTH = {whole: np.array([_block_width(max(d, 4), whole) for d in ALL_DIMS]) for whole in (False, True)}
+
+
+def _chunk(tw: np.ndarray, lanes: int) -> np.ndarray:
+    """triton_tbe._chunk: elements of a tile, P = lanes / TW within [16, BWD_PMAX]."""
+    return np.minimum(np.maximum(lanes // tw, 16), max(BWD_PMAX, 16))
+
+
+def triton_geometry(dim: np.ndarray, lookups: np.ndarray, batch_size: int, elt_bytes: int, whole_row: bool) -> dict[str, np.ndarray]:
+    """Per table: forward programs, level-0 backward tiles (times column blocks), levels, and which
+    paths are masked (dims that are not a power of two forward, not a multiple of the block backward)."""
+    dim = np.asarray(dim, dtype=np.int64)
+    dp = _pow2(dim)
+    programs = np.ceil(batch_size / np.maximum(1, FWD_LANES // dp))
+    tw = BLOCK_WIDTH[whole_row][np.minimum(dim, 1024)]
+    blocks = -(-dim // tw)
+    p0 = _chunk(tw, BWD_LANES // (2 if elt_bytes == 4 else 1))
+    p1 = _chunk(tw, BWD_UP_LANES)
+    n = np.round(lookups)
+    tiles = np.ceil(n / p0)
+    # levels: level 0, then each level k >= 1 cuts the 2 entries per tile of level k-1 into tiles of p1
+    levels = (n > 0).astype(np.float64)
+    t = tiles.copy()
+    while (t > 1).any():
+        more = t > 1
+        t = np.where(more, np.ceil(2 * t / p1), t)
+        levels += more
+    return {"programs": programs, "masked_fwd": dp != dim, "tiles": tiles * blocks, "levels": levels, "masked_bwd": dim % tw != 0}
+
+
+
+# Mean access count of a row in each reuse bin: (0,1] → 1, (2^(j-1), 2^j] → mean of its integers
+# (counts are integers), 2^16 for the open bin > 2^15.
+BIN_MEAN = np.array([1.0] + [(2 ** (j - 1) + 1 + 2**j) / 2 for j in range(1, NUM_BINS - 1)] + [2.0**16])
+_HOT = np.arange(NUM_BINS) >= 5  # used more than 16 times
+
+
+def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload()) -> np.ndarray:
+    """[T, len(TERMS)] per-table terms; a shard's terms are their sum (launch, active: set per shard)."""
+    n = len(tables)
+    out = np.zeros((n, len(TERMS)))
+    if n == 0:
+        return out
+    elt, batch_size = workload.elt_bytes, workload.batch_size
+    dim = np.array([t.dim for t in tables], dtype=np.float64)
+    rows = np.array([t.rows for t in tables], dtype=np.float64)
+    pf = np.array([t.pooling_factor for t in tables], dtype=np.float64)
+    # fromiter over the flattened tuples: twice as fast as np.array on a list of tuples, which
+    # matters when a whole placement must be costed in a millisecond
+    bins = np.fromiter(itertools.chain.from_iterable([t.bins for t in tables]), np.float64, count=n * NUM_BINS).reshape(n, NUM_BINS)
+    lookups = batch_size * pf
+    row_bytes = np.ceil(dim * elt / SECTOR) * SECTOR
+    # Reuse at this batch from the histogram at the reference batch: a row's expected count
+    # beyond its first touch scales with the batch; distinct rows never exceed the table.
+    mean_count = np.maximum(bins @ BIN_MEAN, 1.0)
+    mean_count = 1.0 + (mean_count - 1.0) * batch_size / REFERENCE_BATCH
+    unique = np.minimum(lookups / mean_count, rows)
+    lookup_share = bins * BIN_MEAN  # lookups falling in each bin, unnormalized
+    norm = np.maximum(lookup_share.sum(axis=1), 1e-12)
+    hot_frac = (lookup_share[:, _HOT]).sum(axis=1) / norm
+    repeat = np.maximum(lookups - unique, 0.0)
+    hot = np.minimum(repeat, lookups * hot_frac)
+    state = 4.0 if workload.optimizer == "rowwise_adagrad" else 0.0
+    out[:, TERMS.index("tables")] = 1.0
+    out[:, TERMS.index("lookups")] = lookups
+    out[:, TERMS.index("cold_bytes")] = unique * row_bytes
+    out[:, TERMS.index("warm_bytes")] = (repeat - hot) * row_bytes
+    out[:, TERMS.index("hot_bytes")] = hot * row_bytes
+    out[:, TERMS.index("out_bytes")] = batch_size * dim * elt
+    out[:, TERMS.index("grad_bytes")] = lookups * row_bytes
+    out[:, TERMS.index("update_bytes")] = unique * (2 * row_bytes + 2 * state)
+    g = triton_geometry(dim, lookups, batch_size, elt, workload.optimizer == "rowwise_adagrad")
+    out[:, TERMS.index("programs")] = g["programs"]
+    out[:, TERMS.index("wide_programs")] = g["programs"]  # kept only in shards with a dim over WIDE_DIM (shard_terms)
+    out[:, TERMS.index("masked_gather_bytes")] = np.where(g["masked_fwd"], lookups * row_bytes, 0.0)
+    out[:, TERMS.index("tiles")] = g["tiles"]
+    out[:, TERMS.index("masked_grad_bytes")] = np.where(g["masked_bwd"], lookups * row_bytes, 0.0)
+    out[:, TERMS.index("launches")] = g["levels"]  # alone; in a shard, tables of one class share launches (shard_terms)
+    return out
