@@ -1,8 +1,13 @@
 """DreamShard's cost net against real H200 measurements, with and without the simulator prior
 (issue 10): offline, on the CPU, from the committed records of one GPU campaign.
 
-    PYTHONPATH=. python benchmarks/costnet_prior.py --out benchmarks/results/costnet_prior   # CPU, ~35 min
+    PYTHONPATH=. python benchmarks/costnet_prior.py --out benchmarks/results/costnet_prior   # CPU, one core, ~50 min
     PYTHONPATH=. python benchmarks/costnet_prior.py --out /tmp/c --quick                     # logic check, ~1 min
+
+Seeds (and variants) can run side by side, one core each, and be merged (the committed results):
+    python benchmarks/costnet_prior.py --out /tmp/s0 --seeds 1 --first-seed 0; ... --out /tmp/s2a --first-seed 2 --seeds 1 --variants 0
+    python benchmarks/costnet_prior.py --out /tmp/s1 --seeds 1 --first-seed 1; ... --out /tmp/s2b --first-seed 2 --seeds 1 --variants 1,2
+    python benchmarks/costnet_prior.py --out benchmarks/results/costnet_prior --seeds 0 --merge /tmp/s0/summary.json /tmp/s1/summary.json /tmp/s2a/summary.json /tmp/s2b/summary.json
 
 The records (benchmarks/results/gpu_families/, benchmarks/gpu_families.py, docs/costs.md):
 calib_records.jsonl holds 60 shards of the six training families (pool seed 10), each timed alone;
@@ -32,11 +37,18 @@ Cost nets (the shipped one once, the others per --seeds):
                    family but F (calibration and validation records, shards and plans; `mixed` never),
                    evaluated on F: each family's error on tables and plans of a family it never saw
                    measured (for `mixed` this is all six training families)
-  kernel terms     (exploratory, not a library option) the prior, and prior+gpu, with the simulator's
-                   per-table kernel terms (costs/sim.table_terms: programs, tiles, masked bytes, ...;
-                   normalised by their mean over the training tables) and a dim > 256 flag appended to
-                   the features: the same counts the simulator prices, its coefficients left to learn
+  (kernel features)             the same with Config.kernel_features (learned/nets.KernelFeatures):
+                   the per-table kernel terms the simulator prices (costs/terms.py: programs, tiles,
+                   masked bytes, ...; scaled by their mean over the training tables, stored with the
+                   model) and a dim > 256 flag appended to the features; prior and prior+gpu
+  (kernel features, comm model) and Config.comm "model" (nets.CommFormula): a device's all-to-all
+                   from the comm model of the backend trained against (here the simulator's, the same
+                   parameters as h200_nccl.json) in place of the comm head, which is not fitted;
+                   prior, prior+gpu, LOFO
   simulator        the prior's teacher itself, for reference
+
+Every net predicts through the library's own path (mdp.prepare → table_features, mdp.predict), as
+the planner does; the model options are the library's (learned/dreamshard.py, Config).
 
 Per family: compute MAPE of fwd + bwd over its 34 validation shards (10 alone, 24 in plans);
 plan MAPE (and mean signed error) of the max-device cost over its 4 measured plans; and, with more
@@ -64,21 +76,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from benchmarks.gpu_shipped_model import training_tasks  # noqa: E402
 from dreamshard.costs.calibrate import load_records  # noqa: E402
 from dreamshard.costs.comm import load_comm_model  # noqa: E402
-from dreamshard.costs.sim import TERMS, WIDE_DIM, SimBackend, table_terms  # noqa: E402
+from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import FAMILIES, HELD_OUT_FAMILY, TRAINING_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
-from dreamshard.learned.dreamshard import cost_loss, fit_batch, fit_prior, get_config, prior_steps  # noqa: E402
+from dreamshard.learned.dreamshard import cost_loss, create_model, fit_batch, fit_prior, get_config, prior_steps  # noqa: E402
 from dreamshard.learned.loop import Progress, decay_lr  # noqa: E402
-from dreamshard.learned.mdp import Prepared  # noqa: E402
-from dreamshard.learned.nets import CostNet, DreamShardModel, Measured, PolicyNet, ReplayBuffer, collate, table_features  # noqa: E402
+from dreamshard.learned.mdp import EpisodeBatch, predict as predict_units, prepare  # noqa: E402
+from dreamshard.learned.nets import DreamShardModel, Measured, ReplayBuffer  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
-from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+from dreamshard.tasks import Task, Workload, sample_tasks  # noqa: E402
 
 RECORDS = "benchmarks/results/gpu_families"
 COMM_MODEL = "dreamshard/data/comm/h200_nccl.json"
 SETTINGS = ((40, 4), (80, 8))
 CAP = 24 * 10**9
-KERNEL_TERMS = [j for j, t in enumerate(TERMS) if t not in ("launch", "active")]  # per-shard flags, 0 for a table
+# the cost nets compared, by the model options they set (Config): name suffix → overrides
+VARIANTS = {"": {}, " (kernel features)": {"kernel_features": True}, " (kernel features, comm model)": {"kernel_features": True, "comm": "model"}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,41 +99,32 @@ KERNEL_TERMS = [j for j, t in enumerate(TERMS) if t not in ("launch", "active")]
 # --------------------------------------------------------------------------------------------
 
 
-class Featurizer:
-    """Table features as the cost net sees them: the config's, or (`kernel`) with the simulator's
-    per-table kernel terms and a wide-dim flag appended."""
-
-    def __init__(self, cfg, workload: Workload, kernel: bool = False, reference=()):
-        self.cfg, self.workload, self.kernel = cfg, workload, kernel
-        self.norm = table_terms(list(reference), workload)[:, KERNEL_TERMS].mean(0) + 1e-30 if kernel else None
-
-    def __call__(self, tables) -> np.ndarray:
-        x = table_features(tables, self.cfg.normalization, self.cfg.linear_features, self.workload.precision)
-        if not self.kernel:
-            return x
-        terms = table_terms(tables, self.workload)[:, KERNEL_TERMS] / self.norm
-        wide = np.array([[t.dim > WIDE_DIM] for t in tables], np.float64).reshape(-1, 1)
-        return np.concatenate([x, terms, wide], axis=1).astype(np.float32)
-
-
-def as_measured(plan, featurize, costs: np.ndarray | None = None) -> Measured:
-    """A plan (shards) as the nets' input; `costs` [D, 3] ms (NaN: not measured) or none (to predict)."""
+def as_task(plan, workload: Workload) -> tuple[Task, np.ndarray]:
+    """A plan (shards) as a task of its tables (memory unbounded) and the placement of them."""
     tables = [t for shard in plan for t in shard]
-    placement = np.array([d for d, shard in enumerate(plan) for _ in shard], np.int64)
-    costs = np.zeros((len(plan), 3), np.float32) if costs is None else costs.astype(np.float32)
+    return Task(tables, len(plan), 10**15, workload), np.array([d for d, shard in enumerate(plan) for _ in shard], np.int64)
+
+
+def as_measured(plan, model: DreamShardModel, workload: Workload, costs: np.ndarray) -> Measured:
+    """A measured plan (shards) as the nets' input (the model's features); `costs` [D, 3] ms (NaN: not measured)."""
+    task, placement = as_task(plan, workload)
+    costs = costs.astype(np.float32)
     overall = float(costs.sum(1).max()) if not np.isnan(costs).any() else float("nan")
-    return Measured(featurize(tables), placement, costs, overall)
+    return Measured(model.features(task.tables, workload), placement, costs, overall)
 
 
-def predict(net: CostNet, featurize, plans, chunk: int = 512) -> list[np.ndarray]:
-    """Per plan, [D, 3] predicted (fwd, bwd, comm) ms from the per-device heads."""
+def predict(model: DreamShardModel, plans, workload: Workload, chunk: int = 512) -> list[np.ndarray]:
+    """Per plan, [D, 3] predicted (fwd, bwd, comm) ms, as the planner predicts a plan (mdp.predict:
+    the per-device heads, with the model's comm model where it has one)."""
     out = []
-    with torch.no_grad():
-        for s in range(0, len(plans), chunk):
-            part = plans[s : s + chunk]
-            b = collate([as_measured(p, featurize) for p in part])
-            dev, _ = net(b["x"], b["placement"], b["device_mask"])
-            out += [dev[i, : len(p)].numpy() * float(net.scale) for i, p in enumerate(part)]
+    for s in range(0, len(plans), chunk):
+        part = [as_task(p, workload) for p in plans[s : s + chunk]]
+        batch = EpisodeBatch.of([prepare(t, model.normalization, model.linear_features, model.kernel) for t, _ in part])
+        placement = torch.full(batch.sizes.shape, -1, dtype=torch.int64)
+        for i, (_, p) in enumerate(part):
+            placement[i, : len(p)] = torch.from_numpy(p)
+        dev, _ = predict_units(model.cost_net, batch, placement, model.comm)
+        out += [dev[i, : t.devices].numpy() * float(model.cost_net.scale) for i, (t, _) in enumerate(part)]
     return out
 
 
@@ -231,30 +235,24 @@ def sim_predictor(sim: SimBackend, records: Records, workload: Workload):
 # --------------------------------------------------------------------------------------------
 
 
-def new_model(cfg, features: int) -> DreamShardModel:
-    """A fresh model as `train` makes it (same seed), for `features` inputs."""
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)
-        return DreamShardModel(CostNet(features=features), PolicyNet(cfg.policy_sees_table, features=features), cfg.normalization, cfg.best_of,
-                               cfg.score, cfg.linear_features, cfg.keep_room, {})
-
-
-def prior_net(cfg, tasks, featurize, sim: SimBackend) -> tuple[CostNet, ReplayBuffer, float]:
-    """The loop's prior phase on `tasks` (fit_prior), with this featurizer."""
-    prepared = [Prepared(featurize(t.tables), np.array(t.sizes(), np.int64), t.devices, t.max_memory_bytes) for t in tasks]
-    model = new_model(cfg, prepared[0].x.shape[1])
+def prior_model(cfg, tasks, sim: SimBackend) -> tuple[DreamShardModel, ReplayBuffer, float]:
+    """A fresh model as `train` makes it (create_model: its options, seed, the simulator's comm
+    model) after the loop's prior phase on `tasks` (fit_prior)."""
+    model = create_model(cfg, tasks, sim)
+    prepared = [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in tasks]
     rng, gen = np.random.default_rng(cfg.seed), torch.Generator().manual_seed(cfg.seed)
     t0 = time.time()
     buffer, _ = fit_prior(cfg, model, tasks, prepared, sim, rng, gen, Progress(False, 1, 0, {}))
-    return model.cost_net, buffer, time.time() - t0
+    return model, buffer, time.time() - t0
 
 
-def fine_tune(cfg, net: CostNet, data: list[Measured], prior: ReplayBuffer, share: float) -> CostNet:
-    """A copy of `net` fitted on `data` as the loop fits it over a run: iterations × cost_steps
-    steps of fit_batch/cost_loss, Adam at cfg.lr decayed linearly to 0."""
+def fine_tune(cfg, model: DreamShardModel, data: list[Measured], prior: ReplayBuffer, share: float) -> DreamShardModel:
+    """A copy of `model` whose cost net is fitted on `data` as the loop fits it over a run:
+    iterations × cost_steps steps of fit_batch/cost_loss, Adam at cfg.lr decayed linearly to 0."""
     import copy
 
-    net = copy.deepcopy(net)
+    model = copy.deepcopy(model)
+    net = model.cost_net
     run = replace(cfg, prior_share=share)
     real = ReplayBuffer()
     for m in data:
@@ -264,17 +262,17 @@ def fine_tune(cfg, net: CostNet, data: list[Measured], prior: ReplayBuffer, shar
     steps = cfg.iterations * cfg.cost_steps
     for step in range(steps):
         decay_lr(optimizer, cfg.lr, step, steps)
-        loss = cost_loss(net, fit_batch(real, prior if share else ReplayBuffer(), run, rng))
+        loss = cost_loss(net, fit_batch(real, prior if share else ReplayBuffer(), run, rng), model.comm is None)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return net
+    return model
 
 
-def gpu_only(cfg, data: list[Measured], features: int) -> CostNet:
-    net = new_model(cfg, features).cost_net
-    net.scale.fill_(float(np.mean([np.nansum(m.device_costs[:, :2], 1).max() for m in data])))
-    return fine_tune(cfg, net, data, ReplayBuffer(), 0.0)
+def gpu_only(cfg, data: list[Measured], tasks, sim: SimBackend) -> DreamShardModel:
+    model = create_model(cfg, tasks, sim)
+    model.cost_net.scale.fill_(float(np.mean([np.nansum(m.device_costs[:, :2], 1).max() for m in data])))
+    return fine_tune(cfg, model, data, ReplayBuffer(), 0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,6 +287,10 @@ def main() -> None:
     ap.add_argument("--prior-epochs", type=int, default=80)
     ap.add_argument("--shares", default="0,0.5,0.8", help="prior shares of the fine-tuning batches to compare")
     ap.add_argument("--sim-tasks", type=int, default=10, help="held-out tasks per family and setting priced by the simulator")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds --first-seed .. --first-seed + --seeds - 1 (runs of other seeds merge with --merge)")
+    ap.add_argument("--variants", default=",".join(str(i) for i in range(len(VARIANTS))),
+                    help=f"which cost nets (indices into {[v or ' (shipped config)' for v in VARIANTS]}), comma-separated")
+    ap.add_argument("--merge", nargs="*", default=[], help="summary.json files of other seeds' runs to merge into this one's tables")
     ap.add_argument("--quick", action="store_true", help="a tiny run that checks the logic (1 seed, 300 plans, 188 prior steps, 80 fine-tuning steps, 1 task per family and setting)")
     args = ap.parse_args()
     if args.quick:
@@ -328,32 +330,41 @@ def main() -> None:
 
     add("simulator", None, score(sim_predictor(sim, records, workload), val_shards, val_plans, held_out))
     shipped = DreamShardModel.load()
-    plain = Featurizer(base, workload)
-    add("shipped", None, score(lambda plans: predict(shipped.cost_net, plain, plans), val_shards, val_plans, held_out))
+    add("shipped", None, score(lambda plans: predict(shipped, plans, workload), val_shards, val_plans, held_out))
 
     train_shards, train_plans = records.split([r for r in records.calib + records.val if r.family in TRAINING_FAMILIES])
-    for seed in range(args.seeds):
-        cfg = replace(base, seed=seed)
-        for kernel in (False, True):
-            featurize = Featurizer(cfg, workload, kernel, [t for task in tasks for t in task.tables])
-            tag = " (kernel terms)" if kernel else ""
-            net, prior, seconds = prior_net(cfg, tasks, featurize, sim)
+    summary["variants"] = {}
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for i in [int(v) for v in args.variants.split(",")]:
+            tag, options = list(VARIANTS.items())[i]
+            summary["variants"][tag or "(shipped config)"] = options
+            cfg = replace(base, seed=seed, **options)
+            model, prior, seconds = prior_model(cfg, tasks, sim)
             summary.setdefault("prior_seconds", []).append(round(seconds, 1))
-            run = lambda n: (lambda plans: predict(n, featurize, plans))  # noqa: E731
-            add("prior" + tag, seed, score(run(net), val_shards, val_plans, held_out))
-            calib = [as_measured(p, featurize, c) for _, p, c in calib_shards]
-            for share in shares:
-                add(f"prior+gpu s={share:g}{tag}", seed, score(run(fine_tune(cfg, net, calib, prior, share)), val_shards, val_plans, held_out))
-            if kernel:
-                continue  # the exploratory features: prior and prior+gpu only
-            add("gpu only", seed, score(run(gpu_only(cfg, calib, net.encoder[0].in_features)), val_shards, val_plans, held_out))
-            for share in shares:
+            run = lambda m: (lambda plans: predict(m, plans, workload))  # noqa: E731
+            add("prior" + tag, seed, score(run(model), val_shards, val_plans, held_out))
+            calib = [as_measured(p, model, workload, c) for _, p, c in calib_shards]
+            for share in shares if tag != " (kernel features)" else [0.5]:  # kernel features alone: the comm head's share of the error, at the default share
+                add(f"prior+gpu s={share:g}{tag}", seed, score(run(fine_tune(cfg, model, calib, prior, share)), val_shards, val_plans, held_out))
+            if tag == " (kernel features)":
+                continue
+            if not tag:
+                add("gpu only", seed, score(run(gpu_only(cfg, calib, tasks, sim)), val_shards, val_plans, held_out))
+            for share in shares if not tag else [0.5]:  # the new options: the default share only
                 lofo = {}
                 for f in FAMILIES:
-                    data = [as_measured(p, featurize, c) for g, p, c in train_shards + train_plans if g != f]
-                    lofo[f] = score(run(fine_tune(cfg, net, data, prior, share)), [s for s in val_shards if s[0] == f], [p for p in val_plans if p[0] == f],
+                    data = [as_measured(p, model, workload, c) for g, p, c in train_shards + train_plans if g != f]
+                    lofo[f] = score(run(fine_tune(cfg, model, data, prior, share)), [s for s in val_shards if s[0] == f], [p for p in val_plans if p[0] == f],
                                     {f: held_out[f]})[f]
-                add(f"prior+gpu LOFO s={share:g}", seed, lofo)
+                add(f"prior+gpu LOFO s={share:g}{tag}", seed, lofo)
+    for path in args.merge:  # other seeds' runs of the same script (run side by side on two cores)
+        other = json.load(open(path))
+        summary["prior_seconds"] = summary.get("prior_seconds", []) + other.get("prior_seconds", [])
+        summary["variants"].update(other.get("variants", {}))
+        for name, runs in other["nets"].items():
+            for key, result in runs.items():
+                summary["nets"].setdefault(name, {}).setdefault(key, result)
+    summary["seeds"] = len({key for runs in summary["nets"].values() for key in runs if key.startswith("seed")})
     summary["elapsed_s"] = round(time.monotonic() - t0, 1)
     atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
     atomic_write(os.path.join(args.out, "summary.md"), markdown(summary))

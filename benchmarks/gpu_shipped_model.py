@@ -3,6 +3,7 @@ that decides which model ships — one time-boxed call on one H200.
 
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT                       # one H200, ≤ 9.5 min
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000    # the GPU-trained model with the simulator prior
+    PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000 --kernel-features --comm model   # and issue 10's cost-net options
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out /tmp/g --device cpu --quick  # logic check
 
 1. Training tasks from the *training* families (dreamshard/families.py; pools of seed 10, the
@@ -12,6 +13,8 @@ that decides which model ships — one time-boxed call on one H200.
    Triton TBE on the GPU — `--budget` real measurements (the paper's scale is ~100).
    With `--prior-plans N` its cost net is first fitted on N plans priced by the simulator (default
    calibration; not measurements; ~75 s of one CPU core for 8,000: docs/costs.md, "The cost net on the same measurements").
+   `--kernel-features` and `--comm model` set the cost net's options of the same names (Config,
+   docs/costs.md) for both models.
    `sim`: the same training against the simulator with `--calibration` (the per-family fit), on
    the same tasks, for the comparison.
 3. Held-out tasks of the held-out family (`mixed`, pool seed 11: never in calibration or training),
@@ -72,6 +75,9 @@ def main() -> None:
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--calibration", default=FAMILIES_CALIBRATION)
     ap.add_argument("--prior-plans", type=int, default=0, help="the GPU-trained model's simulator prior: plans priced by the simulator (default calibration) before measuring (Config.prior_plans)")
+    ap.add_argument("--kernel-features", action="store_true", help="both models: the cost net also sees each table's kernel terms (Config.kernel_features, docs/costs.md)")
+    ap.add_argument("--comm", choices=["head", "model"], default="head",
+                    help="both models: a device's all-to-all from the comm head or from the backend's comm model (Config.comm; the sequential runner's h200_nccl.json, the simulator's calibration)")
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="tiny run (CPU logic check): batch 1024, 4 measurements, 1 test task")
     args = ap.parse_args()
@@ -91,15 +97,18 @@ def main() -> None:
     tasks = training_tasks(per_family, args.pool_tables, workload, ("dlrm", "hot") if args.quick else TRAINING_FAMILIES)
     log(f"{len(tasks)} training tasks")
 
-    summary: dict = {"device": args.device, "batch_size": batch, "budget": budget, "iterations": iterations, "prior_plans": args.prior_plans, "training_tasks": len(tasks),
+    summary: dict = {"device": args.device, "batch_size": batch, "budget": budget, "iterations": iterations, "prior_plans": args.prior_plans,
+                     "kernel_features": args.kernel_features, "comm": args.comm, "training_tasks": len(tasks),
                      "held_out_family": HELD_OUT_FAMILY, "simulator": sim.calibration.label, "models": {}}
     models = {}
     for name, backend in (("gpu", runner), ("sim", sim)):
-        # the simulator prior (train's default prior: the simulator with its default calibration) for the GPU-trained model only
+        # the simulator prior (the simulator with its default calibration) for the GPU-trained model only
         prior = args.prior_plans if name == "gpu" else None
-        cfg = DreamShardPlanner.config("default", budget=budget, iterations=iterations, batch_size=batch, prior_plans=prior or None)
+        cfg = DreamShardPlanner.config("default", budget=budget, iterations=iterations, batch_size=batch, prior_plans=prior or None,
+                                       kernel_features=args.kernel_features, comm=args.comm)
         t = time.monotonic()
-        models[name] = DreamShardPlanner.fit(tasks, backend, os.path.join(args.out, f"model_{name}.pt"), cfg, log=os.path.join(args.out, f"train_{name}.jsonl"), progress=False)
+        models[name] = DreamShardPlanner.fit(tasks, backend, os.path.join(args.out, f"model_{name}.pt"), cfg, log=os.path.join(args.out, f"train_{name}.jsonl"), progress=False,
+                                             prior=SimBackend() if prior else None)
         summary["models"][name] = {"backend": backend.name, "seconds": round(time.monotonic() - t, 1), "measurements": models[name].model.meta["measurements"]}
         log(f"trained {name}: {summary['models'][name]}")
         atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))

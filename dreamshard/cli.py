@@ -426,9 +426,12 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--log", "log_file", type=OUT_FILE, help="JSONL log, one line of numbers per iteration")
 @click.option("--resume", is_flag=True, help="continue from MODEL.pt.ckpt where a previous run stopped")
 @click.option("--prior-plans", type=int, help="dreamshard: first fit the cost net on this many plans priced by the simulator (default calibration: an H200 with the triton kernel); they are not measurements  [config's: 0; 8000 for an H200, docs/costs.md]")
+@click.option("--kernel-features/--no-kernel-features", default=None,
+              help="dreamshard: also give the cost net each table's kernel terms (the work counts the simulator prices), scaled by their mean over the training tables  [config's: no; docs/costs.md]")
+@click.option("--comm", "comm_source", help="dreamshard: a device's all-to-all from the cost net's comm head ('head') or from the comm model of the backend trained against ('model'; its parameters are stored in the model)  [config's: head]")
 @click.pass_context
 def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
-              prior_plans) -> None:
+              prior_plans, kernel_features, comm_source) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.planners import PLANNERS
     from dreamshard.tasks import load_tasks
@@ -445,6 +448,13 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
         raise OptionError(f"--prior-plans is for --planner dreamshard, not {planner_name}")
     if prior_plans is not None and prior_plans < 0:
         raise OptionError(f"--prior-plans must be >= 0, got {prior_plans}")
+    for option, value in (("--kernel-features", kernel_features), ("--comm", comm_source)):
+        if value is not None and planner_name != "dreamshard":
+            raise OptionError(f"{option} is for --planner dreamshard, not {planner_name}")
+    if comm_source is not None and comm_source not in ("head", "model"):
+        raise OptionError(f"--comm: {comm_source!r:.40} is not 'head' or 'model'")
+    if comm_source == "model" and backend != "sim" and runner == "distributed":
+        raise OptionError("--comm model: the distributed runner measures real all-to-alls, there is no comm model to add; use --runner sequential or --comm head")
     if backend == "sim":
         refuse_unused(ctx, ["runner", "device", "comm_model"], "with --backend sim (the simulator measures nothing)")
     elif runner == "distributed":
@@ -454,11 +464,14 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
         raise OptionError(f"--prior-plans: the backend is already the simulator that prices the prior ({cost_backend.name}); raise --budget instead")
     if batch_size is None and backend != "sim" and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
-    cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans)
+    cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans,
+                             **({"kernel_features": kernel_features, "comm": comm_source} if planner_name == "dreamshard" else {}))
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
     console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")
-    planner = planner_cls.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals)
+    # the simulator prior's plans are priced by the shipped calibration (a learned module imports no backend: it is given one)
+    prior = {"prior": _cost_backend("sim", runner, device)[0]} if getattr(cfg, "prior_plans", 0) else {}
+    planner = planner_cls.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals, **prior)
     meta = planner.model.meta
     shards = f", {meta['shard_measurements']} shards" if "shard_measurements" in meta else ""
     console.print(f"wrote {out} ({meta['measurements']} measured plans{shards} by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))

@@ -247,8 +247,10 @@ def test_resume_with_a_prior_continues_exactly(pool, tmp_path):
     train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, stop_after=1, prior=prior)
     ck = torch.load(tmp_path / "b.pt.ckpt", weights_only=False)
     assert len(ck["prior_buffer"]["x_index"]) == 40 and len(ck["prior_buffer"]["x"]) <= len(tasks)  # kept, one feature array per task
+    with pytest.raises(ValueError, match="no prior backend prices them"):
+        train(cfg, tasks, sim, tmp_path / "b.pt", progress=False, resume=True)  # a prior needs its backend (a learned module imports none)
     with pytest.raises(ValueError, match="prior is simulated"):
-        train(cfg, tasks, sim, tmp_path / "b.pt", progress=False, resume=True)  # the default prior is another simulator
+        train(cfg, tasks, sim, tmp_path / "b.pt", progress=False, resume=True, prior=SimBackend())  # another simulator than the checkpoint's
     resumed = train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, resume=True, prior=prior)
     for a, b in ((straight.cost_net, resumed.cost_net), (straight.policy, resumed.policy)):
         for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
@@ -463,3 +465,187 @@ def test_short_training_beats_every_heuristic_on_held_out_tasks(pool, tmp_path):
     theirs = {name: mean_cost(get_planner(name)) for name in HEURISTICS}
     print(f"dreamshard {ours:.4f} ms vs {theirs}")
     assert all(ours < c for c in theirs.values()), f"dreamshard {ours:.4f} ms vs {theirs}"
+
+
+# --------------------------------------------------------------------------------------------
+# issue 10: kernel-term features and the comm model's all-to-all (Config.kernel_features, comm)
+# --------------------------------------------------------------------------------------------
+
+
+def options_model(sees_table: bool, tasks, seed: int = 7) -> DreamShardModel:
+    """A fresh model with both options, as `train` makes one against the simulator."""
+    from dreamshard.learned.dreamshard import create_model
+
+    return create_model(small_config(policy_sees_table=sees_table, kernel_features=True, comm="model", seed=seed), tasks, SimBackend())
+
+
+def test_options_default_off_and_the_shipped_model_has_neither():
+    for name in ("paper", "default"):
+        cfg = get_config(name)
+        assert cfg.kernel_features is False and cfg.comm == "head"
+    shipped = DreamShardModel.load()
+    assert shipped.kernel is None and shipped.comm is None
+    state = shipped.state()
+    assert "kernel_features" not in state and "comm" not in state  # a model without them is stored as before
+    assert shipped.cost_net.encoder[0].in_features == NUM_FEATURES + 5
+
+
+def test_options_are_checked(pool, tmp_path):
+    for bad, msg in ((dict(comm="nccl"), "comm 'nccl': use one of head, model"), (dict(kernel_features="yes"), "kernel_features must be true or false")):
+        with pytest.raises(ValueError, match=msg) as e:
+            small_config(**bad)
+        assert "\n" not in str(e.value)
+
+    class Measuring(SimBackend):  # as the distributed runner: real all-to-alls, no comm model
+        def comm_params(self):
+            return None
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 2, (4, 6), 2, 10**12, seed=0)
+    with pytest.raises(ValueError, match="has no comm model") as e:
+        train(small_config(comm="model"), tasks, Measuring(), tmp_path / "m.pt", progress=False)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("sees_table,keep_room", [(False, False), (True, True)])
+def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, keep_room):
+    """The torch MDP (training) and the NumPy player (planning) see the same kernel features and
+    the same modelled all-to-all: same greedy placements, same predicted costs."""
+    tasks = [Task(pool[:40], 8, 10**12), Task(pool[100:103], 2, 10**12), Task(pool[40:90], 4, 2 * 10**9), Task(pool[120:121], 1, 10**12)]
+    model = options_model(sees_table, tasks)
+    model.cost_net.scale.fill_(0.7)  # units of ms that are not 1: the comm model's ms are scaled like the heads'
+    player = FastPlayer(model.cost_net, model.policy, keep_room, model.comm)
+    for task in tasks:
+        p = prepare(task, model.normalization, model.linear_features, model.kernel)
+        assert p.x.shape[1] == NUM_FEATURES + 5 + 15 and np.array_equal(p.x, model.features(task.tables, task.workload))
+        with torch.no_grad():
+            ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([p]), greedy=True, keep_room=keep_room, comm=model.comm)
+        placement, stuck, costs, overall = player.play(p, np.array([True]))
+        assert bool(stuck[0]) == bool(ro.stuck[0])
+        assert canonical(placement[0]) == canonical(ro.placement[0])
+        assert np.allclose(np.sort(costs[0], axis=0), np.sort(ro.device_costs[0].numpy(), axis=0), atol=1e-4)
+        assert overall[0] == pytest.approx(float(ro.overall[0]), abs=1e-4)
+
+
+def test_modelled_comm_is_the_simulators_all_to_all(pool):
+    """With comm 'model' a plan's predicted all-to-all is exactly what the backend it was trained
+    against charges (here the simulator: the same parameters, the same formula), on every path:
+    the planner's plan, the split search's scorer, the torch predict."""
+    from dreamshard.planners.dreamshard import DreamShardPlanner
+    from dreamshard.planners.scoring import PieceScorer
+    from dreamshard.planners import splits
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 4, (10, 16), 4, 10**12, seed=3)
+    model = options_model(False, tasks)
+    sim = SimBackend()
+    assert model.comm.params() == {k: sim.calibration.comm[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction")}
+    planner = DreamShardPlanner(model, split=True)
+    checked = 0
+    for task in tasks:
+        plan = planner.plan(task)
+        if plan.has_row_shards():  # their reduce-scatter is added on top (scoring.py); the all-to-all alone here
+            continue
+        want = [d.fwd_comm_ms + d.bwd_comm_ms for d in sim.evaluate_plan(plan).devices]
+        assert [d["comm_ms"] for d in plan.predicted["devices"]] == pytest.approx(want, rel=1e-5)
+        # the scorer on a table-wise placement, each table on its first shard's device
+        first: dict[int, int] = {}
+        for s in plan.shards:
+            first.setdefault(s.table, s.device)
+        placement = [first[i] for i in range(len(task.tables))]
+        scorer = PieceScorer(model, task)
+        costs = scorer.device_costs(scorer.state(splits.whole(task), np.array(placement))) * float(model.cost_net.scale)
+        shards = [[t for t, d in zip(task.tables, placement) if d == k] for k in range(task.devices)]
+        assert costs[:, 2] == pytest.approx([d.fwd_comm_ms + d.bwd_comm_ms for d in sim.evaluate(shards, task.workload).devices], rel=1e-5)
+        checked += 1
+    assert checked >= 3
+
+
+def test_scorer_features_are_the_planners(pool):
+    """The split search's scorer and the policy's MDP compute a table's features by one path
+    (`table_features` with the model's stored kernel scale): the same state rows, whatever other
+    tables the task holds (the scale is the model's, not the task's)."""
+    from dreamshard.learned.mdp import NumpyCostNet
+    from dreamshard.planners import splits
+    from dreamshard.planners.scoring import PieceScorer
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 3, (6, 10), 3, 10**12, seed=4)
+    model = options_model(True, tasks)
+    scale = model.kernel.scale
+    big, small = Task(pool[:60], 4, 10**12), Task(pool[:5], 4, 10**12)
+    rows = PieceScorer(model, big).rows([splits.whole(big)])[0]
+    x = prepare(big, model.normalization, model.linear_features, model.kernel).x
+    net = NumpyCostNet(model.cost_net)
+    assert np.allclose(rows[:, : net.nP + net.Wo1.shape[0]], net.rows(x), atol=1e-6)
+    assert np.array_equal(prepare(small, "fixed", True, model.kernel).x, x[:5]) and model.kernel.scale == scale
+
+
+def test_options_train_save_load_plan(pool, tmp_path):
+    """Both options through the loop (with a prior, so every path that fits the cost net runs),
+    saved and loaded with their parameters; the loaded model plans the same."""
+    from dreamshard.planners.dreamshard import DreamShardPlanner
+
+    train_half, test_half = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 4, (6, 10), 3, 10**12, seed=1)
+    cfg = small_config(iterations=2, kernel_features=True, comm="model", prior_plans=30, prior_epochs=2)
+    model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"))
+    loaded = DreamShardModel.load(tmp_path / "m.pt")
+    assert loaded.kernel == model.kernel and loaded.comm == model.comm and loaded.comm.batch_size == cfg.batch_size
+    assert loaded.meta["config"]["kernel_features"] is True and loaded.meta["config"]["comm"] == "model"
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["cost/mape_device"]) for r in rows)
+    for split in (False, True):
+        a, b = DreamShardPlanner(model, split=split), DreamShardPlanner(str(tmp_path / "m.pt"), split=split)
+        for task in sample_tasks(test_half, 3, (8, 12), 3, 10**12, seed=2):
+            pa, pb = a.plan(task), b.plan(task)
+            pa.check()
+            assert pa.shards == pb.shards and pa.predicted["devices"] == pb.predicted["devices"]
+    state = torch.load(tmp_path / "m.pt", weights_only=False)
+    for key, bad, msg in (("kernel_features", {"scale": [1.0], "batch_size": 4}, "key 'kernel_features'"),
+                          ("comm", {**state["comm"], "bandwidth_GBps": 0.0}, "key 'comm'"), ("comm", {**state["comm"], "batch_size": "x"}, "batch_size")):
+        with pytest.raises(ModelError, match=msg) as e:
+            DreamShardModel.from_state({**state, key: bad})
+        assert "\n" not in str(e.value)
+
+
+def test_cli_train_options(pool, tmp_path):
+    from dreamshard.cli import cli
+    from dreamshard.tables import save_tables
+
+    save_tables(pool, tmp_path / "tables.csv")
+    save_tasks(sample_tasks(split_pool(pool, 0)[0], 3, (5, 8), 2, 10**12, seed=2, pool=str(tmp_path)), tmp_path / "train.jsonl")
+    base = ["train", "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "m.pt"), "--iterations", "1", "--budget", "2"]
+    r = CliRunner().invoke(cli, ["train", "--help"])
+    assert r.exit_code == 0 and "--kernel-features" in r.output and "--comm" in r.output
+    for extra, msg in ((["--comm", "nccl"], "--comm: 'nccl' is not 'head' or 'model'"),
+                       (["--comm", "model", "--planner", "rnn"], "--comm is for --planner dreamshard, not rnn"),
+                       (["--kernel-features", "--planner", "autoshard"], "--kernel-features is for --planner dreamshard, not autoshard"),
+                       (["--comm", "model", "--backend", "torch", "--runner", "distributed"], "--comm model: the distributed runner measures real all-to-alls")):
+        r = CliRunner().invoke(cli, base + extra)
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and msg in r.output, r.output
+    r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model"])
+    assert r.exit_code == 0, r.output
+    model = DreamShardModel.load(tmp_path / "m.pt")
+    assert model.kernel is not None and model.comm is not None and model.meta["config"]["comm"] == "model"
+
+
+def test_no_learned_module_or_planner_imports_a_cost_backend():
+    """The layering rule (data → task → planner → plan → cost backend): learned and planner
+    modules may use the comm model's arithmetic (costs/comm.py) and the per-table work counts
+    (costs/terms.py), never a backend — not at import and not inside a function."""
+    import ast
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "dreamshard"
+    allowed = {"dreamshard.costs", "dreamshard.costs.comm", "dreamshard.costs.terms", "dreamshard.costs.base", "dreamshard.costs.hardware"}
+    for package in ("learned", "planners"):
+        for path in sorted((root / package).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                for name in names:
+                    if name.startswith("dreamshard.costs"):
+                        assert name in allowed, f"{path.name} imports {name}"
+    code = ("import sys, dreamshard.planners, dreamshard.learned.dreamshard, dreamshard.learned.autoshard, dreamshard.learned.rnn; "
+            "print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.terms']"

@@ -352,7 +352,7 @@ def test_distributed_runner_measures_a_planners_row_wise_plan():
 
 
 def test_planners_import_no_cost_backend():
-    """The scorer's collective rule is costs/comm.py's arithmetic; no backend comes with it."""
+    """The scorer's collective rule is costs/comm.py's arithmetic, the kernel features costs/terms.py's counts; no backend comes with them."""
     code = "import sys, dreamshard.planners; print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm']"
+    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.terms']"

@@ -13,7 +13,8 @@ The backend is any `CostBackend`: the H200-calibrated simulator, or a runner tha
 
 Simulator prior (issue 10; `prior_plans` > 0, for training against real hardware): before
 iteration 0 the cost net is fitted on `prior_plans` plans sampled by the initial policy on the
-training tasks and priced by a *prior* backend (the calibrated simulator unless another is given).
+training tasks and priced by a *prior* backend (`train(prior=)`: the calibrated simulator, as the
+CLI gives it; a learned module imports no backend).
 They are not measurements: the budget counts only the real backend's plans. Afterwards a
 `prior_share` of every cost-net batch is still drawn from them, so the few real plans correct the
 prior instead of replacing it (benchmarks/costnet_prior.py, docs/costs.md).
@@ -51,8 +52,8 @@ import numpy as np
 import torch
 
 from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, complete, decay_lr, make_config, mape, measure, numpy_rng_restorer, run_meta, spearman
-from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, prepare, rollout
-from dreamshard.learned.nets import SCORES, DreamShardModel, Measured, ReplayBuffer, collate, plan_cost
+from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, predict, prepare, rollout
+from dreamshard.learned.nets import SCORES, CommFormula, DreamShardModel, KernelFeatures, Measured, ReplayBuffer, collate, plan_cost
 from dreamshard.tasks import Task
 from dreamshard.validation import OptionError, TaskError
 
@@ -91,6 +92,12 @@ class Config(BudgetConfig):
     normalization: str = "task"  # "task": per-task z-scores (reference); "fixed": log scale
     linear_features: bool = False  # + 5 memory-traffic features on a linear scale (nets.table_features)
     policy_sees_table: bool = False  # the policy also sees the table being placed (nets.PolicyNet)
+    # issue 10, costs that hold on tables never seen (docs/costs.md): + the per-table kernel terms
+    # the simulator prices (costs/terms.py), scaled by their mean over the training tables
+    # (nets.KernelFeatures); and a device's all-to-all from the comm model of the backend trained
+    # against ("model", nets.CommFormula) instead of the cost net's comm head ("head", reference)
+    kernel_features: bool = False
+    comm: str = "head"
     keep_room: bool = False  # MDP: a device is legal only if the largest table to come still fits somewhere
     # what a plan costs on the estimated MDP (RL reward = minus it; best-of-K ranks by it):
     # "overall" head (reference) or "max_device" (nets.plan_cost)
@@ -104,6 +111,10 @@ class Config(BudgetConfig):
             raise OptionError(f"normalization {self.normalization!r}: use 'fixed' or 'task'")
         if self.score not in SCORES:
             raise OptionError(f"score {self.score!r}: use one of {', '.join(SCORES)}")
+        if self.comm not in COMM_SOURCES:
+            raise OptionError(f"comm {self.comm!r}: use one of {', '.join(COMM_SOURCES)}")
+        if not isinstance(self.kernel_features, bool):
+            raise OptionError(f"kernel_features must be true or false, got {self.kernel_features!r:.40}")
         if self.advantage not in ("batch", "task"):
             raise OptionError(f"advantage {self.advantage!r}: use 'batch' or 'task'")
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
@@ -116,6 +127,8 @@ class Config(BudgetConfig):
             raise OptionError(f"prior_share must be in [0, 1) (a share of every cost batch), got {self.prior_share}")
         return self
 
+
+COMM_SOURCES = ("head", "model")  # Config.comm
 
 CONFIGS: dict[str, Config] = {
     # The reference code (daochenzha/dreamshard): per-task z-scored features, a policy blind to
@@ -147,6 +160,23 @@ def get_config(name: str, **overrides) -> Config:
 # --------------------------------------------------------------------------------------------
 
 
+def create_model(cfg: Config, tasks: Sequence[Task], backend: CostBackend) -> DreamShardModel:
+    """A fresh model for `cfg` (nets seeded by cfg.seed): the kernel features' scale from the
+    training tasks' tables, the comm model's parameters from `backend` (`CostBackend.comm_params`,
+    the all-to-all its costs include)."""
+    kernel = KernelFeatures.fit(tasks, cfg.batch_size) if cfg.kernel_features else None
+    comm = None
+    if cfg.comm == "model":
+        params = backend.comm_params()
+        if params is None:
+            raise OptionError(f"comm 'model': {backend.name} runs real all-to-alls and has no comm model to price them with; "
+                              "train against a backend that models them (the simulator, the sequential runner) or with comm 'head'")
+        comm = CommFormula.of(params, cfg.batch_size)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        return DreamShardModel.create(cfg.policy_sees_table, cfg.normalization, cfg.best_of, cfg.score, cfg.linear_features, cfg.keep_room, kernel, comm)
+
+
 def to_measured(p: Prepared, placement: np.ndarray, report: CostReport) -> Measured:
     dev = np.array([[c.fwd_comp_ms, c.bwd_comp_ms, c.fwd_comm_ms + c.bwd_comm_ms] for c in report.devices], np.float32)
     return Measured(p.x, placement.astype(np.int64), dev, float(report.overall_ms))
@@ -158,19 +188,24 @@ def sample_placements(model: DreamShardModel, tasks: Sequence[Task], prepared: S
     memory packing (`loop.complete`): the plans to measure, or to price for the prior; and the
     fraction of episodes that got stuck."""
     with torch.no_grad():
-        ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared[i] for i in idx]), greedy=False, generator=gen, keep_room=keep_room)
+        ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared[i] for i in idx]), greedy=False, generator=gen, keep_room=keep_room, comm=model.comm)
     placements = [complete(tasks[i], ro.placement[k, : len(tasks[i].tables)].numpy(), bool(ro.stuck[k])) for k, i in enumerate(idx)]
     return placements, float(ro.stuck.float().mean())
 
 
-def cost_loss(cost_net, b: dict[str, torch.Tensor]) -> torch.Tensor:
+def cost_loss(cost_net, b: dict[str, torch.Tensor], comm_head: bool = True) -> torch.Tensor:
     """MSE of a collated batch in units of `scale` ms: the overall head, plus per component the mean
     over real devices (reference: one loss per head). A target that was not measured is NaN and
-    adds nothing (a shard timed alone, as in calibration records, has no all-to-all and no plan)."""
+    adds nothing (a shard timed alone, as in calibration records, has no all-to-all and no plan).
+    Without `comm_head` (a model whose all-to-all is the comm model's) the comm head is not
+    fitted: nothing reads it, and its target, which a device's tables alone do not decide, would
+    only pull the shared table encoder."""
     scale = cost_net.scale
     dev_pred, ov_pred = cost_net(b["x"], b["placement"], b["device_mask"])
     target, overall = b["device_costs"] / scale, b["overall"] / scale
     m = (b["device_mask"].unsqueeze(-1) & ~target.isnan()).float()
+    if not comm_head:
+        m = m * torch.tensor([1.0, 1.0, 0.0])
     kernel = (((dev_pred - target.nan_to_num()) ** 2) * m).sum((0, 1)) / m.sum((0, 1)).clamp(min=1)
     known = ~overall.isnan()
     return (((ov_pred - overall.nan_to_num()) ** 2) * known).sum() / known.sum().clamp(min=1) + kernel.sum()
@@ -213,7 +248,7 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
     losses, steps = [], prior_steps(cfg)
     for step in range(steps):
         decay_lr(optimizer, cfg.lr, step, steps)
-        loss = cost_loss(cost_net, buffer.sample(cfg.cost_batch, rng))
+        loss = cost_loss(cost_net, buffer.sample(cfg.cost_batch, rng), model.comm is None)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -268,7 +303,8 @@ def train(
     The full training state goes to `out`.ckpt after every iteration (atomically); `resume`
     continues from it exactly (same numbers as an uninterrupted run). `stop_after` ends the run
     after that many iterations of this call (to test resuming). `prior` prices the
-    `cfg.prior_plans` prior plans (default: the simulator with its default calibration).
+    `cfg.prior_plans` prior plans: a backend other than `backend`, the calibrated simulator
+    (`SimBackend()`, as `dreamshard train --prior-plans` gives it) for training on real hardware.
     """
     cfg.validate()
     if not tasks:
@@ -276,19 +312,13 @@ def train(
     if prior is not None and not cfg.prior_plans:
         raise OptionError("a prior backend is given but prior_plans is 0; set prior_plans >= 1")
     if cfg.prior_plans and prior is None:
-        from dreamshard.costs.sim import SimBackend
-
-        prior = SimBackend()
+        raise OptionError(f"prior_plans is {cfg.prior_plans} but no prior backend prices them; pass prior= (the calibrated simulator, costs.sim.SimBackend())")
     prior_name = prior.name if cfg.prior_plans else ""
-    prepared = [prepare(t, cfg.normalization, cfg.linear_features) for t in tasks]
-    eval_prepared = [prepare(t, cfg.normalization, cfg.linear_features) for t in eval_tasks] if eval_tasks else []
     task_ids = [[t.name for t in task.tables] for task in tasks]
     checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE)
 
     # --- state: nets, optimizer, replay buffer, random streams, measurements ------------------
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)
-        model = DreamShardModel.create(cfg.policy_sees_table, cfg.normalization, cfg.best_of, cfg.score, cfg.linear_features, cfg.keep_room)
+    model = create_model(cfg, tasks, backend)
     cost_net, policy = model.cost_net, model.policy
     optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
     buffer, prior_buffer = ReplayBuffer(), ReplayBuffer()
@@ -306,6 +336,9 @@ def train(
         checkpoint.restore(ck, {"optimizer": optimizer.load_state_dict, "buffer": buffer.load_state_dict, "prior_buffer": prior_buffer.load_state_dict,
                                 "torch_rng": gen.set_state, "numpy_rng": numpy_rng_restorer(rng)})
         start, measurer.used = ck["iteration"], ck["measurements"]
+    prepared = [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in tasks]
+    eval_prepared = [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in eval_tasks] if eval_tasks else []
+    comm_head = model.comm is None
     cost_net.train()
     policy.train()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -338,8 +371,7 @@ def train(
                 cost_net.scale.fill_(float(np.mean([m.overall for m in new])))
             # held-out accuracy: the cost net has not seen these plans yet
             fresh = collate(new)
-            with torch.no_grad():
-                dev_pred, ov_pred = cost_net(fresh["x"], fresh["placement"], fresh["device_mask"])
+            dev_pred, ov_pred = predict(cost_net, EpisodeBatch.of([prepared[i] for i in idx]), fresh["placement"], model.comm)
             scale = float(cost_net.scale)
             ov_pred, ov_true = ov_pred.numpy() * scale, fresh["overall"].numpy()
             mask = fresh["device_mask"].numpy()
@@ -361,7 +393,7 @@ def train(
         bar.phase(it, "fitting the cost net")
         losses = []
         for _ in range(cfg.cost_steps if len(buffer) else 0):
-            loss = cost_loss(cost_net, fit_batch(buffer, prior_buffer, cfg, rng))
+            loss = cost_loss(cost_net, fit_batch(buffer, prior_buffer, cfg, rng), comm_head)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -375,7 +407,7 @@ def train(
             chosen = rng.integers(len(tasks), size=cfg.rl_tasks_per_batch)
             items = [prepared[i] for i in chosen for _ in range(cfg.rl_episodes_per_task)]
             groups = torch.arange(cfg.rl_tasks_per_batch).repeat_interleave(cfg.rl_episodes_per_task)
-            ro = rollout(cost_net, policy, EpisodeBatch.of(items), greedy=False, generator=gen, keep_room=cfg.keep_room)
+            ro = rollout(cost_net, policy, EpisodeBatch.of(items), greedy=False, generator=gen, keep_room=cfg.keep_room, comm=model.comm)
             ok = ~ro.stuck
             cost = plan_cost(ro.device_costs, ro.overall, cfg.score)
             adv = advantages(-cost, groups, ok, cfg.advantage)
@@ -426,7 +458,7 @@ def train(
 
 def plan_placements(model: DreamShardModel, prepared: Sequence[Prepared], tasks: Sequence[Task], seed: int = 0) -> list[np.ndarray]:
     """The planner's placements for many tasks (stuck ones packed), as the `dreamshard` planner."""
-    player = FastPlayer(model.cost_net, model.policy, model.keep_room)
+    player = FastPlayer(model.cost_net, model.policy, model.keep_room, model.comm)
     out = []
     for p, t in zip(prepared, tasks):
         placement, _, _ = best_placement(model, p, model.best_of, seed, player)

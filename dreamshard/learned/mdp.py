@@ -22,23 +22,33 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from dreamshard.learned.nets import CostNet, DreamShardModel, PolicyNet, plan_cost, table_features
+from dreamshard.learned.nets import CommFormula, CostNet, DreamShardModel, KernelFeatures, PolicyNet, a2a_dims, plan_cost, replace_comm, shard_sum, table_features
 from dreamshard.tasks import Task
 
 
 @dataclass
 class Prepared:
-    """What the MDP needs of one task, computed once: features, bytes, devices, memory cap."""
+    """What the MDP needs of one task, computed once: features, bytes, devices, memory cap; and
+    for a model that prices the all-to-all by the comm model (`CommFormula`), each table's
+    all-to-all columns and the bytes per element."""
 
     x: np.ndarray  # [T, F] float32
     sizes: np.ndarray  # [T] int64 bytes on a device
     devices: int
     cap: int
+    dims: np.ndarray | None = None  # [T] float64 columns in the all-to-all (`nets.a2a_dims`)
+    elt: int = 2  # bytes per element of the exchanged outputs
+
+    def a2a(self) -> np.ndarray:
+        return self.dims if self.dims is not None else np.zeros(len(self.sizes))
 
 
-def prepare(task: Task, normalization: str, linear_features: bool = False) -> Prepared:
+def prepare(task: Task, normalization: str, linear_features: bool = False, kernel: KernelFeatures | None = None) -> Prepared:
+    """The task as the MDP sees it, features by `table_features` (a model's: its normalization,
+    linear_features and kernel)."""
     sizes = np.array(task.sizes(), np.int64)
-    return Prepared(table_features(task.tables, normalization, linear_features, task.workload.precision), sizes, task.devices, task.max_memory_bytes)
+    return Prepared(table_features(task.tables, normalization, linear_features, task.workload, kernel), sizes, task.devices, task.max_memory_bytes,
+                    a2a_dims(task.tables), task.workload.elt_bytes)
 
 
 @dataclass
@@ -48,6 +58,8 @@ class EpisodeBatch:
     table_mask: torch.Tensor  # [E, T] bool: a real table
     device_mask: torch.Tensor  # [E, D] bool: a real device
     cap: torch.Tensor  # [E] int64
+    dims: np.ndarray | None = None  # [E, T] float64 all-to-all columns (0 on padding)
+    elt: np.ndarray | None = None  # [E, 1] bytes per element
 
     @staticmethod
     def of(items: list[Prepared]) -> "EpisodeBatch":
@@ -56,11 +68,20 @@ class EpisodeBatch:
         sizes = np.zeros((E, T), np.int64)
         tmask = np.zeros((E, T), bool)
         dmask = np.zeros((E, D), bool)
+        dims = np.zeros((E, T))
         for i, p in enumerate(items):
             n = len(p.sizes)
-            x[i, :n], sizes[i, :n], tmask[i, :n], dmask[i, : p.devices] = p.x, p.sizes, True, True
+            x[i, :n], sizes[i, :n], tmask[i, :n], dmask[i, : p.devices], dims[i, :n] = p.x, p.sizes, True, True, p.a2a()
         cap = torch.tensor([p.cap for p in items], dtype=torch.int64)
-        return EpisodeBatch(torch.from_numpy(x), torch.from_numpy(sizes), torch.from_numpy(tmask), torch.from_numpy(dmask), cap)
+        elt = np.array([[p.elt] for p in items], np.float64)
+        return EpisodeBatch(torch.from_numpy(x), torch.from_numpy(sizes), torch.from_numpy(tmask), torch.from_numpy(dmask), cap, dims, elt)
+
+    def comm_units(self, comm: CommFormula, dim_sums: torch.Tensor, scale: float) -> np.ndarray:
+        """[E, N] the comm model's all-to-all (units) of devices holding `dim_sums` [E, N] columns,
+        each episode's task being the plan (`CommFormula.units`)."""
+        total = self.dims.sum(1, keepdims=True)
+        devices = self.device_mask.sum(1, keepdim=True).numpy()
+        return comm.units(dim_sums.numpy() if isinstance(dim_sums, torch.Tensor) else dim_sums, total, devices, self.elt, scale)
 
 
 @dataclass
@@ -74,10 +95,14 @@ class Rollout:
     overall: torch.Tensor  # [E] predicted overall cost, units (reward = -overall)
 
 
-def table_order(cost_net: CostNet, cenc: torch.Tensor, table_mask: torch.Tensor) -> torch.Tensor:
-    """[E, T] table indices, most expensive first by predicted single-table cost; padding last."""
-    single = cost_net.shard_costs(cenc).sum(-1).masked_fill(~table_mask, float("-inf"))
-    return torch.argsort(single, dim=1, descending=True, stable=True)
+def table_order(cost_net: CostNet, cenc: torch.Tensor, table_mask: torch.Tensor, comm_units: np.ndarray | None = None) -> torch.Tensor:
+    """[E, T] table indices, most expensive first by predicted single-table cost; padding last.
+    `comm_units` [E, T]: the comm model's all-to-all of each table alone on a device, in place of
+    the comm head's."""
+    single = cost_net.shard_costs(cenc)
+    if comm_units is not None:
+        single = replace_comm(single, comm_units)
+    return torch.argsort(single.sum(-1).masked_fill(~table_mask, float("-inf")), dim=1, descending=True, stable=True)
 
 
 def remaining_max(sizes_o: torch.Tensor) -> torch.Tensor:
@@ -108,6 +133,7 @@ def rollout(
     greedy: bool | torch.Tensor = False,
     generator: torch.Generator | None = None,
     keep_room: bool = False,
+    comm: CommFormula | None = None,
 ) -> Rollout:
     """Play every episode of `batch` to the end with `policy` on the cost net's MDP.
 
@@ -116,23 +142,34 @@ def rollout(
     `keep_room` (our change): a device is legal only if, after the table, the largest table
     still to come fits somewhere (`keeps_room`) — the reference's memory check alone lets a
     policy fill every device and strand a big table, and the episode has no valid end.
+    `comm` (a model's `CommFormula`): the comm model's all-to-all in place of the comm head,
+    everywhere the cost net's per-device costs are read (table order, the policy's input, the
+    final costs).
     """
     E, T = batch.sizes.shape
     D = batch.device_mask.shape[1]
     greedy = torch.as_tensor(greedy, dtype=torch.bool).expand(E)
+    scale = float(cost_net.scale)
+
+    def device_costs(z: torch.Tensor, dim_sums: torch.Tensor) -> torch.Tensor:
+        costs = cost_net.shard_costs(z)
+        return costs if comm is None else replace_comm(costs, batch.comm_units(comm, dim_sums, scale))
+
+    dims = torch.from_numpy(batch.dims if batch.dims is not None else np.zeros((E, T)))
     with torch.no_grad():
         cenc = cost_net.encode(batch.x)  # [E, T, H]
-        order = table_order(cost_net, cenc, batch.table_mask)
+        order = table_order(cost_net, cenc, batch.table_mask, None if comm is None else batch.comm_units(comm, dims, scale))
     penc = policy.encode(batch.x)
 
     def in_order(t: torch.Tensor) -> torch.Tensor:
         idx = order if t.dim() == 2 else order.unsqueeze(-1).expand(-1, -1, t.shape[-1])
         return t.gather(1, idx)
 
-    cenc_o, penc_o, sizes_o, valid_o = in_order(cenc), in_order(penc), in_order(batch.sizes), in_order(batch.table_mask)
+    cenc_o, penc_o, sizes_o, valid_o, dims_o = in_order(cenc), in_order(penc), in_order(batch.sizes), in_order(batch.table_mask), in_order(dims)
     largest_next = remaining_max(sizes_o)
     used = torch.zeros(E, D, dtype=torch.int64)  # bytes on each device
     csum = torch.zeros(E, D, cenc.shape[-1])  # cost-net shard vectors (no grad)
+    dsum = torch.zeros(E, D, dtype=dims.dtype)  # all-to-all columns on each device
     psum = torch.zeros(E, D, penc.shape[-1])  # policy shard vectors (grad)
     stuck = torch.zeros(E, dtype=torch.bool)
     actions, log_probs, entropies, decided = [], [], [], []
@@ -147,8 +184,8 @@ def rollout(
         # Rows with nothing to decide get a dummy legal device so the softmax stays finite.
         legal = torch.where(active.unsqueeze(1), legal, first_device)
         with torch.no_grad():
-            costs = cost_net.shard_costs(csum)
-            after = cost_net.shard_costs(csum + cenc_o[:, k].unsqueeze(1)) if policy.sees_table else None
+            costs = device_costs(csum, dsum)
+            after = device_costs(csum + cenc_o[:, k].unsqueeze(1), dsum + dims_o[:, k : k + 1]) if policy.sees_table else None
         logits = policy.logits(psum, costs, after, penc_o[:, k] if policy.sees_table else None)
         logits = logits.masked_fill(~legal, float("-inf"))
         logp = torch.log_softmax(logits, dim=1)
@@ -164,6 +201,7 @@ def rollout(
         onehot = F.one_hot(a, D) * active.unsqueeze(1)
         used = used + onehot * sizes_o[:, k : k + 1]
         csum = csum + onehot.unsqueeze(-1) * cenc_o[:, k].unsqueeze(1)
+        dsum = dsum + onehot * dims_o[:, k : k + 1]
         psum = psum + onehot.unsqueeze(-1) * penc_o[:, k].unsqueeze(1)
     if T:
         placed_o = torch.stack(actions, 1)
@@ -174,15 +212,19 @@ def rollout(
         dec = torch.zeros(E, 0, dtype=torch.bool)
     placement = torch.full((E, T), -1, dtype=torch.long).scatter(1, order, placed_o)
     with torch.no_grad():
-        device_costs = cost_net.shard_costs(csum) * batch.device_mask.unsqueeze(-1)
+        final = device_costs(csum, dsum) * batch.device_mask.unsqueeze(-1)
         overall = cost_net.overall(csum, batch.device_mask)
-    return Rollout(placement, log_prob, entropy, dec, stuck, device_costs, overall)
+    return Rollout(placement, log_prob, entropy, dec, stuck, final, overall)
 
 
-def predict(cost_net: CostNet, batch: EpisodeBatch, placement: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cost net's (per-device costs [E, D, 3], overall [E]) for given placements, in units."""
+def predict(cost_net: CostNet, batch: EpisodeBatch, placement: torch.Tensor, comm: CommFormula | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cost net's (per-device costs [E, D, 3], overall [E]) for given placements, in units;
+    with `comm`, the comm model's all-to-all in place of the comm head (as `rollout`)."""
     with torch.no_grad():
         costs, overall = cost_net(batch.x, placement, batch.device_mask)
+        if comm is not None:
+            dims = torch.from_numpy(batch.dims).unsqueeze(-1)
+            costs = replace_comm(costs, batch.comm_units(comm, shard_sum(dims, placement, batch.device_mask.shape[1])[..., 0], float(cost_net.scale)))
     return costs * batch.device_mask.unsqueeze(-1), overall
 
 
@@ -281,10 +323,12 @@ class NumpyCostNet:
 
 
 class FastPlayer:
-    """Plays K episodes of one task at once with a frozen cost net and policy, in NumPy."""
+    """Plays K episodes of one task at once with a frozen cost net and policy, in NumPy; with
+    `comm` (a model's `CommFormula`) the comm model's all-to-all in place of the comm head, as
+    `rollout`."""
 
-    def __init__(self, cost_net: CostNet, policy: PolicyNet, keep_room: bool = False):
-        self.cost_net, self.policy, self.keep_room = cost_net, policy, keep_room
+    def __init__(self, cost_net: CostNet, policy: PolicyNet, keep_room: bool = False, comm: CommFormula | None = None):
+        self.cost_net, self.policy, self.keep_room, self.comm = cost_net, policy, keep_room, comm
         self.net = NumpyCostNet(cost_net)
         self.W1, self.b1 = self.net.W1, self.net.b1
         self.ce = [(_np(m.weight).T, _np(m.bias)) for m in policy.cost_encoder if isinstance(m, torch.nn.Linear)]
@@ -323,15 +367,29 @@ class FastPlayer:
             Q = penc @ torch.from_numpy(self.Wa)  # [T, hidden] (or [T, 1]): the policy head's shard term
             rows = torch.cat([P, cenc, Q], dim=1).numpy()  # what a table adds to its device's state
             R = (penc @ torch.from_numpy(self.Wc)).numpy() if self.policy.sees_table else None
-        nP, nC = P.shape[1], cenc.shape[1]
-        order = np.argsort(-self._costs(rows[:, :nP] + self.b1).sum(-1), kind="stable")
+        nP, nC, nQ = P.shape[1], cenc.shape[1], Q.shape[1]
+        dims = p.a2a().astype(np.float32)
+        rows = np.concatenate([rows, dims[:, None]], axis=1)  # + the table's all-to-all columns
+        # each episode's all-to-all width: its task's, or its cut's (the same columns, cut otherwise)
+        totals = np.full((K, 1), dims.sum()) if active is None else (active @ dims.astype(np.float64))[:, None]
+        scale = self.net.scale
+
+        def device_costs(pre: np.ndarray, dim_sums: np.ndarray, total) -> np.ndarray:
+            costs = self._costs(pre)
+            if self.comm is not None:
+                costs[..., 2] = self.comm.units(dim_sums, total, D, p.elt, scale)
+            return costs
+
+        # one table order for every episode: they play one task, or cuts of it of one width
+        order = np.argsort(-device_costs(rows[:, :nP] + self.b1, dims, totals.max()).sum(-1), kind="stable")
         # Per-device state, one array so a placement is one row addition: cost-head
-        # pre-activations (with bias), cost-net shard vector, policy-head shard term (with bias).
+        # pre-activations (with bias), cost-net shard vector, policy-head shard term (with bias),
+        # all-to-all columns.
         state = np.zeros((K, D, rows.shape[1]), np.float32)
         state[..., :nP] = self.b1
-        state[..., nP + nC :] = self.bh
-        S, csum, hq = state[..., :nP], state[..., nP : nP + nC], state[..., nP + nC :]
-        costs = self._costs(S)  # [K, D, 3]: only the device that gets a table changes
+        state[..., nP + nC : nP + nC + nQ] = self.bh
+        S, csum, hq, dsum = state[..., :nP], state[..., nP : nP + nC], state[..., nP + nC : nP + nC + nQ], state[..., -1]
+        costs = device_costs(S, dsum, totals)  # [K, D, 3]: only the device that gets a table changes
         (w1, b1), (w2, b2) = self.ce
         w1c, w1a = w1[:3], w1[3:]  # the cost encoder's first layer: current costs | costs after
         cw = costs @ w1c + b1
@@ -365,7 +423,7 @@ class FastPlayer:
             stuck |= blocked & go
             go &= ~blocked
             if self.policy.sees_table:
-                after = self._costs(S + rows[t, :nP])
+                after = device_costs(S + rows[t, :nP], dsum + dims[t], totals)
                 c = np.maximum(np.maximum(cw + after @ w1a, 0.0) @ w2 + b2, 0.0)
                 logits = np.maximum(hq + c @ self.Wb + R[t], 0.0) @ self.wh2
             else:
@@ -376,7 +434,7 @@ class FastPlayer:
             placement[k, t] = a
             used[k, a] += sizes[step]
             state[k, a] += rows[t]
-            costs[k, a] = self._costs(S[k, a])
+            costs[k, a] = device_costs(S[k, a], dsum[k, a], totals[k, 0])
             cw[k, a] = costs[k, a] @ w1c + b1
             if shard_logits is not None:
                 shard_logits[k, a] = self._shard_logits(cw[k, a], hq[k, a])
@@ -387,7 +445,7 @@ def best_placement(model: DreamShardModel, p: Prepared, best_of: int, seed: int 
     """The `dreamshard` planner's play: the greedy episode and `best_of` − 1 sampled ones in one
     batch, the cheapest by the cost net → (placement [T], predicted per-device costs [D, 3] ms,
     predicted overall ms), or Nones if every episode got stuck."""
-    player = player or FastPlayer(model.cost_net, model.policy, model.keep_room)
+    player = player or FastPlayer(model.cost_net, model.policy, model.keep_room, model.comm)
     greedy = np.zeros(best_of, bool)
     greedy[0] = True  # episode 0 is the greedy one: best_of=1 is the reference's argmax policy
     placement, stuck, costs, overall = player.play(p, greedy, np.random.default_rng(seed))

@@ -14,6 +14,7 @@ measurements): the nets then see numbers near 1 whatever the hardware, from a 1 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -23,9 +24,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
+from dreamshard.costs.terms import BIN_MEAN, TERMS, WIDE_DIM, table_terms
 from dreamshard.files import load_torch_file
 from dreamshard.learned.loop import atomic_save
-from dreamshard.tables import NUM_BINS, NUM_FEATURES, TableSpec, features
+from dreamshard.rowshard import RowShardSpec
+from dreamshard.tables import NUM_FEATURES, TableSpec, features
+from dreamshard.tasks import Task, Workload
 from dreamshard.validation import ModelError, one_line
 
 COST_COMPONENTS = ("fwd_comp_ms", "bwd_comp_ms", "comm_ms")  # the three per-shard heads, in order
@@ -34,28 +39,139 @@ DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "dr
 
 
 LINEAR_FEATURES = ("dim/128", "pooling/64", "dim*pooling/4096", "distinct/64", "dim*distinct/4096")
-# A reuse bin's typical access count (counts are integers): 1 for (0,1], the mean of the
-# integers in (2^(j-1), 2^j], and 2^16 for the open bin > 2^15.
-_BIN_COUNT = np.array([1.0] + [(2 ** (j - 1) + 1 + 2**j) / 2 for j in range(1, NUM_BINS - 1)] + [2.0**16])
+# The kernel terms (costs/terms.py) a table has by itself: all but the per-shard flags `launch` and
+# `active` (0 for a table). `tables` (1 for every table) and `wide_programs` (a table's `programs`)
+# add nothing a net could not make itself; they are kept because this is the set the offline
+# evaluation measured (benchmarks/costnet_prior.py, docs/costs.md).
+KERNEL_FEATURE_TERMS = tuple(t for t in TERMS if t not in ("launch", "active"))
+_KERNEL_COLUMNS = [TERMS.index(t) for t in KERNEL_FEATURE_TERMS]
+# A term that no training table has (no masked dims among them, say) is scaled by the count it is
+# a part of, so that an unseen table's value stays near 1 instead of dividing by zero.
+_SCALE_LIKE = {"cold_bytes": "grad_bytes", "warm_bytes": "grad_bytes", "hot_bytes": "grad_bytes", "masked_gather_bytes": "grad_bytes",
+               "masked_grad_bytes": "grad_bytes", "wide_programs": "programs"}
 
 
-def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool = False, precision: str = "fp16") -> np.ndarray:
-    """The nets' input: the 21 DreamShard features, plus (`linear`, our change) five on a linear
-    scale that say how much memory traffic a table makes per sample: its dim, its lookups
+@dataclass(frozen=True)
+class KernelFeatures:
+    """Our change (issue 10, Config.kernel_features): the work counts the simulator prices
+    (costs/terms.py: lookups, gathered and gradient bytes by reuse, programs, tiles, masked
+    bytes, launches ...) as features, each divided by its mean over the training tables (`scale`),
+    and a dim > WIDE_DIM flag (the kernel's 8-warp wide path). A ReLU net given the log-scale
+    features must learn the kernel's tile geometry from the few dims it was trained on; given the
+    counts it only weighs them, and prices dims it has not seen (docs/costs.md).
+
+    `scale` is fixed at training and stored with the model, so a table's features never depend
+    on the tables planned beside it. The counts are taken at `batch_size`, the model's training
+    batch (its costs are costs of that batch, whatever the task's), and the task's precision and
+    optimizer."""
+
+    scale: tuple[float, ...]
+    batch_size: int
+
+    WIDTH = len(KERNEL_FEATURE_TERMS) + 1
+
+    @staticmethod
+    def fit(tasks: Sequence[Task], batch_size: int) -> "KernelFeatures":
+        """The scale from the training tasks' tables (each task's table list, under its workload at `batch_size`)."""
+        raw = np.concatenate([table_terms(t.tables, t.workload.with_overrides(batch_size))[:, _KERNEL_COLUMNS] for t in tasks])
+        mean = raw.mean(axis=0)
+        like = mean[[KERNEL_FEATURE_TERMS.index(_SCALE_LIKE.get(t, t)) for t in KERNEL_FEATURE_TERMS]]
+        scale = np.where(mean > 0, mean, np.where(like > 0, like, 1.0))
+        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size))
+
+    def __call__(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
+        terms = table_terms(tables, workload.with_overrides(self.batch_size))[:, _KERNEL_COLUMNS] / np.array(self.scale)
+        wide = np.array([t.dim > WIDE_DIM for t in tables], np.float64).reshape(-1, 1)
+        return np.concatenate([terms, wide], axis=1).astype(np.float32)
+
+    def to_json(self) -> dict:
+        return {"scale": list(self.scale), "batch_size": self.batch_size}
+
+
+def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool = False, workload: Workload = Workload(),
+                   kernel: KernelFeatures | None = None) -> np.ndarray:
+    """The nets' input — every path (training, the MDP, the fast player, the split search's
+    scorer) computes it here: the 21 DreamShard features, plus (`linear`, our change) five on a
+    linear scale that say how much memory traffic a table makes per sample: its dim, its lookups
     (pooling factor), the values it gathers (dim × pooling), its distinct rows (pooling factor /
     mean access count of a touched row, from the reuse histogram) and their values (dim ×
     distinct). A fused kernel's time is close to a sum of such traffic over the shard's tables;
     from the log-scale or z-scored features a ReLU net has to build these products and ratios out
-    of line segments, and it gets them wrong on tables it has not seen (docs/dreamshard.md)."""
-    x = features(tables, normalization, precision)
-    if not linear:
-        return x
-    dim = np.array([t.dim for t in tables], np.float64)
-    pf = np.array([t.pooling_factor for t in tables], np.float64)
-    bins = np.array([t.bins for t in tables], np.float64).reshape(-1, len(_BIN_COUNT))
-    distinct = pf / np.maximum(bins @ _BIN_COUNT, 1.0)
-    extra = np.stack([dim / 128, pf / 64, dim * pf / 4096, distinct / 64, dim * distinct / 4096], axis=1).reshape(-1, len(LINEAR_FEATURES))
-    return np.concatenate([x, extra.astype(np.float32)], axis=1)
+    of line segments, and it gets them wrong on tables it has not seen (docs/dreamshard.md).
+    With `kernel` (our change, issue 10) the kernel terms follow (`KernelFeatures`)."""
+    x = features(tables, normalization, workload.precision)
+    if linear:
+        dim = np.array([t.dim for t in tables], np.float64)
+        pf = np.array([t.pooling_factor for t in tables], np.float64)
+        bins = np.array([t.bins for t in tables], np.float64).reshape(-1, len(BIN_MEAN))
+        distinct = pf / np.maximum(bins @ BIN_MEAN, 1.0)
+        extra = np.stack([dim / 128, pf / 64, dim * pf / 4096, distinct / 64, dim * distinct / 4096], axis=1).reshape(-1, len(LINEAR_FEATURES))
+        x = np.concatenate([x, extra.astype(np.float32)], axis=1)
+    if kernel is not None:
+        x = np.concatenate([x, kernel(tables, workload)], axis=1)
+    return x
+
+
+def feature_count(linear: bool, kernel: KernelFeatures | None) -> int:
+    return NUM_FEATURES + (len(LINEAR_FEATURES) if linear else 0) + (KernelFeatures.WIDTH if kernel is not None else 0)
+
+
+@dataclass(frozen=True)
+class CommFormula:
+    """Our change (issue 10, Config.comm "model"): a device's all-to-all (forward + backward) from
+    the comm model, in place of the cost net's comm head. A device's all-to-all depends on the
+    device count and on what every other device sends it, which a head that sees one device's
+    tables cannot know: on a dim mix it had not seen the head was 53% off (docs/costs.md).
+
+    Why the parameters live in the model (taken at training from the backend it is trained
+    against, `CostBackend.comm_params`) and not in a comm model file read at plan time: the cost
+    net's other heads were fitted to that backend's numbers, so a plan's cost adds the all-to-all
+    those targets had; and a model plans the same wherever it is loaded, whatever comm files are
+    installed. The formula itself is costs/comm.py's (`alltoall_bytes_array`, `alltoall_ms`): the
+    comm model's arithmetic, not a cost backend, written once for the simulator, the runners and
+    this. Costs are those of `batch_size`, the model's training batch, as the other heads'."""
+
+    latency_ms: float
+    bandwidth_GBps: float
+    serial_fraction: float
+    batch_size: int
+    source: str = ""
+
+    @staticmethod
+    def of(params: dict, batch_size: int) -> "CommFormula":
+        return CommFormula(float(params["latency_ms"]), float(params["bandwidth_GBps"]), float(params.get("serial_fraction", 0.0)), int(batch_size),
+                           str(params.get("source", "")))
+
+    def params(self) -> dict:
+        return {"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction}
+
+    def units(self, dim_sums, total, devices, elt, scale: float) -> np.ndarray:
+        """Forward + backward all-to-all of devices holding `dim_sums` [...] columns of the
+        all-to-all, in a plan of `devices` devices whose all-to-all is `total` columns wide (the
+        task's: during an episode a device is priced as it will be once every table is placed,
+        so its cost changes only when it gets a table), `elt` bytes per element; in units of
+        `scale` ms. Arguments broadcast (NumPy)."""
+        send, recv = alltoall_bytes_array(dim_sums, self.batch_size, elt, total, devices)
+        p = self.params()
+        return (alltoall_ms(p, send, recv) + alltoall_ms(p, recv, send)) / scale
+
+    def to_json(self) -> dict:
+        return {**self.params(), "batch_size": self.batch_size, "source": self.source}
+
+
+def a2a_dims(tables: Sequence[TableSpec]) -> np.ndarray:
+    """[T] each table's columns in the all-to-all (a row shard's 0: it is exchanged by the
+    row-wise collectives instead, costs/comm.py)."""
+    return np.array([0.0 if isinstance(t, RowShardSpec) else float(t.dim) for t in tables], np.float64)
+
+
+def replace_comm(costs, comm_units):
+    """`costs` [..., 3] (NumPy or torch) with the comm column set to `comm_units` [...] (NumPy)."""
+    if isinstance(costs, torch.Tensor):
+        return torch.cat([costs[..., :2], torch.as_tensor(comm_units, dtype=costs.dtype).unsqueeze(-1)], dim=-1)
+    out = np.array(costs, copy=True)
+    out[..., 2] = comm_units
+    return out
 
 
 def mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
@@ -257,11 +373,18 @@ class DreamShardModel:
     linear_features: bool = False  # see `table_features`
     keep_room: bool = False  # MDP legality: see `mdp.keeps_room`
     meta: dict | None = None  # where it came from: backend, tasks, config, measurements, date
+    kernel: KernelFeatures | None = None  # kernel-term features (Config.kernel_features), with their scale
+    comm: CommFormula | None = None  # the comm model's all-to-all in place of the comm head (Config.comm "model")
 
     @staticmethod
-    def create(sees_table: bool, normalization: str, best_of: int = 1, score: str = "overall", linear_features: bool = False, keep_room: bool = False) -> "DreamShardModel":
-        f = NUM_FEATURES + (len(LINEAR_FEATURES) if linear_features else 0)
-        return DreamShardModel(CostNet(features=f), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {})
+    def create(sees_table: bool, normalization: str, best_of: int = 1, score: str = "overall", linear_features: bool = False, keep_room: bool = False,
+               kernel: KernelFeatures | None = None, comm: CommFormula | None = None) -> "DreamShardModel":
+        f = feature_count(linear_features, kernel)
+        return DreamShardModel(CostNet(features=f), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {}, kernel, comm)
+
+    def features(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
+        """The nets' input for these tables (`table_features` with this model's settings)."""
+        return table_features(tables, self.normalization, self.linear_features, workload, self.kernel)
 
     def state(self) -> dict:
         return {
@@ -275,6 +398,9 @@ class DreamShardModel:
             "linear_features": self.linear_features,
             "keep_room": self.keep_room,
             "meta": self.meta or {},
+            # only where set: a model without them is stored as before
+            **({"kernel_features": self.kernel.to_json()} if self.kernel is not None else {}),
+            **({"comm": self.comm.to_json()} if self.comm is not None else {}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -308,6 +434,8 @@ class DreamShardModel:
             state.get("score", "overall"),
             state.get("linear_features", False),
             state.get("keep_room", False),
+            _kernel_from_state(state.get("kernel_features"), where),
+            _comm_from_state(state.get("comm"), where),
         )
         for key, net in (("cost_net", model.cost_net), ("policy", model.policy)):
             if not isinstance(state[key], dict):
@@ -328,3 +456,32 @@ class DreamShardModel:
             hint = " (the shipped model is missing from this install)" if path == DEFAULT_MODEL else ""
             raise ModelError(f"{path}: no such model file{hint}")
         return DreamShardModel.from_state(load_torch_file(path, "model", ModelError), str(path))
+
+
+def _finite(v, low: float = 0.0, strict: bool = False) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > low if strict else v >= low)
+
+
+def _batch(d: dict, where: str, key: str) -> int:
+    b = d.get("batch_size")
+    if not (isinstance(b, int) and not isinstance(b, bool) and b >= 1):
+        raise ModelError(f"{where}, key {key!r}: batch_size {b!r:.40} is not a positive integer")
+    return b
+
+
+def _kernel_from_state(d, where: str) -> KernelFeatures | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("scale"), list) or len(d["scale"]) != len(KERNEL_FEATURE_TERMS) \
+            or not all(_finite(v, strict=True) for v in d["scale"]):
+        raise ModelError(f"{where}, key 'kernel_features': expected {{'scale': {len(KERNEL_FEATURE_TERMS)} numbers > 0, 'batch_size': int}}")
+    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"))
+
+
+def _comm_from_state(d, where: str) -> CommFormula | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or not _finite(d.get("latency_ms")) or not _finite(d.get("bandwidth_GBps"), strict=True) \
+            or not (_finite(d.get("serial_fraction")) and d["serial_fraction"] <= 1):
+        raise ModelError(f"{where}, key 'comm': expected latency_ms >= 0, bandwidth_GBps > 0, serial_fraction in [0, 1]")
+    return CommFormula.of(d, _batch(d, where, "comm"))

@@ -85,15 +85,14 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
     (with memory for it), or split one of its `candidates` costliest whole tables by rows
     (`row_trials`) — the move that lowers the predicted plan cost most; stop when none lowers it
     or after `max_splits` moves. → (pieces, devices, cost units)."""
-    task, net = scorer.task, scorer.net
-    nP, cap = net.nP, task.max_memory_bytes
+    task, cap = scorer.task, scorer.task.max_memory_bytes
     pieces, devices = list(pieces), list(devices)
     slots = scorer.slots([pieces])[0]  # the pieces' cache slots, kept in step with them
     used = np.zeros(task.devices, np.int64)
     np.add.at(used, devices, scorer.bytes[slots])
     cost = float(scorer.score(state))
     for _ in range(max_splits):
-        totals = net.costs(state[:, :nP]).sum(-1)
+        totals = scorer.device_costs(state).sum(-1)
         slow = int(totals.argmax())
         mine = np.flatnonzero(np.array(devices) == slow)
         single = scorer.alone(scorer.table[slots[mine]])
@@ -169,14 +168,17 @@ class DreamShardPlanner(LearnedPlanner):
         if self.best_of < 1:
             raise ValueError(f"best_of must be >= 1, got {best_of}")
         self.seed, self.split, self.max_splits = seed, bool(split), int(max_splits)
-        self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room)
+        self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
     @classmethod
     def fit(cls, tasks: Sequence[Task], backend: CostBackend, out: str | Path, config: Config | None = None, *, log: str | Path | None = None,
-            resume: bool = False, eval_tasks: Sequence[Task] | None = None, progress: bool = True, stop_after: int | None = None, **options) -> "DreamShardPlanner":
+            resume: bool = False, eval_tasks: Sequence[Task] | None = None, progress: bool = True, stop_after: int | None = None,
+            prior: CostBackend | None = None, **options) -> "DreamShardPlanner":
         """DreamShard's training (`learned.dreamshard.train`, config `default` unless given) on
-        `tasks` against `backend`; the model goes to `out`, its checkpoint to `out`.ckpt."""
-        model = train(config or cls.config(), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after)
+        `tasks` against `backend` (and `prior` pricing a simulator prior's plans, with the config's
+        prior_plans); the model goes to `out`, its checkpoint to `out`.ckpt."""
+        model = train(config or cls.config(), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after,
+                      prior=prior)
         planner = cls(model=model, **options)
         planner.label = str(out)
         return planner
@@ -189,14 +191,14 @@ class DreamShardPlanner(LearnedPlanner):
             if self.split and self.max_splits > 0:
                 return self._split_rows_first(task)  # a table larger than a device: split by rows, or InfeasibleError
             raise task_infeasible(task)  # at once: no episode can succeed
-        p = prepare(task, self.model.normalization, self.model.linear_features)
+        p = prepare(task, self.model.normalization, self.model.linear_features, self.model.kernel)
         placement, device_costs, overall = best_placement(self.model, p, self.best_of, self.seed, self.player)
         if placement is not None:
             plan = Plan.table_wise(task, [int(d) for d in placement], self.name)
         else:
             plan = place_or_pack(task, None, self.name)  # raises InfeasibleError if nothing fits
             batch = EpisodeBatch.of([p])
-            costs, ov = predict(self.model.cost_net, batch, torch.tensor([plan.placement]))
+            costs, ov = predict(self.model.cost_net, batch, torch.tensor([plan.placement]), self.model.comm)
             scale = float(self.model.cost_net.scale)
             device_costs, overall = costs[0].numpy() * scale, float(ov[0]) * scale
             plan.notes = ["dreamshard policy ran out of memory; used a memory packing instead"]
@@ -251,7 +253,7 @@ class DreamShardPlanner(LearnedPlanner):
                 active[j, [index[p] for p in c]] = True
             K = max(1, self.best_of // len(cuts))  # about the table-wise play's episodes in all
             greedy = np.tile(np.arange(K) == 0, len(cuts))  # per cut: the greedy episode, then sampled ones
-            prepared = prepare(splits.as_task(task, superset), self.model.normalization, self.model.linear_features)
+            prepared = prepare(splits.as_task(task, superset), self.model.normalization, self.model.linear_features, self.model.kernel)
             placement, stuck, costs, overall = self.player.play(prepared, greedy, np.random.default_rng(self.seed), np.repeat(active, K, axis=0))
             score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
             e = int(score.argmin())

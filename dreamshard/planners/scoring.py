@@ -15,7 +15,12 @@ arithmetic on a comm model's parameters — not a cost backend):
     `collective_ms` of it — reduce-scatter plus all-gather — is added to every device's comm.
 
 Under the `max_device` score (max over devices of fwd + bwd + comm, the shipped model's) that is
-exact to the simulator's rule. A model scored by its `overall` head cannot have the all-to-all
+exact to the simulator's rule.
+
+A model whose all-to-all is the comm model's (`nets.CommFormula`, Config.comm "model") has no
+comm head to read: a state row carries the piece's all-to-all columns (its width; a row piece's
+0), and a device's all-to-all is the formula's on its columns, in a plan as wide as the sum of
+every device's (`device_costs`). A model scored by its `overall` head cannot have the all-to-all
 part of a row piece taken out of the overall head, so `row_moves` is False for it: the searches
 offer no row splits, and a table larger than a device (which only a row split places) is priced
 with the collective added to the overall head.
@@ -33,7 +38,7 @@ import numpy as np
 
 from dreamshard.costs.comm import CommModel, load_comm_model, rowwise_ms
 from dreamshard.learned.mdp import NumpyCostNet
-from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost, table_features
+from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
 from dreamshard.planners import splits
 from dreamshard.tasks import Task
@@ -66,10 +71,11 @@ class PieceScorer:
         nP = self.net.nP
         self._heads = nP // len(COST_COMPONENTS)
         self._rw = nP + self.net.Wo1.shape[0]  # the column of a piece's share of the row-wise dim
+        self._a2a = self._rw + 1  # the column of a piece's all-to-all width
         self._slot: dict[Shard, int] = {}
         # Indexed by slot, filled up to len(_slot); grown geometrically, so that the searches' many
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
-        self.table = np.zeros((0, self._rw + 1), np.float32)  # state rows
+        self.table = np.zeros((0, self._a2a + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
         self.a2a_dim = np.zeros(0, np.int64)  # width in the all-to-all: a row piece's is 0 (reduce-scatter instead)
 
@@ -90,14 +96,16 @@ class PieceScorer:
         new = [p for p in dict.fromkeys(pieces) if p not in self._slot]
         if not new:
             return
-        x = table_features(splits.specs(self.task, new), self.model.normalization, self.model.linear_features, self.task.workload.precision)
-        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 1), np.float32)], axis=1)
+        x = self.model.features(splits.specs(self.task, new), self.task.workload)
+        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 2), np.float32)], axis=1)
         for r, p in zip(rows, new):
             if p.is_row_shard:  # not in the all-to-all: its share of the reduce-scatter instead
                 t = self.task.tables[p.table]
                 a, b = p.row_range(t)
                 r[COMM * self._heads : (COMM + 1) * self._heads] = 0.0
                 r[self._rw] = t.dim * (b - a) / t.rows
+            else:
+                r[self._a2a] = p.width
         n, k = len(self._slot), len(new)
         if n + k > len(self.table):
             size = max(2 * len(self.table), n + k)
@@ -122,7 +130,18 @@ class PieceScorer:
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """The state of empty devices, [*shape, R]."""
         state = self.net.empty(shape)
-        return np.concatenate([state, np.zeros((*shape, 1), state.dtype)], axis=-1)
+        return np.concatenate([state, np.zeros((*shape, 2), state.dtype)], axis=-1)
+
+    def device_costs(self, state: np.ndarray) -> np.ndarray:
+        """[..., D, R] device states of whole plans → [..., D, 3] (fwd, bwd, comm) units: the
+        heads', or with the model's `CommFormula` the comm model's all-to-all in place of the comm
+        head's (the row-wise exchange is added by `score` and `predicted`)."""
+        costs = self.net.costs(state[..., : self.net.nP])
+        comm = self.model.comm
+        if comm is not None:
+            cols = state[..., self._a2a]
+            costs[..., COMM] = comm.units(cols, cols.sum(-1, keepdims=True), self.task.devices, self.task.workload.elt_bytes, self.net.scale)
+        return costs
 
     def state(self, pieces: list[Shard], devices: np.ndarray) -> np.ndarray:
         """[D, R] the device states of one placement of `pieces`."""
@@ -170,7 +189,7 @@ class PieceScorer:
         """The plan's `predicted` entry: per-device costs and the overall cost, ms."""
         state = self.state(pieces, devices)
         nP = self.net.nP
-        costs = self.net.costs(state[:, :nP]) * self.net.scale
+        costs = self.device_costs(state) * self.net.scale
         extra = float(self.collective(state)) * self.net.scale
         costs[:, COMM] += extra
         out = predicted_dict(costs, (float(self.net.overall(state[:, nP : self._rw])) * self.net.scale) + extra, label)
@@ -181,7 +200,7 @@ class PieceScorer:
     def score(self, state: np.ndarray) -> np.ndarray:
         """[..., D, R] device states → [...] the model's plan cost, units."""
         nP = self.net.nP
-        base = plan_cost(self.net.costs(state[..., :nP]), self.net.overall(state[..., nP : self._rw]), self.model.score)
+        base = plan_cost(self.device_costs(state), self.net.overall(state[..., nP : self._rw]), self.model.score)
         return base + self.collective(state)
 
 
