@@ -4,8 +4,23 @@
 # timing check (benchmarks/timing_check.py) is a separate call.
 #   bash benchmarks/gpu_kernels_check.sh          # the campaign of docs/kernels.md
 #   bash benchmarks/gpu_kernels_check.sh quick    # tests, then a short look: grid without torch/v4, tuning sweep on hot entries
+#   bash benchmarks/gpu_kernels_check.sh grid     # no tests: the single-table grid alone (about 7 min)
+#   bash benchmarks/gpu_kernels_check.sh sweep    # no tests: the backward's tuning variants (device time) on mixed shards and grid entries
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+if [ "${1:-}" = sweep ]; then  # the backward's tuning variants (kernels_gpu.BWD_VARIANTS), device time
+  timeout 200 python3 benchmarks/kernels_gpu.py --out "$OUT" --quick --shards 10,50,d32-25 --sweep \
+    --sweep-bwd "10t-mixed,50t-mixed,25t-dim>=32" > "$OUT/kernels_gpu.log" 2>&1
+  grep -E "sweep|bwd" "$OUT/kernels_gpu.log" | tail -40
+  timeout 180 python3 benchmarks/kernels_grid.py --out "$OUT" --quick --no-torch --sweep 0,2,5,15,31 --only 0,2,3,5,6,9,15,28,31,44 > "$OUT/kernels_grid.log" 2>&1
+  grep -E "sweep|device|median" "$OUT/kernels_grid.log" | tail -30
+  exit 0
+fi
+if [ "${1:-}" = grid ]; then  # the single-table grid alone, with the torch path and v4
+  timeout 560 python3 benchmarks/kernels_grid.py --out "$OUT" --baseline > "$OUT/kernels_grid.log" 2>&1
+  tail -10 "$OUT/kernels_grid.log"
+  exit 0
+fi
 timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
 if [ "${1:-}" = quick ]; then
   timeout 100 python3 benchmarks/kernels_gpu.py --out "$OUT" --quick --shards 10,50,d32-25 --profile 50t-mixed > "$OUT/kernels_gpu.log" 2>&1

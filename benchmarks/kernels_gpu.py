@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -113,6 +114,49 @@ def bench(fn, rep_ms: float = 300, warmup_ms: float = 50) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+_SLEEP_CYCLES_PER_MS = None
+
+
+def bench_device(fn, reps: int = 50) -> float:
+    """Median device time of fn (ms) with the host ahead of the GPU: a sleep kernel first holds the
+    stream while the host enqueues every repetition (an L2 flush, then fn between two events), so
+    the events see the GPU's work without the gaps in which it waits for the host to launch the
+    next kernel. This is how the runners time a step (dreamshard.costs.runners.launch); in a
+    training step the host also runs ahead. do_bench's time (``bench``) includes those gaps, which
+    dominate backwards of a few hundred microseconds (about ten launches and torch ops each)."""
+    global _SLEEP_CYCLES_PER_MS
+    if not torch.cuda.is_available():
+        return bench(fn)
+    fn()
+    torch.cuda.synchronize()
+    if _SLEEP_CYCLES_PER_MS is None:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        b.synchronize()
+        _SLEEP_CYCLES_PER_MS = 10_000_000 / a.elapsed_time(b)
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    # the host's time to enqueue one repetition, measured with the GPU busy: sizes the sleep
+    torch.cuda._sleep(int(_SLEEP_CYCLES_PER_MS * 50))
+    t0 = time.perf_counter()
+    for _ in range(3):
+        cache.zero_()
+        fn()
+    host_ms = (time.perf_counter() - t0) * 1e3 / 3
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(_SLEEP_CYCLES_PER_MS * (1.5 * reps * host_ms + 5)))
+    for i in range(reps):
+        cache.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)))
+
+
 def copy_bandwidth(device) -> float:
     n = 1 << 31 if device.type == "cuda" else 1 << 24  # 2 GiB each way
     a = torch.empty(n, dtype=torch.uint8, device=device)
@@ -179,6 +223,7 @@ def run_shard(name, tables, source, device, bw, args, results, tri_kwargs=None):
     r["triton_fwd_ms"] = bench(lambda: tri.forward(indices, offsets))
     tri.forward(indices, offsets)
     r["triton_bwd_ms"] = bench(lambda: tri.backward(grad))
+    r["triton_bwd_device_ms"] = bench_device(lambda: tri.backward(grad))
     r["torch_fwd_ms"] = bench(lambda: ref.forward(indices, offsets), rep_ms=300 if not args.quick else 100)
     ref.forward(indices, offsets)
     r["torch_bwd_ms"] = bench(lambda: ref.backward(grad), rep_ms=600 if not args.quick else 150, warmup_ms=1)
@@ -189,6 +234,7 @@ def run_shard(name, tables, source, device, bw, args, results, tri_kwargs=None):
         r["v4_fwd_ms"] = bench(lambda: old.forward(indices, offsets))
         old.forward(indices, offsets)
         r["v4_bwd_ms"] = bench(lambda: old.backward(grad))
+        r["v4_bwd_device_ms"] = bench_device(lambda: old.backward(grad))
         r["speedup_fwd_bwd_over_v4"] = (r["v4_fwd_ms"] + r["v4_bwd_ms"]) / (r["triton_fwd_ms"] + r["triton_bwd_ms"])
         log(f"[{name}] before (v4): fwd {r['v4_fwd_ms']:.3f} bwd {r['v4_bwd_ms']:.3f} ms; fwd+bwd now {r['speedup_fwd_bwd_over_v4']:.2f}x faster")
         del old
@@ -200,14 +246,14 @@ def run_shard(name, tables, source, device, bw, args, results, tri_kwargs=None):
     r["speedup_bwd"] = r["torch_bwd_ms"] / r["triton_bwd_ms"]
     r["speedup_fwd_bwd"] = (r["torch_fwd_ms"] + r["torch_bwd_ms"]) / (r["triton_fwd_ms"] + r["triton_bwd_ms"])
     log(f"[{name}] triton fwd {r['triton_fwd_ms']:.3f} ms ({100 * r['fwd_frac_of_copy_bw']:.0f}% of copy bw; floor {r['floor_ms']:.3f}) "
-        f"bwd {r['triton_bwd_ms']:.3f} (sort alone {r['sort_ms']:.3f}) | torch fwd {r['torch_fwd_ms']:.3f} bwd {r['torch_bwd_ms']:.3f} | "
+        f"bwd {r['triton_bwd_ms']:.3f} (device {r['triton_bwd_device_ms']:.3f}; sort alone {r['sort_ms']:.3f}) | torch fwd {r['torch_fwd_ms']:.3f} bwd {r['torch_bwd_ms']:.3f} | "
         f"speedup fwd+bwd {r['speedup_fwd_bwd']:.1f}x")
     if args.profile and name in args.profile.split(","):
         r["profile"] = profile_bwd(tri, indices, offsets, grad, args.out, name)
     if args.sweep and name in args.sweep_fwd.split(","):
-        r["sweep_fwd"] = sweep(rows, dims, indices, offsets, grad, device, floor, bw, FWD_VARIANTS)
+        r["sweep_fwd"] = sweep(rows, dims, indices, offsets, grad, device, floor, bw, FWD_VARIANTS, backward=False)
     if args.sweep and name in args.sweep_bwd.split(","):
-        r["sweep_bwd"] = sweep(rows, dims, indices, offsets, grad, device, floor, bw, BWD_VARIANTS)
+        r["sweep_bwd"] = sweep(rows, dims, indices, offsets, grad, device, floor, bw, BWD_VARIANTS, backward=True)
     results.append(r)
     del tri, ref
     if device.type == "cuda":
@@ -239,12 +285,13 @@ def profile_bwd(tri, indices, offsets, grad, out_dir, name) -> str:
 
 FWD_VARIANTS = [dict(fwd_lanes=l, fwd_unroll=u, fwd_warps=w) for l, u, w in
                 [(512, 4, 4), (1024, 2, 4), (1024, 8, 4), (2048, 4, 4), (2048, 4, 8), (4096, 4, 8)]]
-BWD_VARIANTS = [dict(bwd_lanes=l, bwd_pmax=px, bwd_up_lanes=u, bwd_warps=w) for l, px, u, w in
-                [(2048, 32, 2048, 4), (4096, 32, 2048, 4), (8192, 64, 2048, 4), (4096, 64, 1024, 4), (4096, 64, 4096, 4),
-                 (4096, 64, 2048, 8), (8192, 128, 4096, 8), (2048, 64, 2048, 4)]]
+# backward tunables against the defaults ({}): warps per tile program, lookups per level-0 tile
+# (bwd_lanes / column-block width), widest column block, entries per tile of the levels above
+BWD_VARIANTS = [{}, dict(bwd_warps=2), dict(bwd_lanes=2048), dict(bwd_lanes=8192, bwd_pmax=128), dict(bwd_max_tw=128),
+                dict(bwd_max_tw=64), dict(bwd_up_lanes=4096)]
 
 
-def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants):
+def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants, backward: bool):
     from dreamshard.costs.kernels.triton_tbe import TritonTBE
 
     out = []
@@ -253,7 +300,7 @@ def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants):
         tri = TritonTBE(rows, dims, precision="fp16", optimizer="sgd", device=device, seed=1, **kw)
         f = bench(lambda: tri.forward(indices, offsets), rep_ms=150)
         tri.forward(indices, offsets)
-        b = bench(lambda: tri.backward(grad), rep_ms=150) if "bwd_lanes" in kw else None
+        b = bench_device(lambda: tri.backward(grad)) if backward else None  # device time: the GPU work
         out.append({**kw, "fwd_ms": f, "bwd_ms": b, "fwd_frac": floor / bw * 1e3 / f})
         log(f"   sweep {kw}: fwd {f:.3f} ms ({100 * floor / bw * 1e3 / f:.0f}%)" + (f" bwd {b:.3f} ms" if b else "") + f" [{time.time() - t0:.1f}s]")
         del tri

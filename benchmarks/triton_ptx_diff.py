@@ -73,7 +73,7 @@ def variants():
         for classes in ((1 << 7) - 1, ((1 << 7) - 1) * ((1 << 9) + 1), (1 << 18) - 1):
             yield "_fwd_kernel", sig, {"CLASSES": classes, "LANES": 1024, "UNROLL": 4, "VEC": vec}, 4
     sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "row_start_ptr": "*i64", "bstart_ptr": "*i64", "keys_ptr": "*i32", "segid_ptr": "*i32",
-           "N": "i32", "B": "i32"}
+           "N": "i32", "B": "i32", "NBLK": "i32", "NBAGS": "i32"}
     yield "_keys_kernel", sig, {"BLOCK": 1024}, 4
     for c in range(14):
         tw = 16 << (c % 7)

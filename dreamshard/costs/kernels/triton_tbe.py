@@ -177,17 +177,18 @@ def _fwd_kernel(indices_ptr, offsets_ptr, w_ptr, out_ptr, meta_ptr, prog_table_p
 
 
 @triton.jit
-def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, segid_ptr, N, B, BLOCK: tl.constexpr):
+def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, segid_ptr, N, B, NBLK, NBAGS, BLOCK: tl.constexpr):
     """For lookup i of bag (t, b): keys[i] = row_start[t] + indices[i] (its global row), segid[i] = t*B + b.
 
     One program per BLOCK consecutive lookups (coalesced reads and writes). The bag of each lookup is
     found by a vectorised binary search over offsets, inside the bag range [bstart[pid], bstart[pid+1]]
-    that a torch.searchsorted found for the block's first lookups."""
+    (bstart[k] - 1 = the bag of lookup k * BLOCK, from a torch.searchsorted; the last block ends at
+    the last bag)."""
     pid = tl.program_id(0)
     i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
-    lo0 = tl.load(bstart_ptr + pid)
-    hi0 = tl.load(bstart_ptr + pid + 1) + 1  # invariant: offsets[lo] <= i < offsets[hi]
+    lo0 = tl.load(bstart_ptr + pid) - 1
+    hi0 = tl.load(bstart_ptr + pid + 1, mask=pid + 1 < NBLK, other=NBAGS)  # invariant: offsets[lo] <= i < offsets[hi]
     steps = 0
     while (hi0 - lo0) > (1 << steps):
         steps += 1
@@ -412,6 +413,7 @@ class TritonTBE(TBE):
         self._p1 = [self._pcls1[c] for c in self._bcls]
         self._bwd_order = sorted(range(T), key=lambda t: (self._bcls[t], t))
         self._saved = None
+        self._starts = None  # see _block_starts
         self._last = None  # (lookups, level-0 tiles, levels, level-1 entry keys) of the last backward
         # the per-table lookup counts, read back to the host during the forward (see _prefetch_bounds)
         on_gpu = self.device.type == "cuda"
@@ -491,6 +493,13 @@ class TritonTBE(TBE):
         return {"lookups": n, "tiles": tiles, "levels": levels, "crossing_rows": int(torch.unique(ek[ek >= 0]).numel())}
 
     # ---------------------------------------------------------------- backward
+    def _block_starts(self, nblk: int, dtype: torch.dtype) -> torch.Tensor:
+        """[nblk] first lookup of each key-building block: a view of one arange kept on the device
+        and grown when a batch needs more (one kernel fewer per backward)."""
+        if self._starts is None or self._starts.numel() < nblk or self._starts.dtype != dtype:
+            self._starts = torch.arange(0, 2 * nblk * KEYS_BLOCK, KEYS_BLOCK, device=self.device, dtype=dtype)
+        return self._starts[:nblk]
+
     def _plan(self, bounds: list[int]) -> tuple[list[list[int]], list[tuple[int, int, int, int, int, int, int]], int, int, int]:
         """The backward's tiles, level by level. Level 0 cuts each table's sorted lookups into tiles of
         P0 lookups; level k >= 1 cuts the 2 entries per tile that level k-1 wrote (the partial sums
@@ -545,10 +554,9 @@ class TritonTBE(TBE):
         keys = torch.empty(n, dtype=self._key_dtype, device=dev)
         segid = torch.empty(n, dtype=torch.int32, device=dev)
         nblk = triton.cdiv(n, KEYS_BLOCK)
-        first = torch.arange(0, nblk * KEYS_BLOCK, KEYS_BLOCK, device=dev, dtype=offsets.dtype)
-        bstart = torch.searchsorted(offsets, first, right=True) - 1  # bag of each block's first lookup
-        bstart = torch.cat([bstart, torch.full((1,), offsets.numel() - 2, dtype=bstart.dtype, device=dev)])
-        _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, n, batch, BLOCK=KEYS_BLOCK, num_warps=4)
+        bstart = torch.searchsorted(offsets, self._block_starts(nblk, offsets.dtype), right=True)  # 1 + bag of each block's first lookup
+        _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, n, batch, nblk, offsets.numel() - 1,
+                              BLOCK=KEYS_BLOCK, num_warps=4)
         # 2. group by row; the bags in sorted order (one coalesced pass, so a tile's loads of its rows
         # and bags do not wait on each other)
         keys_sorted, perm = torch.sort(keys, stable=True)
