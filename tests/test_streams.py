@@ -221,6 +221,20 @@ def test_row_ranges_match_their_counts_on_the_reference_batch(table):
         assert max(shares) - min(shares) > 0.05  # an even split would be 1/8 each
 
 
+@pytest.mark.parametrize("rows", [300, 120_000, 5_000_000])
+def test_row_sample_counts_every_seen_row(rows):
+    """The sample's rows and counts, whether counted per row (tables no larger than the sample) or
+    by sorting, are those of the sampled stream."""
+    table = TableSpec(name="t", rows=rows, dim=16, pooling_factor=3.0, distribution="zipf:1.1", seed=4)
+    _, sample = table_bags(table, row_sample_batch(table), 0)
+    want_rows, want_counts = np.unique(sample.numpy(), return_counts=True)
+    got = row_sample(table)
+    hot = np.isin(want_rows, got.hot_rows)
+    assert np.array_equal(np.sort(np.concatenate([got.cold_rows, got.hot_rows])), want_rows)
+    assert np.array_equal(np.diff(got.hot_upto), want_counts[hot]) and np.array_equal(np.diff(got.cold_upto), want_counts[~hot])
+    assert got.lookups == sample.numel()
+
+
 def test_a_row_ranges_bins_follow_the_stream_not_the_specs_bins():
     """A spec given bins that are not its stream's (here the default: every row read once): its row
     shards' bins are its stream's, as the kernels would see them."""
