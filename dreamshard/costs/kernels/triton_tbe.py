@@ -181,7 +181,7 @@ def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, 
     """For lookup i of bag (t, b): keys[i] = row_start[t] + indices[i] (its global row), segid[i] = t*B + b.
 
     One program per BLOCK consecutive lookups (coalesced reads and writes). The bag of each lookup is
-    found by a vectorised binary search over offsets, inside the bag range [bstart[pid], bstart[pid+1]]
+    found by a vectorised binary search over offsets, inside the bags [bstart[pid] - 1, bstart[pid+1] - 1]
     (bstart[k] - 1 = the bag of lookup k * BLOCK, from a torch.searchsorted; the last block ends at
     the last bag)."""
     pid = tl.program_id(0)
