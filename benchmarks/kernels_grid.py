@@ -172,7 +172,9 @@ def targets(results) -> list[str]:
         timed = [r for r in results if "torch_" + bwd in r]
         if timed:
             slower = [r["entry"] for r in timed if r["triton_" + fwd] > r["torch_" + fwd] or r["triton_" + bwd] > r["torch_" + bwd]]
-            lines.append(f"[{tag}] entries where triton fwd or bwd is slower than torch: {slower or 'none'}")
+            ratio = [r["torch_" + bwd] / r["triton_" + bwd] for r in timed]
+            lines.append(f"[{tag}] entries where triton fwd or bwd is slower than torch: {slower or 'none'}; torch backward / triton "
+                         f"backward: min {min(ratio):.1f}x, median {statistics.median(ratio):.1f}x, max {max(ratio):.1f}x")
         old = [r for r in results if "v4_" + bwd in r]
         if old:
             worst = max(r["triton_" + fwd] / r["v4_" + fwd] for r in old)
