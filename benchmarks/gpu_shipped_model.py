@@ -4,6 +4,9 @@ that decides which model ships — one time-boxed call on one H200.
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT                       # one H200, ≤ 9.5 min
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000    # the GPU-trained model with the simulator prior
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000 --kernel-features --comm model   # and issue 10's cost-net options
+    PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000 --kernel-features --comm model --models gpu --test-tasks 0
+        # the GPU-trained model alone (measure it with gpu_heldout_planners.py --model); a run cut
+        # by the call's limit goes on with --resume, OUT holding the cut run's files
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out /tmp/g --device cpu --quick  # logic check
 
 1. Training tasks from the *training* families (dreamshard/families.py; pools of seed 10, the
@@ -78,9 +81,14 @@ def main() -> None:
     ap.add_argument("--kernel-features", action="store_true", help="both models: the cost net also sees each table's kernel terms (Config.kernel_features, docs/costs.md)")
     ap.add_argument("--comm", choices=["head", "model"], default="head",
                     help="both models: a device's all-to-all from the comm head or from the backend's comm model (Config.comm; the sequential runner's h200_nccl.json, the simulator's calibration)")
+    ap.add_argument("--models", default="gpu,sim", help="which models to train: gpu, sim or both (gpu,sim)")
+    ap.add_argument("--resume", action="store_true", help="go on training the GPU model from OUT/model_gpu.pt.ckpt (a run cut by the call's time limit)")
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="tiny run (CPU logic check): batch 1024, 4 measurements, 1 test task")
     args = ap.parse_args()
+    which = args.models.split(",")
+    if not which or set(which) - {"gpu", "sim"}:
+        ap.error(f"--models: give gpu, sim or gpu,sim, not {args.models!r}")
     t0 = time.monotonic()
     os.makedirs(args.out, exist_ok=True)
     log = lambda text: print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)  # noqa: E731
@@ -102,18 +110,24 @@ def main() -> None:
                      "held_out_family": HELD_OUT_FAMILY, "simulator": sim.calibration.label, "models": {}}
     models = {}
     for name, backend in (("gpu", runner), ("sim", sim)):
+        if name not in which:
+            continue
         # the simulator prior (the simulator with its default calibration) for the GPU-trained model only
         prior = args.prior_plans if name == "gpu" else None
         cfg = DreamShardPlanner.config("default", budget=budget, iterations=iterations, batch_size=batch, prior_plans=prior or None,
                                        kernel_features=args.kernel_features, comm=args.comm)
         t = time.monotonic()
         models[name] = DreamShardPlanner.fit(tasks, backend, os.path.join(args.out, f"model_{name}.pt"), cfg, log=os.path.join(args.out, f"train_{name}.jsonl"), progress=False,
-                                             prior=SimBackend() if prior else None)
+                                             prior=SimBackend() if prior else None, resume=args.resume and name == "gpu")
         summary["models"][name] = {"backend": backend.name, "seconds": round(time.monotonic() - t, 1), "measurements": models[name].model.meta["measurements"]}
         log(f"trained {name}: {summary['models'][name]}")
         atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
 
-    planners = {"dreamshard (GPU-trained)": models["gpu"], "dreamshard (sim-trained, family calibration)": models["sim"],
+    if not test_tasks:
+        log("no held-out tasks (--test-tasks 0)")
+        return
+    labels = {"gpu": "dreamshard (GPU-trained)", "sim": "dreamshard (sim-trained, family calibration)"}
+    planners = {**{labels[k]: m for k, m in models.items()},
                 "dreamshard (shipped)": get_planner("dreamshard"), "lookup": get_planner("lookup"), "size_lookup": get_planner("size_lookup")}
     held_out = synth_family(HELD_OUT_FAMILY, args.pool_tables, 11)
     tests = [(n, d, t) for n, d in SETTINGS for t in sample_tasks(held_out, test_tasks, (n, n), d, CAP, seed=200 + d, workload=workload)]
