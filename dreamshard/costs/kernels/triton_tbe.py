@@ -220,7 +220,13 @@ def _apply_rows(w_ptr, state_ptr, key, waddr, w, st, g, wmask2, rmask, D, lr, ep
     tl.store(w_ptr + waddr, (w.to(tl.float32) - lr * upd).to(w_ptr.dtype.element_ty), mask=wmask2)
 
 
-@triton.jit
+# Triton compiles a variant of a kernel for every pattern of its integer arguments (equal to 1,
+# divisible by 16, other). The tile kernel's integer arguments differ from launch to launch (program
+# bases, segment ranges, table and segment counts, the batch and its width): specialised on them, a
+# training run compiled 630 variants, ~3 minutes of a 10-minute H200 call
+# (benchmarks/results/gpu_shipped_model_kf/). Its PTX is the same either way: the alignments it
+# needs are stated with tl.multiple_of.
+@triton.jit(do_not_specialize=["pid_base", "seg_lo", "seg_hi", "T", "NSEG", "B", "sumD"])
 def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, w_ptr, state_ptr,
                  meta_ptr, segt_ptr, pid_base, seg_lo, seg_hi, T, NSEG, B, sumD, lr, eps,
                  CLS: tl.constexpr, LEVEL0: tl.constexpr, P: tl.constexpr, ADAGRAD: tl.constexpr, VEC: tl.constexpr):
