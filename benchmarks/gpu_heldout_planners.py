@@ -2,6 +2,7 @@
 target): one time-boxed call on one H200.
 
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT                          # ≤ 9.5 min
+    PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --families dlrm,hot --tasks 4   # other families, time box shared
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out /tmp/h --device cpu --quick  # logic check
 
 Tasks: the held-out family (`mixed`, pool seed 11 — never in any calibration or training run),
@@ -12,7 +13,8 @@ DreamShard model and any --model files beside it, the heuristics size, dim, look
 measured by the sequential runner on our Triton TBE (compute measured device by device, the
 all-to-all from the shipped comm model); a placement two planners share is measured once.
 Tasks are measured whole (every planner), the settings in turn, until --total-s: a cut leaves the
-settings about equally measured.
+settings about equally measured. With --families, each family's pool of seed 11 in turn (unseen
+tasks; only `mixed` is an unseen family), each with an equal share of --total-s.
 Written as it goes: plans.csv (one line per planner and task), summary.json (per setting: means,
 DreamShard's wins / ties / losses against the best heuristic of each task, its worst ratio to it,
 the cost net's max-device error on these measured plans), for each DreamShard model.
@@ -32,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import HELD_OUT_FAMILY, synth_family  # noqa: E402
+from dreamshard.families import FAMILIES, HELD_OUT_FAMILY, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.packing import format_bytes  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
@@ -45,7 +47,7 @@ GB = 10**9
 SETTINGS = ((40, 4, 24 * GB, 204), (80, 8, 24 * GB, 208), (120, 8, 8 * GB, 308))
 HEURISTICS = ("size", "dim", "lookup", "size_lookup")
 TIE = 0.01  # within 1% of the best heuristic: a tie (the runner's repeat-to-repeat spread is ~1%)
-COLUMNS = ["setting", "task", "planner", "measured_ms", "measured_max_device_ms", "predicted_max_device_ms", "sim_ms", "plan_s"]
+COLUMNS = ["family", "setting", "task", "planner", "measured_ms", "measured_max_device_ms", "predicted_max_device_ms", "sim_ms", "plan_s"]
 
 
 def setting_name(n: int, d: int, cap: int) -> str:
@@ -92,6 +94,7 @@ def main() -> None:
     ap.add_argument("--model", action="append", default=[], help="a DreamShard model file to measure beside the shipped one (repeatable)")
     ap.add_argument("--tasks", type=int, default=16, help="held-out tasks per setting")
     ap.add_argument("--first-task", type=int, default=0, help="start at this task of each setting (to go on from a cut run)")
+    ap.add_argument("--families", default=HELD_OUT_FAMILY, help=f"comma-separated table families (pools of seed 11), default the held-out one: {HELD_OUT_FAMILY}")
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="CPU logic check: batch 1024, 1 task per setting, small tables")
@@ -107,45 +110,52 @@ def main() -> None:
     sim = SimBackend()
     models = {"dreamshard (shipped)": get_planner("dreamshard"), **{f"dreamshard ({os.path.basename(m)})": DreamShardPlanner(model=m) for m in args.model}}
     planners = {**models, **{h: get_planner(h) for h in HEURISTICS}}
-    pool = synth_family(HELD_OUT_FAMILY, args.pool_tables, 11)
-    if args.quick:  # tables a CPU initialises in seconds
-        pool = [t for t in pool if t.rows <= 200_000]
+    families = args.families.split(",")
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
     n_tasks = 1 if args.quick else args.tasks
-    settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
-    tasks = {setting_name(n, d, cap): sample_tasks(pool, n_tasks, (n, n), d, cap, seed=seed, workload=workload) for n, d, cap, seed in settings}
-    summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "pool_seed": 11, "simulator": sim.calibration.label,
-                     "runner": runner.name, "tie_band": TIE}
+    summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "families": families, "pool_seed": 11,
+                     "simulator": sim.calibration.label, "runner": runner.name, "tie_band": TIE}
     rows: list[dict] = []
     with open(os.path.join(args.out, "plans.csv"), "w", newline="") as fh:
         out = csv.DictWriter(fh, COLUMNS)
         out.writeheader()
-        for i in range(args.first_task, n_tasks):
-            for setting, ts in tasks.items():
-                if time.monotonic() - t0 > args.total_s:
-                    break
-                measured: dict[tuple, tuple] = {}  # a placement two planners share is measured once
-                for label, planner in planners.items():
-                    t = time.monotonic()
-                    plan = planner.plan(ts[i])
-                    plan_s = time.monotonic() - t
-                    key = tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop or 0) for s in plan.shards))
-                    if key not in measured:
-                        report = runner.evaluate_plan(plan)
-                        measured[key] = (report.overall_ms, max(c.total_ms for c in report.devices), sim.evaluate_plan(plan).overall_ms)
-                    ms, max_dev, sim_ms = measured[key]
-                    predicted = plan.predicted or {}
-                    row = {"setting": setting, "task": i, "planner": label, "measured_ms": round(ms, 5), "measured_max_device_ms": round(max_dev, 5),
-                           "predicted_max_device_ms": max((c["total_ms"] for c in predicted.get("devices", [])), default=None),
-                           "sim_ms": round(sim_ms, 5), "plan_s": round(plan_s, 3)}
-                    out.writerow(row)
-                    rows.append(row)
-                fh.flush()
-                log(f"{setting} task {i}: " + ", ".join(f"{r['planner']} {r['measured_ms']:.3f}" for r in rows[-len(planners):]))
-            else:
-                continue
-            log(f"time box: stopped in round {i} of {n_tasks}")
-            break
-    summary["models"] = {m: summarise(rows, m) for m in models}
+        for k, family in enumerate(families):
+            deadline = args.total_s * (k + 1) / len(families)  # each family its share of the time box
+            pool = synth_family(family, args.pool_tables, 11)
+            if args.quick:  # tables a CPU initialises in seconds
+                pool = [t for t in pool if t.rows <= 200_000]
+            settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
+            tasks = {setting_name(n, d, cap): sample_tasks(pool, n_tasks, (n, n), d, cap, seed=seed, workload=workload) for n, d, cap, seed in settings}
+            for i in range(args.first_task, n_tasks):
+                for setting, ts in tasks.items():
+                    if time.monotonic() - t0 > deadline:
+                        break
+                    measured: dict[tuple, tuple] = {}  # a placement two planners share is measured once
+                    for label, planner in planners.items():
+                        t = time.monotonic()
+                        plan = planner.plan(ts[i])
+                        plan_s = time.monotonic() - t
+                        key = tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop or 0) for s in plan.shards))
+                        if key not in measured:
+                            report = runner.evaluate_plan(plan)
+                            measured[key] = (report.overall_ms, max(c.total_ms for c in report.devices), sim.evaluate_plan(plan).overall_ms)
+                        ms, max_dev, sim_ms = measured[key]
+                        predicted = plan.predicted or {}
+                        row = {"family": family, "setting": setting, "task": i, "planner": label, "measured_ms": round(ms, 5), "measured_max_device_ms": round(max_dev, 5),
+                               "predicted_max_device_ms": max((c["total_ms"] for c in predicted.get("devices", [])), default=None),
+                               "sim_ms": round(sim_ms, 5), "plan_s": round(plan_s, 3)}
+                        out.writerow(row)
+                        rows.append(row)
+                    fh.flush()
+                    log(f"{family}: {setting} task {i}: " + ", ".join(f"{r['planner']} {r['measured_ms']:.3f}" for r in rows[-len(planners):]))
+                else:
+                    continue
+                log(f"time box: {family} stopped in round {i} of {n_tasks}")
+                break
+    summary["models"] = {m: summarise([r for r in rows if r["family"] == families[0]], m) for m in models} if len(families) == 1 else \
+        {f: {m: summarise([r for r in rows if r["family"] == f], m) for m in models} for f in families}
     summary["elapsed_s"] = round(time.monotonic() - t0, 1)
     atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
     log("done: " + json.dumps(summary["models"], indent=1))
