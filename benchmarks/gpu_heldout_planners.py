@@ -40,6 +40,7 @@ from dreamshard.packing import format_bytes  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
 from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+from dreamshard.validation import InputError  # noqa: E402
 
 GB = 10**9
 # (tables, devices, bytes per device); the task seeds follow gpu_shipped_model.py (200 + devices),
@@ -94,6 +95,7 @@ def main() -> None:
     ap.add_argument("--model", action="append", default=[], help="a DreamShard model file to measure beside the shipped one (repeatable)")
     ap.add_argument("--tasks", type=int, default=16, help="held-out tasks per setting")
     ap.add_argument("--first-task", type=int, default=0, help="start at this task of each setting (to go on from a cut run)")
+    ap.add_argument("--skip-done", help="a plans.csv of an earlier call: the (family, setting, task) it measured are not measured again")
     ap.add_argument("--families", default=HELD_OUT_FAMILY, help=f"comma-separated table families (pools of seed 11), default the held-out one: {HELD_OUT_FAMILY}")
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--total-s", type=float, default=540.0)
@@ -117,21 +119,38 @@ def main() -> None:
     n_tasks = 1 if args.quick else args.tasks
     summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "families": families, "pool_seed": 11,
                      "simulator": sim.calibration.label, "runner": runner.name, "tie_band": TIE}
+    done = set()
+    if args.skip_done:
+        with open(args.skip_done, newline="") as fh:
+            done = {(r.get("family", HELD_OUT_FAMILY), r["setting"], int(r["task"])) for r in csv.DictReader(fh)}
+    # every family's tasks drawn before anything is measured: a setting a family's pool cannot fill
+    # (its tables over the devices' memory) is said at once and left out, not found mid-run
+    settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
+    tasks: dict[str, dict[str, list]] = {}
+    summary["infeasible"] = {}
+    for family in families:
+        pool = synth_family(family, args.pool_tables, 11)
+        if args.quick:  # tables a CPU initialises in seconds
+            pool = [t for t in pool if t.rows <= 200_000]
+        tasks[family] = {}
+        for n, d, cap, seed in settings:
+            try:
+                tasks[family][setting_name(n, d, cap)] = sample_tasks(pool, n_tasks, (n, n), d, cap, seed=seed, workload=workload)
+            except InputError as e:
+                summary["infeasible"].setdefault(family, {})[setting_name(n, d, cap)] = str(e)
+                log(f"{family}: {setting_name(n, d, cap)} left out: {e}")
     rows: list[dict] = []
     with open(os.path.join(args.out, "plans.csv"), "w", newline="") as fh:
         out = csv.DictWriter(fh, COLUMNS)
         out.writeheader()
         for k, family in enumerate(families):
             deadline = args.total_s * (k + 1) / len(families)  # each family its share of the time box
-            pool = synth_family(family, args.pool_tables, 11)
-            if args.quick:  # tables a CPU initialises in seconds
-                pool = [t for t in pool if t.rows <= 200_000]
-            settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
-            tasks = {setting_name(n, d, cap): sample_tasks(pool, n_tasks, (n, n), d, cap, seed=seed, workload=workload) for n, d, cap, seed in settings}
             for i in range(args.first_task, n_tasks):
-                for setting, ts in tasks.items():
+                for setting, ts in tasks[family].items():
                     if time.monotonic() - t0 > deadline:
                         break
+                    if (family, setting, i) in done:
+                        continue
                     measured: dict[tuple, tuple] = {}  # a placement two planners share is measured once
                     for label, planner in planners.items():
                         t = time.monotonic()
