@@ -88,6 +88,41 @@ def summarise(rows: list[dict], dreamshard: str) -> dict:
     return out
 
 
+def summaries(rows: list[dict], families: list[str], models: list[str]) -> dict:
+    """summarise() per model (one family), or per family and model."""
+    if len(families) == 1:
+        return {m: summarise([r for r in rows if r["family"] == families[0]], m) for m in models}
+    return {f: {m: summarise([r for r in rows if r["family"] == f], m) for m in models} for f in families}
+
+
+def merge(paths: list[str], out_dir: str) -> None:
+    """The rows of several calls' plans.csv (the first of a repeated (family, setting, task,
+    planner) kept) into out_dir/plans.csv and their summary.json."""
+    rows, seen = [], set()
+    for path in paths:
+        with open(path, newline="") as fh:
+            for r in csv.DictReader(fh):
+                r.setdefault("family", HELD_OUT_FAMILY)
+                key = (r["family"], r["setting"], r["task"], r["planner"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                r["task"] = int(r["task"])
+                for k in ("measured_ms", "measured_max_device_ms", "sim_ms", "plan_s"):
+                    r[k] = float(r[k])
+                r["predicted_max_device_ms"] = float(r["predicted_max_device_ms"]) if r["predicted_max_device_ms"] else None
+                rows.append(r)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "plans.csv"), "w", newline="") as fh:
+        out = csv.DictWriter(fh, COLUMNS)
+        out.writeheader()
+        out.writerows(rows)
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    models = [p for p in dict.fromkeys(r["planner"] for r in rows) if p.startswith("dreamshard")]
+    summary = {"merged_from": paths, "families": families, "tie_band": TIE, "models": summaries(rows, families, models)}
+    atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -100,7 +135,11 @@ def main() -> None:
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="CPU logic check: batch 1024, 1 task per setting, small tables")
+    ap.add_argument("--merge", nargs="+", metavar="CSV", help="no measuring: the plans.csv of several calls into one plans.csv and summary.json in --out")
     args = ap.parse_args()
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     t0 = time.monotonic()
     os.makedirs(args.out, exist_ok=True)
     log = lambda text: print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)  # noqa: E731
@@ -173,8 +212,7 @@ def main() -> None:
                     continue
                 log(f"time box: {family} stopped in round {i} of {n_tasks}")
                 break
-    summary["models"] = {m: summarise([r for r in rows if r["family"] == families[0]], m) for m in models} if len(families) == 1 else \
-        {f: {m: summarise([r for r in rows if r["family"] == f], m) for m in models} for f in families}
+    summary["models"] = summaries(rows, families, list(models))
     summary["elapsed_s"] = round(time.monotonic() - t0, 1)
     atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
     log("done: " + json.dumps(summary["models"], indent=1))
