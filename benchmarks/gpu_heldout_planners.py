@@ -135,6 +135,8 @@ def main() -> None:
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="CPU logic check: batch 1024, 1 task per setting, small tables")
+    ap.add_argument("--settings", default="0,1,2", help="which settings, by index: 0 = 40 tables / 4 devices, 1 = 80 / 8, 2 = 120 / 8 at 8 GB")
+    ap.add_argument("--seed-offset", type=int, default=0, help="added to every setting's task seed: other tasks of the same pools")
     ap.add_argument("--merge", nargs="+", metavar="CSV", help="no measuring: the plans.csv of several calls into one plans.csv and summary.json in --out")
     args = ap.parse_args()
     if args.merge:
@@ -157,7 +159,7 @@ def main() -> None:
         ap.error(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
     n_tasks = 1 if args.quick else args.tasks
     summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "families": families, "pool_seed": 11,
-                     "simulator": sim.calibration.label, "runner": runner.name, "tie_band": TIE}
+                     "simulator": sim.calibration.label, "runner": runner.name, "tie_band": TIE, "settings": args.settings, "seed_offset": args.seed_offset}
     done = set()
     if args.skip_done:
         with open(args.skip_done, newline="") as fh:
@@ -165,6 +167,11 @@ def main() -> None:
     # every family's tasks drawn before anything is measured: a setting a family's pool cannot fill
     # (its tables over the devices' memory) is said at once and left out, not found mid-run
     settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
+    try:
+        chosen = [int(i) for i in args.settings.split(",")]
+        settings = [(n, d, cap, seed + args.seed_offset) for n, d, cap, seed in (settings[i] for i in chosen)]
+    except (ValueError, IndexError):
+        ap.error(f"--settings: comma-separated indices 0-{len(SETTINGS) - 1}, not {args.settings!r}")
     tasks: dict[str, dict[str, list]] = {}
     summary["infeasible"] = {}
     for family in families:

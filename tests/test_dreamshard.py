@@ -479,15 +479,23 @@ def options_model(sees_table: bool, tasks, seed: int = 7) -> DreamShardModel:
     return create_model(small_config(policy_sees_table=sees_table, kernel_features=True, comm="model", seed=seed), tasks, SimBackend())
 
 
-def test_options_default_off_and_the_shipped_model_has_neither():
+def test_options_default_off_and_the_shipped_model_has_both(pool):
     for name in ("paper", "default"):
         cfg = get_config(name)
         assert cfg.kernel_features is False and cfg.comm == "head"
+    # the shipped model was trained on the H200 with both options (docs/dreamshard.md)
     shipped = DreamShardModel.load()
-    assert shipped.kernel is None and shipped.comm is None
-    state = shipped.state()
-    assert "kernel_features" not in state and "comm" not in state  # a model without them is stored as before
-    assert shipped.cost_net.encoder[0].in_features == NUM_FEATURES + 5
+    assert shipped.kernel is not None and shipped.comm is not None
+    assert shipped.meta["config"]["kernel_features"] is True and shipped.meta["config"]["comm"] == "model"
+    # a model without them is stored as before: no keys of theirs, the table features alone
+    from dreamshard.learned.dreamshard import create_model
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 2, (4, 6), 2, 10**12, seed=0)
+    plain = create_model(small_config(), tasks, SimBackend())
+    state = plain.state()
+    assert plain.kernel is None and plain.comm is None
+    assert "kernel_features" not in state and "comm" not in state
+    assert plain.cost_net.encoder[0].in_features == NUM_FEATURES + 5
 
 
 def test_options_are_checked(pool, tmp_path):
@@ -649,3 +657,27 @@ def test_no_learned_module_or_planner_imports_a_cost_backend():
             "print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.terms']"
+
+
+def test_a_stuck_policy_falls_back_to_the_heuristic_plan_its_cost_net_prices_cheapest(pool, monkeypatch):
+    """Every episode out of memory: the plan is one of the greedy heuristics', the cheapest by the
+    model's own cost net, with that prediction, and the note says which."""
+    import dreamshard.planners.dreamshard as ds
+    from dreamshard.learned.nets import plan_cost
+    from dreamshard.planners.heuristics import GREEDY_PLANNERS
+
+    monkeypatch.setattr(ds, "best_placement", lambda *a, **k: (None, None, None))
+    planner = get_planner("dreamshard")
+    model = planner.model
+    for task in sample_tasks(pool, 4, (20, 30), 4, 10**12, seed=5):
+        plan = planner.plan(task)
+        p = prepare(task, model.normalization, model.linear_features, model.kernel)
+        costs = {}
+        for cls in GREEDY_PLANNERS:
+            q = cls().plan(task)
+            dev, ov = ds.predict(model.cost_net, EpisodeBatch.of([p]), torch.tensor([q.placement]), model.comm)
+            costs[q.planner] = (q.placement, float(plan_cost(dev, ov, model.score)[0]) * float(model.cost_net.scale))
+        best = min(costs, key=lambda k: costs[k][1])
+        assert plan.placement == costs[best][0]
+        assert plan.notes == [f"dreamshard policy ran out of memory; used the {best} plan, the cheapest of the greedy heuristics' by the cost net"]
+        assert plan.predicted["max_device_ms"] == pytest.approx(costs[best][1], rel=1e-5)

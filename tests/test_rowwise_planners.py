@@ -115,7 +115,7 @@ def test_the_scorer_prices_the_exchange_as_the_simulator_does(planners):
     rs, ag = rowwise_ms(comm, HOT.dim, task.workload.batch_size, task.workload.elt_bytes, 4)
     assert pred["rowwise_comm_ms"] == pytest.approx(rs + ag, rel=1e-6)
     others = scorer.state(pieces[4:], devices[4:])
-    alone_comm = scorer.net.costs(others[:, : scorer.net.nP])[:, COMM] * scorer.net.scale
+    alone_comm = scorer.device_costs(others)[:, COMM] * scorer.net.scale  # the comm head's, or the comm model's all-to-all
     assert [d["comm_ms"] for d in pred["devices"]] == pytest.approx(list(alone_comm + rs + ag), rel=1e-5)
     assert pred["max_device_ms"] == pytest.approx(float(scorer.score(scorer.state(pieces, devices))) * scorer.net.scale, rel=1e-5)
 

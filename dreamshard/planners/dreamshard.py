@@ -6,7 +6,7 @@ model by default.
 With `best_of` K > 1 it plays the greedy episode and K − 1 sampled ones in one batch and keeps
 the placement the cost net predicts cheapest. The returned plan carries the cost net's predicted
 per-device costs. If every episode runs out of memory (the policy placed big tables badly), the
-plan falls back to a memory packing and says so in its notes.
+plan is the greedy heuristics' plan its cost net predicts cheapest, and its notes say so.
 
 With `split=True` it also decides which tables to cut into column shards — a split search with
 the policy inside (docs/dreamshard.md, "Splitting"): from the policy's table-wise plan, the cost
@@ -43,7 +43,7 @@ from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
 from dreamshard.planners.base import LearnedPlanner, register
-from dreamshard.planners.heuristics import place_or_pack, task_infeasible
+from dreamshard.planners.heuristics import GREEDY_PLANNERS, task_infeasible
 from dreamshard.planners.scoring import PieceScorer, comm_params, greedy_batch, predicted_dict
 from dreamshard.tasks import Task
 
@@ -196,14 +196,22 @@ class DreamShardPlanner(LearnedPlanner):
         if placement is not None:
             plan = Plan.table_wise(task, [int(d) for d in placement], self.name)
         else:
-            plan = place_or_pack(task, None, self.name)  # raises InfeasibleError if nothing fits
-            batch = EpisodeBatch.of([p])
-            costs, ov = predict(self.model.cost_net, batch, torch.tensor([plan.placement]), self.model.comm)
-            scale = float(self.model.cost_net.scale)
-            device_costs, overall = costs[0].numpy() * scale, float(ov[0]) * scale
-            plan.notes = ["dreamshard policy ran out of memory; used a memory packing instead"]
+            plan, device_costs, overall = self._fallback(task, p)
         plan.predicted = predicted_dict(device_costs, overall, self.label)
         return self._split(task, plan) if self.split and self.max_splits > 0 else plan
+
+    def _fallback(self, task: Task, p) -> tuple[Plan, np.ndarray, float]:
+        """Every episode ran out of memory (tight memory, the policy placed big tables badly): the
+        greedy heuristics' plans (each its greedy, or its proxy balanced by a memory packing), the
+        one the cost net predicts cheapest. Raises InfeasibleError if nothing fits."""
+        plans = [cls().plan(task) for cls in GREEDY_PLANNERS]
+        costs, ov = predict(self.model.cost_net, EpisodeBatch.of([p] * len(plans)), torch.tensor([q.placement for q in plans]), self.model.comm)
+        scale = float(self.model.cost_net.scale)
+        k = int(plan_cost(costs, ov, self.model.score).argmin())
+        chosen = plans[k]
+        plan = Plan.table_wise(task, chosen.placement, self.name,
+                               notes=[f"dreamshard policy ran out of memory; used the {chosen.planner} plan, the cheapest of the greedy heuristics' by the cost net"])
+        return plan, costs[k].numpy() * scale, float(ov[k]) * scale
 
     def _split_rows_first(self, task: Task) -> Plan:
         """A task with a table larger than a device: the tables too large split by rows

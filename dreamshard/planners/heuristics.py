@@ -133,6 +133,10 @@ class SizeLookupGreedyPlanner(GreedyPlanner):
         return table.dim * table.pooling_factor * math.log10(max(table.rows, 2))
 
 
+# the greedy heuristics, cheapest first to try (a learned planner's fallback plays them all)
+GREEDY_PLANNERS = (SizeGreedyPlanner, DimGreedyPlanner, LookupGreedyPlanner, SizeLookupGreedyPlanner)
+
+
 @register
 class RandomPlanner(Planner):
     name, description = "random", "uniformly random device with room, tables in random order"
