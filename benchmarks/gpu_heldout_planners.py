@@ -3,6 +3,9 @@ target): one time-boxed call on one H200.
 
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT                          # ≤ 9.5 min
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --families dlrm,hot --tasks 4   # other families, time box shared
+    PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --families dlrm,hot --skip-done CALL1/plans.csv  # go on
+    PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out DIR --merge CALL1/plans.csv CALL2/plans.csv        # CPU: one summary
+    PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --settings 2 --seed-offset 1000  # fresh tasks, 8 GB setting
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out /tmp/h --device cpu --quick  # logic check
 
 Tasks: the held-out family (`mixed`, pool seed 11 — never in any calibration or training run),

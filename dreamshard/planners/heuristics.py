@@ -133,7 +133,7 @@ class SizeLookupGreedyPlanner(GreedyPlanner):
         return table.dim * table.pooling_factor * math.log10(max(table.rows, 2))
 
 
-# the greedy heuristics, cheapest first to try (a learned planner's fallback plays them all)
+# the greedy heuristics (DreamShard's fallback prices all their plans with its cost net)
 GREEDY_PLANNERS = (SizeGreedyPlanner, DimGreedyPlanner, LookupGreedyPlanner, SizeLookupGreedyPlanner)
 
 
