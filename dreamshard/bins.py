@@ -4,9 +4,9 @@ maths that derives them from a distribution.
 Bin i of a table holds the fraction of its distinct accessed rows whose access count in one batch
 (of REFERENCE_BATCH samples) falls in (0,1], (1,2], (2,4], ..., (2^14, 2^15], and > 2^15: 17 bins.
 Everything that spells out a bin edge takes it from here: the table features and files
-(tables.py), the bins measured on an actual stream (`count_bins`, used by streams.py) and the
-expected bins of a synthetic distribution (`reuse_stats_many`). This is the bottom of the house:
-it imports no other dreamshard module.
+(tables.py), a bin's mean access count (`BIN_MEAN`), the bins measured on an actual stream
+(`count_bins`, used by streams.py) and the expected bins of a synthetic distribution
+(`reuse_stats_many`). This is the bottom of the house: it imports no other dreamshard module.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ NUM_BINS = 17
 BIN_EDGES = [0] + [2**i for i in range(16)]  # lower edges: (0,1], (1,2], (2,4], ... , (2^15, inf)
 BIN_LABELS = [f"({BIN_EDGES[i]},{BIN_EDGES[i + 1]}]" for i in range(16)] + [f"({BIN_EDGES[-1]},inf)"]
 REFERENCE_BATCH = 65_536  # batch size at which reuse bins are defined (the 2021 DLRM file's)
+# A row's mean access count in each bin (counts are integers): 1 for (0,1], the mean of the
+# integers in (edge_j, edge_j+1], and twice the last edge for the open bin.
+BIN_MEAN = np.array([1.0] + [(BIN_EDGES[j] + 1 + BIN_EDGES[j + 1]) / 2 for j in range(1, NUM_BINS - 1)] + [2.0 * BIN_EDGES[-1]])
 _EDGES = np.array(BIN_EDGES, dtype=np.float64)
 
 

@@ -433,6 +433,7 @@ def predicted_table(predicted: dict) -> Table:
 def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
               prior_plans, kernel_features, comm_source) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
+    from dreamshard.learned.dreamshard import COMM_SOURCES
     from dreamshard.planners import PLANNERS
     from dreamshard.tasks import load_tasks
 
@@ -451,8 +452,8 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     for option, value in (("--kernel-features", kernel_features), ("--comm", comm_source)):
         if value is not None and planner_name != "dreamshard":
             raise OptionError(f"{option} is for --planner dreamshard, not {planner_name}")
-    if comm_source is not None and comm_source not in ("head", "model"):
-        raise OptionError(f"--comm: {comm_source!r:.40} is not 'head' or 'model'")
+    if comm_source is not None and comm_source not in COMM_SOURCES:
+        raise OptionError(f"--comm: {comm_source!r:.40} is not {' or '.join(map(repr, COMM_SOURCES))}")
     if comm_source == "model" and backend != "sim" and runner == "distributed":
         raise OptionError("--comm model: the distributed runner measures real all-to-alls, there is no comm model to add; use --runner sequential or --comm head")
     if backend == "sim":

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dreamshard.bins import REFERENCE_BATCH, reuse_stats_many
+from dreamshard.bins import BIN_MEAN, REFERENCE_BATCH, reuse_stats_many
 from dreamshard.synth import DIMS, PoolConfig, published_stats, synth_pool, table_specs
 from dreamshard.tables import TableSpec
 from dreamshard.validation import DIM_MULTIPLE, MAX_DIM, MAX_SEED, MAX_TABLES, OptionError
@@ -245,8 +245,6 @@ def hits_per_row(tables: Sequence[TableSpec], batch_size: int = REFERENCE_BATCH)
         out[synthetic] = s["lookups"] / np.maximum(s["unique"], 1e-12) * (s["unique"] > 0)
     replayed = [i for i in set(range(len(tables))) - set(synthetic) if tables[i].pooling_factor > 0]
     if replayed:
-        from dreamshard.costs.terms import BIN_MEAN  # noqa: PLC0415 - only for replayed DLRM files
-
         out[replayed] = [float(np.dot(tables[i].bins, BIN_MEAN)) for i in replayed]
     return out
 

@@ -288,7 +288,7 @@ def test_the_scorers_cache_is_each_pieces_own_measure(planners):
     assert np.allclose(scorer.table[slots], once, rtol=1e-5, atol=1e-6)
     assert np.array_equal(scorer.table[slots[order[0]]], first)
     assert scorer.bytes[slots].tolist() == splits.sizes(task, pieces)
-    assert scorer.a2a_dim[slots].tolist() == [0 if p.is_row_shard else p.width for p in pieces]
+    assert scorer.a2a_dims(slots).tolist() == [0 if p.is_row_shard else p.width for p in pieces]
 
 
 def test_plans_are_the_reference_paths(planners, monkeypatch):

@@ -22,7 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dreamshard.tables import NUM_BINS, REFERENCE_BATCH, TableSpec
+from dreamshard.bins import BIN_MEAN, NUM_BINS, REFERENCE_BATCH
+from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 
 TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes",
@@ -88,10 +89,6 @@ def triton_geometry(dim: np.ndarray, lookups: np.ndarray, batch_size: int, elt_b
     return {"programs": programs, "masked_fwd": dp != dim, "tiles": tiles * blocks, "levels": levels, "masked_bwd": dim % tw != 0}
 
 
-
-# Mean access count of a row in each reuse bin: (0,1] → 1, (2^(j-1), 2^j] → mean of its integers
-# (counts are integers), 2^16 for the open bin > 2^15.
-BIN_MEAN = np.array([1.0] + [(2 ** (j - 1) + 1 + 2**j) / 2 for j in range(1, NUM_BINS - 1)] + [2.0**16])
 _HOT = np.arange(NUM_BINS) >= 5  # used more than 16 times
 
 

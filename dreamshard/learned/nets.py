@@ -25,7 +25,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
-from dreamshard.costs.terms import BIN_MEAN, TERMS, WIDE_DIM, table_terms
+from dreamshard.bins import BIN_MEAN
+from dreamshard.costs.terms import TERMS, WIDE_DIM, table_terms
 from dreamshard.files import load_torch_file
 from dreamshard.learned.loop import atomic_save
 from dreamshard.rowshard import RowShardSpec

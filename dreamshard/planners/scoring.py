@@ -77,11 +77,10 @@ class PieceScorer:
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
         self.table = np.zeros((0, self._a2a + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
-        self.a2a_dim = np.zeros(0, np.int64)  # width in the all-to-all: a row piece's is 0 (reduce-scatter instead)
 
     def slots(self, pieces: list[list[Shard]]) -> np.ndarray:
         """[C, n] the slots of C candidate piece lists of n pieces each, new pieces measured first.
-        Index `table`, `bytes` and `a2a_dim` with it (after the call: they may grow)."""
+        Index `table` and `bytes` with it (after the call: they may grow)."""
         slot = self._slot
         out = np.array([[slot.get(p, -1) for p in ps] for ps in pieces], np.int64).reshape(len(pieces), -1)
         missing = np.argwhere(out < 0).tolist()
@@ -111,11 +110,14 @@ class PieceScorer:
             size = max(2 * len(self.table), n + k)
             self.table = np.concatenate([self.table[:n], np.zeros((size - n, self.table.shape[1]), np.float32)])
             self.bytes = np.concatenate([self.bytes[:n], np.zeros(size - n, np.int64)])
-            self.a2a_dim = np.concatenate([self.a2a_dim[:n], np.zeros(size - n, np.int64)])
         self.table[n : n + k] = rows
         self.bytes[n : n + k] = splits.sizes(self.task, new)
-        self.a2a_dim[n : n + k] = [0 if p.is_row_shard else p.width for p in new]
         self._slot.update((p, n + j) for j, p in enumerate(new))
+
+    def a2a_dims(self, slots: np.ndarray) -> np.ndarray:
+        """Each slot's width in the all-to-all (a row piece's is 0: reduce-scatter instead), read
+        from its state row."""
+        return self.table[slots, self._a2a].astype(np.int64)
 
     def rows(self, pieces: list[list[Shard]]) -> np.ndarray:
         """[C, n, R] state rows of C candidate piece lists of n pieces each."""
@@ -223,7 +225,7 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")  # [C, n]
     E = C * S  # episode e = candidate e // S at cap e % S
     cand = np.repeat(np.arange(C), S)
-    dims = scorer.a2a_dim[slots]
+    dims = scorer.a2a_dims(slots)
     dim_cap = np.tile(caps, C) * dims[cand].sum(1) / D
     # What every episode places at each step, [n, E] (the S episodes of a candidate place the same
     # piece), worked out before the loop: each step is then a few operations on [E, D] arrays.
