@@ -6,8 +6,20 @@
 #   bash benchmarks/gpu_kernels_check.sh quick    # tests, then a short look: grid without torch/v4, tuning sweep on hot entries
 #   bash benchmarks/gpu_kernels_check.sh grid     # no tests: the single-table grid alone (about 7 min)
 #   bash benchmarks/gpu_kernels_check.sh sweep    # no tests: the backward's tuning variants (device time) on mixed shards and grid entries
+#   bash benchmarks/gpu_kernels_check.sh paths    # the kernel tests, then the backward's paths (as shipped / sorted / product)
+#                                                 # on the grid's tables of <= 8,192 rows and on mixed shards
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+if [ "${1:-}" = paths ]; then
+  timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+  small=0,2,3,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42
+  timeout 250 python3 benchmarks/kernels_grid.py --out "$OUT" --quick --no-torch --sweep $small --only $small --profile 31,35 > "$OUT/kernels_grid.log" 2>&1
+  grep -E "sweep|median|slower|rror" "$OUT/kernels_grid.log" | tail -30
+  timeout 120 python3 benchmarks/kernels_gpu.py --out "$OUT" --quick --shards 10,50,d32-25 --sweep \
+    --sweep-bwd "10t-mixed,50t-mixed,25t-dim>=32" > "$OUT/kernels_gpu.log" 2>&1
+  grep -E "sweep|bwd|rror" "$OUT/kernels_gpu.log" | tail -20
+  exit 0
+fi
 if [ "${1:-}" = sweep ]; then  # the backward's tuning variants (kernels_gpu.BWD_VARIANTS), device time
   timeout 200 python3 benchmarks/kernels_gpu.py --out "$OUT" --quick --shards 10,50,d32-25 --sweep \
     --sweep-bwd "10t-mixed,50t-mixed,25t-dim>=32" > "$OUT/kernels_gpu.log" 2>&1
@@ -29,7 +41,8 @@ if [ "${1:-}" = quick ]; then
   tail -8 "$OUT/kernels_grid.log"
   exit 0
 fi
-timeout 180 python3 benchmarks/kernels_gpu.py --out "$OUT" --baseline --quick --profile 50t-mixed > "$OUT/kernels_gpu.log" 2>&1
-grep -E "before|speedup" "$OUT/kernels_gpu.log" | tail -12
+timeout 150 python3 benchmarks/kernels_gpu.py --out "$OUT" --baseline --quick --profile 50t-mixed --sweep \
+  --sweep-bwd "10t-mixed,25t-mixed,50t-mixed,10t-dim>=32,25t-dim>=32,25t-dim>=32-uniform" > "$OUT/kernels_gpu.log" 2>&1
+grep -E "before|speedup|sweep" "$OUT/kernels_gpu.log" | tail -30
 timeout 240 python3 benchmarks/kernels_grid.py --out "$OUT" --baseline > "$OUT/kernels_grid.log" 2>&1
 tail -6 "$OUT/kernels_grid.log"

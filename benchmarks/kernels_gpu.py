@@ -290,8 +290,9 @@ FWD_VARIANTS = [dict(fwd_lanes=l, fwd_unroll=u, fwd_warps=w) for l, u, w in
                 [(512, 4, 4), (1024, 2, 4), (1024, 8, 4), (2048, 4, 4), (2048, 4, 8), (4096, 4, 8)]]
 # backward tunables against the defaults ({}): warps per tile program, lookups per level-0 tile
 # (bwd_lanes / column-block width), widest column block, entries per tile of the levels above
-BWD_VARIANTS = [{}, dict(bwd_warps=2), dict(bwd_lanes=2048), dict(bwd_lanes=8192, bwd_pmax=128), dict(bwd_max_tw=128),
-                dict(bwd_max_tw=64), dict(bwd_up_lanes=4096)]
+# the backward's paths: as shipped, the sorted path alone, the product path wherever a table may take it
+# (the tile sweeps of docs/kernels.md used warps 2, bwd_lanes 2048/8192, bwd_max_tw 64/128, bwd_up_lanes 4096)
+BWD_VARIANTS = [{}, dict(bwd_dense=0), dict(bwd_dense=float("inf"))]
 
 
 def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants, backward: bool):
@@ -304,8 +305,10 @@ def sweep(rows, dims, indices, offsets, grad, device, floor, bw, variants, backw
         f = bench(lambda: tri.forward(indices, offsets), rep_ms=150)
         tri.forward(indices, offsets)
         b = bench_device(lambda: tri.backward(grad)) if backward else None  # device time: the GPU work
-        out.append({**kw, "fwd_ms": f, "bwd_ms": b, "fwd_frac": floor / bw * 1e3 / f})
-        log(f"   sweep {kw}: fwd {f:.3f} ms ({100 * floor / bw * 1e3 / f:.0f}%)" + (f" bwd {b:.3f} ms" if b else "") + f" [{time.time() - t0:.1f}s]")
+        dense = tri.last_backward_stats.get("dense_tables") if backward else None
+        out.append({**kw, "fwd_ms": f, "bwd_ms": b, "fwd_frac": floor / bw * 1e3 / f, "dense_tables": dense})
+        log(f"   sweep {kw}: fwd {f:.3f} ms ({100 * floor / bw * 1e3 / f:.0f}%)" + (f" bwd {b:.3f} ms, {dense} tables by product" if b else "")
+            + f" [{time.time() - t0:.1f}s]")
         del tri
     return out
 

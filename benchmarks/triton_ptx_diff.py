@@ -5,7 +5,8 @@
 
 A refactor that leaves every variant's PTX identical cannot change the kernels' speed, so it needs
 no new GPU measurement. Variants: the forward (fp16/fp32, power-of-two dims only and all classes),
-the key-building launch, and the tile kernel of the backward for every tile class (fp16 SGD, fp32
+the key-building launch (with and without packing), the longest-bag launch, the product path's
+counting, product and update launches, and the tile kernel of the backward for every tile class (fp16 SGD, fp32
 row-wise Adagrad, fp16 row-wise Adagrad; level 0 and the levels above, with the tile lengths
 of the default tunables). Pointer arguments are
 compiled as 16-byte aligned (``tt.divisibility`` 16), as the JIT does for the tensors the real
@@ -73,8 +74,22 @@ def variants():
         for classes in ((1 << 7) - 1, ((1 << 7) - 1) * ((1 << 9) + 1), (1 << 18) - 1):
             yield "_fwd_kernel", sig, {"CLASSES": classes, "LANES": 1024, "UNROLL": 4, "VEC": vec}, 4
     sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "row_start_ptr": "*i64", "bstart_ptr": "*i64", "keys_ptr": "*i32", "segid_ptr": "*i32",
-           "N": "i32", "B": "i32", "NBLK": "i32", "NBAGS": "i32"}
-    yield "_keys_kernel", sig, {"BLOCK": 1024}, 4
+           "tdyn_ptr": "*i64", "N": "i32", "B": "i32", "NBLK": "i32", "NBAGS": "i32", "T": "i32"}
+    for pack in (False, True):
+        yield "_keys_kernel", sig, {"BLOCK": 1024, "PACK": pack}, 4
+    sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "blk_ptr": "*i64", "bags_ptr": "*i64", "tdyn_ptr": "*i64", "counts_ptr": "*fp16",
+           "NB": "i32", "B": "i32", "T": "i32", "BP": "i32"}
+    yield "_count_kernel", sig, {"BLOCK": 1024, "MATCH": True}, 4
+    yield "_maxlen_kernel", {"offsets_ptr": "*i64", "cand_ptr": "*i32", "out_ptr": "*i64", "B": "i32"}, {"BLOCK": 1024}, 4
+    for dt, adagrad in (("fp16", False), ("fp32", True), ("fp16", True)):
+        for bd in (16, 32, 64, 128):
+            sig = {"counts_ptr": "*fp16", "grad_ptr": f"*{dt}", "part_ptr": "*fp32", "dmeta_ptr": "*i64", "pid_base": "i32", "d_lo": "i32",
+                   "d_hi": "i32", "ND": "i32", "BP": "i32", "B": "i32", "sumD": "i32"}
+            yield "_dense_kernel", sig, {"BR": 64, "BD": bd, "BK": 64}, (8 if bd > 64 else 4)
+        for w in (4, 16, 128, 1024):
+            sig = {"part_ptr": "*fp32", "w_ptr": f"*{dt}", "state_ptr": "*fp32", "dmeta_ptr": "*i64", "pid_base": "i32", "d_lo": "i32",
+                   "d_hi": "i32", "ND": "i32", "lr": "fp32", "eps": "fp32"}
+            yield "_dense_update", sig, {"RB": max(1, 2048 // w), "W": w, "ADAGRAD": adagrad}, 4
     for c in range(14):
         tw = 16 << (c % 7)
         for dt, adagrad in (("fp16", False), ("fp32", True), ("fp16", True)):

@@ -243,11 +243,42 @@ def test_fbgemm_unavailable_is_explained(monkeypatch):
 def test_triton_interpreter(precision, optimizer):
     pytest.importorskip("triton")
     check_kernel("triton", precision, optimizer, seed=5, max_tables=4, max_rows=60, batch=12)
-    # 16-lookup tiles at every level: hot rows cross many tiles and are summed over several levels
-    stats = check_kernel("triton", precision, optimizer, seed=6, max_tables=4, max_rows=20, batch=16,
+    # the sorted path alone (bwd_dense=0), 16-lookup tiles at every level: hot rows cross many tiles
+    # and are summed over several levels
+    stats = check_kernel("triton", precision, optimizer, seed=6, max_tables=4, max_rows=20, batch=16, bwd_dense=0,
                          fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16)
-    assert stats["crossing_rows"] > 0 and stats["levels"] >= 2
+    assert stats["crossing_rows"] > 0 and stats["levels"] >= 2 and stats["dense_tables"] == 0
     # ... and 16-column blocks (SGD cuts every dim into blocks, the last one masked)
-    stats = check_kernel("triton", precision, optimizer, seed=7, max_tables=4, max_rows=10, batch=16,
+    stats = check_kernel("triton", precision, optimizer, seed=7, max_tables=4, max_rows=10, batch=16, bwd_dense=0,
                          bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16, bwd_max_tw=16)
     assert stats["crossing_rows"] > 0
+    # the product path for every table, then beside the sorted path in one backward (tables of up to
+    # 30 rows counted, the others sorted: the sorted path's lookups packed)
+    stats = check_kernel("triton", precision, optimizer, seed=8, max_tables=4, max_rows=60, batch=70, bwd_dense=float("inf"))
+    assert stats["dense_tables"] > 0 and stats["tiles"] == 0
+    stats = check_kernel("triton", precision, optimizer, seed=15, max_tables=6, max_rows=60, batch=40,
+                         bwd_dense=float("inf"), bwd_dense_rows=30, bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16)
+    assert stats["dense_tables"] > 0 and stats["tiles"] > 0
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="set TRITON_INTERPRET=1 (and install triton) to run the Triton kernel on CPU")
+def test_triton_interpreter_long_bags_stay_on_the_sorted_path():
+    """fp16 counts are exact up to 2,048: a table with a longer bag is sorted, and still right; a
+    table whose bag repeats one row 100 times (in several runs of the counting launch) is counted."""
+    pytest.importorskip("triton")
+    from dreamshard.costs.kernels.triton_tbe import DENSE_MAX_COUNT, TritonTBE
+
+    rows, dims, batch = [8, 5], [16, 12], 3
+    lengths = [[2, DENSE_MAX_COUNT + 1, 0], [4, 1, 100]]
+    ix = [np.zeros(sum(lengths[0]), dtype=np.int64), np.concatenate([np.arange(5) % 5, np.full(100, 3)])]
+    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(np.concatenate(lengths))]))
+    indices = torch.from_numpy(np.concatenate(ix))
+    tbe = TritonTBE(rows, dims, device="cpu", bwd_dense=float("inf"))
+    w0 = [tbe.weights(t).clone() for t in range(2)]
+    tbe.forward(indices, offsets)
+    grad = torch.randn(batch, sum(dims), generator=torch.Generator().manual_seed(1)).half()
+    tbe.backward(grad)
+    assert tbe.last_backward_stats["dense_tables"] == 1  # the second table
+    ref, _ = reference_update(w0, None, indices, offsets, batch, grad, "sgd", tbe.lr, tbe.eps)
+    for t in range(2):
+        assert rel(tbe.weights(t) - w0[t].double(), ref[t] - w0[t].double()) < TOL_UPD["fp16"]

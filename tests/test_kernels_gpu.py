@@ -39,19 +39,26 @@ def test_kernel_matches_reference_cuda(kernel, precision, optimizer, seed):
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 def test_triton_hot_rows(precision, optimizer):
-    # few rows, many lookups: runs of one row span many tiles (summed in the levels above)
-    stats = check_kernel("triton", precision, optimizer, seed=77, device="cuda", max_rows=40, batch=2048)
-    assert stats["crossing_rows"] > 0
+    # few rows, many lookups: on the sorted path runs of one row span many tiles (summed in the
+    # levels above); on the product path every table is a count matrix times its gradient
+    stats = check_kernel("triton", precision, optimizer, seed=77, device="cuda", max_rows=40, batch=2048, bwd_dense=0)
+    assert stats["crossing_rows"] > 0 and stats["dense_tables"] == 0
+    stats = check_kernel("triton", precision, optimizer, seed=77, device="cuda", max_rows=40, batch=2048, bwd_dense=float("inf"))
+    assert stats["dense_tables"] > 0 and stats["tiles"] == 0
+    # both paths in one backward (tables of up to 30 rows counted, the others sorted)
+    stats = check_kernel("triton", precision, optimizer, seed=15, device="cuda", max_rows=60, batch=3000,
+                         bwd_dense=float("inf"), bwd_dense_rows=30)
+    assert stats["dense_tables"] > 0 and stats["tiles"] > 0
 
 
 @pytest.mark.parametrize("precision,optimizer", [("fp16", "sgd"), ("fp32", "rowwise_adagrad"), ("fp16", "rowwise_adagrad")])
 def test_triton_small_tiles(precision, optimizer):
     # 16-lookup tiles at every level: hot rows cross many tiles and are summed over several levels ...
-    stats = check_kernel("triton", precision, optimizer, seed=78, device="cuda", max_rows=30, batch=64,
+    stats = check_kernel("triton", precision, optimizer, seed=78, device="cuda", max_rows=30, batch=64, bwd_dense=0,
                          fwd_lanes=16, fwd_unroll=2, bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16)
     assert stats["crossing_rows"] > 0 and stats["levels"] >= 3
     # ... and 16-column blocks
-    stats = check_kernel("triton", precision, optimizer, seed=79, device="cuda", max_rows=30, batch=64,
+    stats = check_kernel("triton", precision, optimizer, seed=79, device="cuda", max_rows=30, batch=64, bwd_dense=0,
                          bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16, bwd_max_tw=16)
     assert stats["crossing_rows"] > 0
 
@@ -73,19 +80,28 @@ def _regime_batch(rng, rows, pooling, batch, device, zipf):
     return torch.from_numpy(ranks.astype(np.int64)).to(device), torch.from_numpy(offsets).to(device)
 
 
+PATHS = {"sorted": dict(bwd_dense=0), "product": dict(bwd_dense=float("inf"), bwd_dense_rows=1 << 20)}
+
+
 @pytest.mark.parametrize("regime", list(REGIMES))
 @pytest.mark.parametrize("dim", [4, 12, 24, 48, 64, 96, 192, 320, 384, 1000, 1024])
 @pytest.mark.parametrize("precision,optimizer", [("fp16", "sgd"), ("fp32", "rowwise_adagrad")])
-def test_triton_regimes_and_dims(regime, dim, precision, optimizer):
-    """One table per case against the float64 reference: every run-length regime x every dim class."""
+@pytest.mark.parametrize("path", list(PATHS))
+def test_triton_regimes_and_dims(regime, dim, precision, optimizer, path):
+    """One table per case against the float64 reference: every run-length regime x every dim class,
+    on each backward path (the product path where its count matrix is small enough)."""
     from test_kernels import DTYPE, TOL_FWD, TOL_UPD, reference_forward, reference_update
 
+    from dreamshard.costs.kernels.triton_tbe import TritonTBE
+
     rows, pooling = REGIMES[regime]
+    if path == "product" and regime == "cold":
+        pytest.skip("a 500k-row count matrix is past the product path's memory cap: the sorted path's case")
     rng = np.random.default_rng(zlib.crc32(f"{regime}{dim}{precision}".encode()))
     batch = 4096
     indices, offsets = _regime_batch(rng, rows, pooling, batch, "cuda", zipf=regime != "cold")
     lr, eps = 0.05, 1e-8
-    tbe = make_tbe("triton", [rows], [dim], precision=precision, optimizer=optimizer, lr=lr, eps=eps, device="cuda", seed=3)
+    tbe = TritonTBE([rows], [dim], precision=precision, optimizer=optimizer, lr=lr, eps=eps, device="cuda", seed=3, **PATHS[path])
     tbe.poison_outputs = True
     w0 = (torch.rand(rows, dim, device="cuda", dtype=torch.float64) * 2 - 1).to(DTYPE[precision])
     tbe.set_weights(0, w0)
@@ -104,7 +120,8 @@ def test_triton_regimes_and_dims(regime, dim, precision, optimizer):
     untouched = torch.ones(rows, dtype=torch.bool, device="cuda")
     untouched[touched] = False
     assert torch.equal(w_new[untouched], w0[untouched]), "rows without lookups changed"
-    if regime == "split":
+    assert tbe.last_backward_stats["dense_tables"] == (path == "product")
+    if regime == "split" and path == "sorted":
         assert tbe.last_backward_stats["crossing_rows"] > 0
 
 
@@ -113,14 +130,17 @@ def test_triton_larger_tables(optimizer):
     check_kernel("triton", "fp16", optimizer, seed=9, device="cuda", max_tables=6, max_rows=50_000, batch=4096, steps=3)
 
 
-def test_triton_is_deterministic():
+@pytest.mark.parametrize("dense", [0, float("inf")])
+def test_triton_is_deterministic(dense):
+    from dreamshard.costs.kernels.triton_tbe import TritonTBE
+
     rng = np.random.default_rng(3)
     rows, dims = [1000, 50, 20000, 7], [64, 12, 128, 320]
     indices, offsets = random_batch(rng, rows, 1024, "cuda", empty_table=None)
     grad = torch.randn(1024, sum(dims), device="cuda").half()
     results = []
     for _ in range(2):
-        tbe = make_tbe("triton", rows, dims, optimizer="rowwise_adagrad", device="cuda", seed=1)
+        tbe = TritonTBE(rows, dims, optimizer="rowwise_adagrad", device="cuda", seed=1, bwd_dense=dense)
         tbe.forward(indices, offsets)
         tbe.backward(grad)
         results.append([tbe.weights(t).clone() for t in range(4)])
@@ -144,12 +164,15 @@ def test_triton_matches_torch_on_cuda():
         assert rel(tri.weights(t), ref.weights(t)) < 2e-3
 
 
-def test_triton_step_never_waits_for_the_gpu():
+@pytest.mark.parametrize("dense", [0, float("inf")])
+def test_triton_step_never_waits_for_the_gpu(dense):
     # A synchronising call in the step would stall the host and idle the GPU in training (and make
     # timings include host time). The first step builds the cached forward grid; the next must not sync.
+    from dreamshard.costs.kernels.triton_tbe import TritonTBE
+
     rng = np.random.default_rng(5)
     rows, dims = [500, 40, 9000, 3], [64, 12, 128, 192]
-    tbe = make_tbe("triton", rows, dims, optimizer="rowwise_adagrad", device="cuda", seed=1)
+    tbe = TritonTBE(rows, dims, optimizer="rowwise_adagrad", device="cuda", seed=1, bwd_dense=dense)
     grad = torch.randn(512, sum(dims), device="cuda").half()
     for step in range(3):
         indices, offsets = random_batch(rng, rows, 512, "cuda", empty_table=None)
@@ -161,3 +184,4 @@ def test_triton_step_never_waits_for_the_gpu():
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert tbe.last_backward_stats["lookups"] == indices.numel()
+    assert (tbe.last_backward_stats["dense_tables"] > 0) == (dense > 0)

@@ -26,6 +26,14 @@ backward - no atomics on the weights, every row updated once, in a fixed summati
      a neighbouring tile, leave fp32 partial sums as two *entries* (key, flags, value);
   4. level k >= 1: the same kernel over level k-1's entries (2 per tile), until each table has one
      tile; a row read millions of times is summed over a few levels of fully parallel launches.
+Hot small tables (a few thousand rows read millions of times) skip the sort: their gradient is a
+matrix product, ``G = C @ grad``, with ``C[row, bag]`` the number of times the bag looks the row up.
+Step 1 counts those lookups into ``C`` (fp16 atomic adds of 1: integers below 2,048 are exact, so
+the counts do not depend on the adds' order; a bag longer than 2,048 lookups keeps its table on the
+sorted path), one launch multiplies ``C`` by the table's gradient columns (tensor cores, fp32
+accumulation, the bags split into a fixed number of parts summed in order), one launch updates
+every row. It moves ``C`` (rows x bags) instead of a gradient row per lookup, so it is chosen per
+table and step where that is fewer bytes (``bwd_dense``).
 The backward never waits for the GPU: the tiles of every level follow from each table's lookup
 count, which the forward already copied to the host on a side stream. So the host can enqueue a
 training step ahead of the GPU, as with FBGEMM's TBE. Row-wise Adagrad needs a row's whole
@@ -35,6 +43,7 @@ to a power of two.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -58,6 +67,36 @@ BWD_PMAX = 64  # the [P, P] 'same row' matrix: 64 x 64 at most
 BWD_MAX_TW = 256  # widest column block of an SGD backward (wider dims are cut into blocks)
 BWD_WARPS = 4
 KEYS_BLOCK = 1024  # lookups per program of the key-building launch
+# The warp's lanes holding equal count addresses (PTX match.any): the lowest of them gets their
+# number, the others 0. Not in the Triton interpreter (CPU), which adds 1 per lookup instead.
+_MATCH_ASM = tl.constexpr("""{
+.reg .b32 m, n, lo, me, c;
+.reg .pred p;
+match.any.sync.b32 m, $1, -1;
+neg.s32 n, m;
+and.b32 lo, m, n;
+mov.u32 me, %lanemask_eq;
+popc.b32 c, m;
+setp.eq.b32 p, lo, me;
+selp.b32 $0, c, 0, p;
+}""")
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Hot tables as a matrix product: a table takes that path when its rows are at most
+# BWD_DENSE_ROWS, its longest bag at most DENSE_MAX_COUNT lookups (fp16 counts stay exact) and the
+# product path's time is at most BWD_DENSE times the sorted path's (_dense_us, _sparse_us); the
+# count matrices of one step hold at most BWD_DENSE_ELEMS fp16 elements.
+BWD_DENSE = 1.0
+BWD_DENSE_ROWS = 8192
+BWD_DENSE_ELEMS = 1 << 29
+DENSE_MAX_COUNT = 2048
+DENSE_BR, DENSE_BK = 64, 64  # rows and bags of one product tile (the count rows padded to DENSE_BK)
+DENSE_PROGRAMS = 528  # product programs to aim for (4 per SM of an H200), by splitting the bags
+# The two paths' times, fitted to the single-table grid on an H200 (docs/kernels.md, fp16): the
+# sorted path ~100 ps a lookup + 1.55 ps a lookup and column; the product path ~43 ps a counted
+# lookup, the count matrix zeroed and read at copy bandwidth (0.235 ps a byte), the product at
+# ~400 TFLOP/s, and ~30 us more of small launches when any table takes it.
+SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
+DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP, DENSE_FIXED_US = 43.0, 0.235, 0.0025, 30.0
 TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # backward tile widths (tl.dot needs >= 16)
 NUM_TW = len(TW_CLASSES)  # spelled as the literal 7 in the kernels
 assert NUM_TW == 7
@@ -104,6 +143,24 @@ def _bwd_class(dim: int, tw: int) -> int:
 
 def _chunk(tw: int, lanes: int, pmax: int) -> int:
     return min(max(lanes // tw, 16), max(pmax, 16))
+
+
+def _dense_bd(dim: int) -> int:
+    """Gradient columns of one product tile: the dim's power of two, 16..128."""
+    return min(128, max(16, 1 << (int(dim) - 1).bit_length()))
+
+
+def _dense_us(lookups: int, rows: int, dim: int, batch: int, elt: int) -> float:
+    """The product path's time for one table: its lookups counted, the count matrix zeroed and read
+    (once: the programs of one count tile run together and share it in L2), the gradient columns
+    read, the product."""
+    c = -(-rows // DENSE_BR) * DENSE_BR * -(-batch // DENSE_BK) * DENSE_BK * 2
+    return 1e-6 * (lookups * DENSE_PS_COUNT + (2 * c + batch * dim * elt) * DENSE_PS_BYTE + 2.0 * rows * batch * dim * DENSE_PS_FLOP)
+
+
+def _sparse_us(lookups: int, dim: int, elt: int) -> float:
+    """The sorted path's time for one table's lookups (keys, sort, tiles)."""
+    return 1e-6 * lookups * (SPARSE_PS_LOOKUP + SPARSE_PS_COLUMN * dim * elt / 2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,18 +234,20 @@ def _fwd_kernel(indices_ptr, offsets_ptr, w_ptr, out_ptr, meta_ptr, prog_table_p
 
 
 @triton.jit
-def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, segid_ptr, N, B, NBLK, NBAGS, BLOCK: tl.constexpr):
-    """For lookup i of bag (t, b): keys[i] = row_start[t] + indices[i] (its global row), segid[i] = t*B + b.
+def _maxlen_kernel(offsets_ptr, cand_ptr, out_ptr, B, BLOCK: tl.constexpr):
+    """out[t] = max(out[t], the longest bag of candidate table t among BLOCK bags)."""
+    t = tl.load(cand_ptr + tl.program_id(0)).to(tl.int64)
+    b = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = b < B
+    s = tl.load(offsets_ptr + t * B + b, mask=m, other=0)
+    e = tl.load(offsets_ptr + t * B + b + 1, mask=m, other=0)
+    tl.atomic_max(out_ptr + t, tl.max(e - s, axis=0))
 
-    One program per BLOCK consecutive lookups (coalesced reads and writes). The bag of each lookup is
-    found by a vectorised binary search over offsets, inside the bags [bstart[pid] - 1, bstart[pid+1] - 1]
-    (bstart[k] - 1 = the bag of lookup k * BLOCK, from a torch.searchsorted; the last block ends at
-    the last bag)."""
-    pid = tl.program_id(0)
-    i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < N
-    lo0 = tl.load(bstart_ptr + pid) - 1
-    hi0 = tl.load(bstart_ptr + pid + 1, mask=pid + 1 < NBLK, other=NBAGS)  # invariant: offsets[lo] <= i < offsets[hi]
+
+@triton.jit
+def _bags(offsets_ptr, i, m, lo0, hi0, BLOCK: tl.constexpr):
+    """The bag (t * B + b) of each lookup i: a vectorised binary search over offsets inside the bags
+    [lo0, hi0) (invariant: offsets[lo] <= i < offsets[hi])."""
     steps = 0
     while (hi0 - lo0) > (1 << steps):
         steps += 1
@@ -199,11 +258,60 @@ def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, 
         below = tl.load(offsets_ptr + mid, mask=m, other=0) <= i
         lo = tl.where(below, mid, lo)
         hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit
+def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, segid_ptr, tdyn_ptr, N, B, NBLK, NBAGS, T,
+                 BLOCK: tl.constexpr, PACK: tl.constexpr):
+    """For lookup i of bag (t, b): keys[i] = row_start[t] + indices[i] (its global row), segid[i] = t*B + b.
+
+    One program per BLOCK consecutive lookups (coalesced reads and writes). The bag of each lookup is
+    found inside the bags [bstart[pid] - 1, bstart[pid+1] - 1] (bstart[k] - 1 = the bag of lookup
+    k * BLOCK, from a torch.searchsorted; the last block ends at the last bag). PACK: tdyn =
+    [shift[t], count base[t]] x T; the lookups of tables with a count base >= 0 (the product path's)
+    get no key, the others' are written shift[t] places earlier (the sorted path's lookups, packed)."""
+    pid = tl.program_id(0)
+    i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    lo0 = tl.load(bstart_ptr + pid) - 1
+    hi0 = tl.load(bstart_ptr + pid + 1, mask=pid + 1 < NBLK, other=NBAGS)
+    lo = _bags(offsets_ptr, i, m, lo0, hi0, BLOCK)
     t = lo // B
     idx = tl.load(indices_ptr + i, mask=m, other=0)
     rs = tl.load(row_start_ptr + t, mask=m, other=0)
-    tl.store(keys_ptr + i, (rs + idx).to(keys_ptr.dtype.element_ty), mask=m)
-    tl.store(segid_ptr + i, lo.to(tl.int32), mask=m)
+    if PACK:
+        j = i - tl.load(tdyn_ptr + t, mask=m, other=0)
+        m = m & (tl.load(tdyn_ptr + T + t, mask=m, other=0) < 0)
+    else:
+        j = i
+    tl.store(keys_ptr + j, (rs + idx).to(keys_ptr.dtype.element_ty), mask=m)
+    tl.store(segid_ptr + j, lo.to(tl.int32), mask=m)
+
+
+@triton.jit
+def _count_kernel(indices_ptr, offsets_ptr, blk_ptr, bags_ptr, tdyn_ptr, counts_ptr, NB, B, T, BP,
+                  BLOCK: tl.constexpr, MATCH: tl.constexpr):
+    """The product path's counts: lookup i of bag (t, b) adds to C[index, b] of its table (at count
+    base[t] + index * BP + b; tdyn as in _keys_kernel). One program per block of BLOCK lookups of
+    one such table: lookups blk[pid] .. blk[NB + pid], bags [bags[pid] - 1, bags[NB + pid]) (from a
+    torch.searchsorted). Hot rows repeat within a bag, and atomic adds to one address wait on each
+    other (19.7 M lookups of 500 rows took 5.1 ms, twice the sorted path): MATCH adds the equal
+    addresses of a warp's lanes once, with their number (_MATCH_ASM). fp16 adds of integers below
+    2,048 are exact: the counts do not depend on the adds' order."""
+    pid = tl.program_id(0)
+    i = tl.load(blk_ptr + pid) + tl.arange(0, BLOCK)
+    m = i <= tl.load(blk_ptr + NB + pid)
+    lo = _bags(offsets_ptr, i, m, tl.load(bags_ptr + pid) - 1, tl.load(bags_ptr + NB + pid), BLOCK)
+    t = lo // B
+    idx = tl.load(indices_ptr + i, mask=m, other=0)
+    # int32: the count matrices hold fewer than 2^31 elements (bwd_dense_elems)
+    addr = tl.where(m, tl.load(tdyn_ptr + T + t, mask=m, other=0) + idx * BP + (lo - t * B), -1).to(tl.int32)
+    if MATCH:
+        count = tl.inline_asm_elementwise(_MATCH_ASM, "=r,r", [addr], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        count = tl.full((BLOCK,), 1, tl.int32)
+    tl.atomic_add(counts_ptr + addr, count.to(tl.float16), mask=m & (count > 0), sem="relaxed")
 
 
 @triton.jit
@@ -350,6 +458,111 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
             tl.store(eflags_ptr + oe + 1, tl.where(tail_x, 1 + 2 * tail_v.to(tl.int32), 0).to(tl.int8))
 
 
+@triton.jit
+def _dense_row(dmeta_ptr, pid, d_lo, d_hi, ND, FIRST: tl.constexpr):
+    """The dense table (row of dmeta) whose programs (first program in column FIRST) hold pid."""
+    d = d_lo
+    hi = d_hi
+    while hi - d > 1:
+        mid = (d + hi) // 2
+        if tl.load(dmeta_ptr + FIRST * ND + mid) <= pid:
+            d = mid
+        else:
+            hi = mid
+    return d
+
+
+# dmeta columns, one row per dense table: table, first product program, first update program, rows,
+# dim, weight offset, output column offset, first global row, count base, partial-sum base, column
+# tiles, bag parts, bags per part
+@triton.jit(do_not_specialize=["pid_base", "d_lo", "d_hi", "ND", "BP", "B", "sumD"])
+def _dense_kernel(counts_ptr, grad_ptr, part_ptr, dmeta_ptr, pid_base, d_lo, d_hi, ND, BP, B, sumD,
+                  BR: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
+    """One [BR, BD] tile of one part of a dense table's gradient: sum over the part's bags k of
+    C[r, k] * grad[k, c] (fp16 operands, exact products, fp32 accumulation; fp32 gradients as
+    tf32x3: the counts exact, the gradients to about 2^-21), written to the part's fp32 partial sums."""
+    pid = tl.program_id(0) + pid_base
+    d = _dense_row(dmeta_ptr, pid, d_lo, d_hi, ND, 1)
+    j = pid - tl.load(dmeta_ptr + ND + d)
+    R = tl.load(dmeta_ptr + 3 * ND + d)
+    # dims are multiples of 4: the column mask is constant over 4 columns, so the gradient's loads
+    # can be 8-byte asynchronous copies (pipelined) instead of 2-byte loads
+    D = tl.multiple_of(tl.load(dmeta_ptr + 4 * ND + d).to(tl.int32), 4)
+    col_off = tl.load(dmeta_ptr + 6 * ND + d)
+    cbase = tl.multiple_of(tl.load(dmeta_ptr + 8 * ND + d), 16)
+    pbase = tl.load(dmeta_ptr + 9 * ND + d)
+    # int32 loop bounds: Triton pipelines a loop only over an int32 induction variable
+    nct = tl.load(dmeta_ptr + 10 * ND + d).to(tl.int32)
+    S = tl.load(dmeta_ptr + 11 * ND + d).to(tl.int32)
+    kchunk = tl.load(dmeta_ptr + 12 * ND + d).to(tl.int32)
+    j = j.to(tl.int32)
+    # the column tiles of one count tile are neighbours in launch order: they read it together (L2)
+    ct = j % nct
+    q = j // nct
+    s = q % S
+    r = (q // S) * BR + tl.arange(0, BR)
+    c = ct * BD + tl.arange(0, BD)
+    cmask = c < D
+    kk = tl.arange(0, BK)
+    k0 = s * kchunk
+    k1 = tl.minimum(k0 + kchunk, B)
+    # the count matrix has its rows padded to BR and its bags to BK (zeros): no masks on it
+    arow = counts_ptr + cbase + tl.multiple_of(r.to(tl.int64) * BP, BK)[:, None]
+    acc = tl.zeros((BR, BD), dtype=tl.float32)
+    # acc += C[rows, k:k+BK] @ grad[k:k+BK, columns], the bags of the part in steps of BK. Written
+    # twice because Triton 3.6 pipelines the fp16 loop (the next count tiles' loads in flight during
+    # this product) only as a loop from 0 with its body inline, and fails to compile the fp32 one
+    # that way (a 2-byte asynchronous copy)
+    if grad_ptr.dtype.element_ty == tl.float16:
+        for i in range(0, tl.cdiv(k1 - k0, BK)):
+            k = k0 + i * BK
+            kc = k + kk
+            a = tl.load(arow + tl.multiple_of(k, BK) + kk[None, :])
+            g = tl.load(grad_ptr + tl.multiple_of(kc.to(tl.int64) * sumD + col_off, 4)[:, None] + c[None, :],
+                        mask=(kc < k1)[:, None] & cmask[None, :], other=0.0)
+            acc = tl.dot(a, g, acc, out_dtype=tl.float32)
+    else:
+        for k in range(k0, k1, BK):
+            kc = k + kk
+            a = tl.load(arow + tl.multiple_of(k, BK) + kk[None, :])
+            g = tl.load(grad_ptr + tl.multiple_of(kc.to(tl.int64) * sumD + col_off, 4)[:, None] + c[None, :],
+                        mask=(kc < k1)[:, None] & cmask[None, :], other=0.0)
+            acc = tl.dot(a.to(tl.float32), g, acc, input_precision="tf32x3")
+    paddr = pbase + s.to(tl.int64) * R * D + r.to(tl.int64)[:, None] * D + c[None, :]
+    tl.store(part_ptr + paddr, acc, mask=(r < R)[:, None] & cmask[None, :])
+
+
+@triton.jit(do_not_specialize=["pid_base", "d_lo", "d_hi", "ND"])
+def _dense_update(part_ptr, w_ptr, state_ptr, dmeta_ptr, pid_base, d_lo, d_hi, ND, lr, eps,
+                  RB: tl.constexpr, W: tl.constexpr, ADAGRAD: tl.constexpr):
+    """RB rows of a dense table: their gradient (the parts' partial sums, added in order), then the
+    optimizer's update of every row (a row no bag looked up has a zero gradient: unchanged)."""
+    pid = tl.program_id(0) + pid_base
+    d = _dense_row(dmeta_ptr, pid, d_lo, d_hi, ND, 2)
+    j = pid - tl.load(dmeta_ptr + 2 * ND + d)
+    R = tl.load(dmeta_ptr + 3 * ND + d)
+    D = tl.load(dmeta_ptr + 4 * ND + d)
+    w_off = tl.load(dmeta_ptr + 5 * ND + d)
+    row_start = tl.load(dmeta_ptr + 7 * ND + d)
+    pbase = tl.load(dmeta_ptr + 9 * ND + d)
+    S = tl.load(dmeta_ptr + 11 * ND + d)
+    r = (j * RB + tl.arange(0, RB)).to(tl.int64)
+    c = tl.arange(0, W)
+    rmask = r < R
+    mask = rmask[:, None] & (c < D)[None, :]
+    addr = r[:, None] * D + c[None, :]
+    g = tl.zeros((RB, W), dtype=tl.float32)
+    for s in range(S):
+        g += tl.load(part_ptr + pbase + s * R * D + addr, mask=mask, other=0.0)
+    waddr = w_off + addr
+    w = tl.load(w_ptr + waddr, mask=mask, other=0.0)
+    if ADAGRAD:
+        st = tl.load(state_ptr + row_start + r, mask=rmask, other=0.0)
+    else:
+        st = tl.zeros((RB,), dtype=tl.float32)
+    _apply_rows(w_ptr, state_ptr, row_start + r, waddr, w, st, g, mask, rmask, D, lr, eps, ADAGRAD)
+
+
 # ------------------------------------------------------------------------------------------------
 # the TBE
 # ------------------------------------------------------------------------------------------------
@@ -362,7 +575,8 @@ class TritonTBE(TBE):
                  lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cuda", seed: int = 0,
                  fwd_lanes: int = FWD_LANES, fwd_unroll: int = FWD_UNROLL, fwd_warps: int = FWD_WARPS,
                  bwd_lanes: int = BWD_LANES, bwd_pmax: int = BWD_PMAX, bwd_warps: int = BWD_WARPS,
-                 bwd_max_tw: int = BWD_MAX_TW, bwd_up_lanes: int = BWD_UP_LANES) -> None:
+                 bwd_max_tw: int = BWD_MAX_TW, bwd_up_lanes: int = BWD_UP_LANES, bwd_dense: float = BWD_DENSE,
+                 bwd_dense_rows: int = BWD_DENSE_ROWS, bwd_dense_elems: int = BWD_DENSE_ELEMS) -> None:
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
         self.bwd_lanes, self.bwd_pmax, self.bwd_warps = int(bwd_lanes), int(bwd_pmax), int(bwd_warps)
@@ -373,6 +587,11 @@ class TritonTBE(TBE):
                 raise ValueError(f"{name} must be a power of two, got {v}")
         if self.bwd_pmax < 16 or self.bwd_max_tw < 16:
             raise ValueError("bwd_pmax and bwd_max_tw must be >= 16 (tl.dot's smallest tile)")
+        self.bwd_dense, self.bwd_dense_rows, self.bwd_dense_elems = float(bwd_dense), int(bwd_dense_rows), int(bwd_dense_elems)
+        if not self.bwd_dense >= 0:
+            raise ValueError(f"bwd_dense must be >= 0 (0: never the product path), got {bwd_dense}")
+        if not 0 <= self.bwd_dense_elems < 2**31:
+            raise ValueError(f"bwd_dense_elems must be in [0, 2^31) (int32 count addresses), got {bwd_dense_elems}")
         T = self.num_tables
         self._w_off, self._row_start = [], [0]
         off = 0
@@ -420,10 +639,15 @@ class TritonTBE(TBE):
         self._bwd_order = sorted(range(T), key=lambda t: (self._bcls[t], t))
         self._saved = None
         self._starts = None  # see _block_starts
-        self._last = None  # (lookups, level-0 tiles, levels, level-1 entry keys) of the last backward
-        # the per-table lookup counts, read back to the host during the forward (see _prefetch_bounds)
+        self._last = None  # (lookups, level-0 tiles, levels, level-1 entry keys, dense tables) of the last backward
+        # tables the product path may take (few rows); their longest bags are measured in the forward
+        self._cand = [t for t in range(T) if self.bwd_dense > 0 and self.rows[t] <= self.bwd_dense_rows]
+        self._cand_dev = torch.tensor(self._cand, dtype=torch.int32, device=self.device)
+        self._maxlen_dev = torch.zeros(T, dtype=torch.int64, device=self.device)
+        self._counts = torch.empty(0, dtype=torch.float16, device=self.device)
+        # the per-table lookup counts and longest bags, read back to the host during the forward (see _prefetch_bounds)
         on_gpu = self.device.type == "cuda"
-        self._bounds_host = torch.empty(T + 1, dtype=torch.int64, pin_memory=on_gpu)
+        self._bounds_host = torch.empty(2 * T + 1, dtype=torch.int64, pin_memory=on_gpu)
         self._bounds_ready = torch.cuda.Event() if on_gpu else None
         self._side = torch.cuda.Stream(self.device) if on_gpu else None
 
@@ -473,19 +697,29 @@ class TritonTBE(TBE):
         return out
 
     def _prefetch_bounds(self, offsets: torch.Tensor, batch: int) -> None:
-        """Copy each table's lookup range (offsets[t * batch]) to the host on a side stream.
+        """Copy each table's lookup range (offsets[t * batch]) and, for the tables the product path
+        may take, their longest bag to the host on a side stream.
 
-        The backward's grid (ranges per table) depends on these counts. Reading them back in the
-        backward would stall the host until the GPU drained its queue and leave the GPU idle while
-        the host then launched the backward; read now, they are on the host long before the
-        backward needs them, and the backward never waits for the GPU."""
+        The backward's grid (ranges per table, the path per table) depends on these. Reading them
+        back in the backward would stall the host until the GPU drained its queue and leave the GPU
+        idle while the host then launched the backward; read now, they are on the host long before
+        the backward needs them, and the backward never waits for the GPU."""
+        T = self.num_tables
+
+        def read() -> None:
+            self._bounds_host[:T + 1].copy_(offsets[::batch], non_blocking=True)
+            if self._cand:
+                self._maxlen_dev.zero_()
+                _maxlen_kernel[(len(self._cand), triton.cdiv(batch, 1024))](offsets, self._cand_dev, self._maxlen_dev, batch, BLOCK=1024)
+                self._bounds_host[T + 1:].copy_(self._maxlen_dev, non_blocking=True)
+
         if self._side is None:  # the Triton interpreter runs on CPU tensors
-            self._bounds_host.copy_(offsets[::batch])
+            read()
             return
         main = torch.cuda.current_stream(self.device)
         self._side.wait_stream(main)  # the offsets are written on the main stream
         with torch.cuda.stream(self._side):
-            self._bounds_host.copy_(offsets[::batch], non_blocking=True)
+            read()
             self._bounds_ready.record(self._side)
         offsets.record_stream(self._side)
 
@@ -495,8 +729,9 @@ class TritonTBE(TBE):
         last backward; reads the GPU, so only for tests."""
         if self._last is None:
             return {}
-        n, tiles, levels, ek = self._last
-        return {"lookups": n, "tiles": tiles, "levels": levels, "crossing_rows": int(torch.unique(ek[ek >= 0]).numel())}
+        n, tiles, levels, ek, dense = self._last
+        return {"lookups": n, "tiles": tiles, "levels": levels, "crossing_rows": int(torch.unique(ek[ek >= 0]).numel()),
+                "dense_tables": dense}
 
     # ---------------------------------------------------------------- backward
     def _block_starts(self, nblk: int, dtype: torch.dtype) -> torch.Tensor:
@@ -546,6 +781,63 @@ class TritonTBE(TBE):
             level += 1
         return segs, [tuple(x) for x in launches], nprog, ne, nv
 
+    def _dense_tables(self, bounds: list[int], maxlen: list[int], batch: int) -> list[int]:
+        """The tables whose gradient this step is a matrix product (see the module docstring): where
+        its time is at most ``bwd_dense`` times the sorted path's, the tables that save the most
+        first while the count matrices fit in ``bwd_dense_elems``; none unless together they save
+        more than the product path's own launches cost (``bwd_dense`` = inf: every table it can)."""
+        elt = self._flat.element_size()
+        gains = []
+        for t in self._cand:
+            n = bounds[t + 1] - bounds[t]
+            if n == 0 or maxlen[t] > DENSE_MAX_COUNT:
+                continue
+            dt, st = _dense_us(n, self.rows[t], self.dims[t], batch, elt), _sparse_us(n, self.dims[t], elt)
+            if dt <= self.bwd_dense * st:
+                gains.append((dt - st, t))
+        picked, elems, saved = [], 0, 0.0
+        bp = -(-batch // DENSE_BK) * DENSE_BK
+        for gain, t in sorted(gains):
+            e = -(-self.rows[t] // DENSE_BR) * DENSE_BR * bp
+            if elems + e <= self.bwd_dense_elems:
+                picked.append(t)
+                elems += e
+                saved -= gain
+        return sorted(picked) if picked and (saved > DENSE_FIXED_US or self.bwd_dense == float("inf")) else []
+
+    def _dense_plan(self, dense: list[int], batch: int):
+        """Per dense table (ordered by update width, so every launch's tables are contiguous rows):
+        the dmeta row, and the launches of the product (per column-tile width) and of the update
+        (per row width). Returns (dmeta rows, count elements, partial sums, product launches,
+        update launches, count base per table)."""
+        bp = -(-batch // DENSE_BK) * DENSE_BK
+        order = sorted(dense, key=lambda t: (_dp(self.dims[t]), t))
+        rows, prod, upd, cbase = [], [], [], {}
+        nprod = nupd = nc = npart = 0
+        for t in order:
+            r, d = self.rows[t], self.dims[t]
+            bd, w = _dense_bd(d), _dp(d)
+            rb = max(1, 2048 // w)
+            tiles = -(-r // DENSE_BR) * -(-d // bd)
+            parts = max(1, min(-(-DENSE_PROGRAMS // tiles), -(-batch // (4 * DENSE_BK))))
+            kchunk = -(-(-(-batch // parts)) // DENSE_BK) * DENSE_BK
+            parts = -(-batch // kchunk)
+            k = len(rows)
+            for launches, key, first, count in ((prod, bd, nprod, tiles * parts), (upd, w, nupd, -(-r // rb))):
+                if launches and launches[-1][0] == key:
+                    launches[-1][2] += count
+                    launches[-1][4] = k + 1
+                else:
+                    launches.append([key, first, count, k, k + 1])
+            rows.append([t, nprod, nupd, r, d, self._w_off[t], self.col_offsets[t], self._row_start[t], nc, npart,
+                         -(-d // bd), parts, kchunk])
+            cbase[t] = nc
+            nprod += tiles * parts
+            nupd += -(-r // rb)
+            nc += -(-r // DENSE_BR) * DENSE_BR * bp
+            npart += parts * r * d
+        return rows, nc, npart, prod, upd, cbase
+
     def backward(self, grad_output: torch.Tensor) -> None:
         if self._saved is None:
             raise RuntimeError("backward() needs a forward() first")
@@ -556,38 +848,83 @@ class TritonTBE(TBE):
             return
         T, dev = self.num_tables, self.device
         grad = grad_output.to(self.dtype).contiguous()
-        # 1. global row and bag of every lookup
-        keys = torch.empty(n, dtype=self._key_dtype, device=dev)
-        segid = torch.empty(n, dtype=torch.int32, device=dev)
-        nblk = triton.cdiv(n, KEYS_BLOCK)
-        bstart = torch.searchsorted(offsets, self._block_starts(nblk, offsets.dtype), right=True)  # 1 + bag of each block's first lookup
-        _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, n, batch, nblk, offsets.numel() - 1,
-                              BLOCK=KEYS_BLOCK, num_warps=4)
-        # 2. group by row; the bags in sorted order (one coalesced pass, so a tile's loads of its rows
-        # and bags do not wait on each other)
-        keys_sorted, perm = torch.sort(keys, stable=True)
-        segs = segid[perm]
-        # 3. the tiles of every level (host arithmetic on the lookup counts read during the forward)
         if self._bounds_ready is not None:
             self._bounds_ready.synchronize()  # copied during the forward: long done, no GPU stall
-        bounds = self._bounds_host.tolist()  # [T+1] lookup range of each table
-        plan, launches, nprog, ne, nv = self._plan(bounds)
-        nseg = len(plan)
-        segt = torch.tensor([list(col) for col in zip(*plan)], dtype=torch.int64).to(dev, non_blocking=True).contiguous()
-        ekeys = torch.empty(max(ne, 1), dtype=self._key_dtype, device=dev)
-        eflags = torch.empty(max(ne, 1), dtype=torch.int8, device=dev)
-        vals = torch.empty(max(nv, 1), dtype=torch.float32, device=dev)
+        host = self._bounds_host.tolist()
+        bounds, maxlen = host[:T + 1], host[T + 1:]  # [T+1] lookup range of each table, [T] longest bags
         adagrad = self.optimizer == "rowwise_adagrad"
         state = self._state if adagrad else self._flat  # unused pointer when SGD
-        # 4. one launch per level and tile class; level k+1 reads what level k wrote (stream order)
-        for level, cls, pfirst, count, blocks, sg0, sg1 in launches:
-            tw = TW_CLASSES[cls % NUM_TW]
-            _tile_kernel[(count, blocks)](
-                keys_sorted, segs, grad, vals, ekeys, eflags, self._flat, state, self._meta, segt,
-                pfirst, sg0, sg1, T, nseg, batch, self.total_dim, self.lr, self.eps,
-                CLS=cls, LEVEL0=level == 0, P=(self._pcls0 if level == 0 else self._pcls1)[cls],
-                ADAGRAD=adagrad, VEC=self._vec, num_warps=self.bwd_warps if tw <= 256 else 8,
-            )
-        tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)
-        ne0 = 2 * tiles0
-        self._last = (n, tiles0, 1 + max(lv for lv, *_ in launches), ekeys[:ne0])
+        # the product path's tables: their lookups are counted, not sorted (the others' packed)
+        dense = self._dense_tables(bounds, maxlen, batch)
+        bp = -(-batch // DENSE_BK) * DENSE_BK
+        sparse_bounds = list(bounds)
+        if dense:
+            drows, nc, npart, prod, upd, cbase = self._dense_plan(dense, batch)
+            tdyn = [0] * T + [-1] * T
+            removed = 0
+            starts, lasts = [], []  # the count launch's blocks: each dense table's lookups in blocks
+            for t in range(T):
+                tdyn[t] = removed
+                sparse_bounds[t] = bounds[t] - removed
+                if t in cbase:
+                    tdyn[T + t] = cbase[t]
+                    removed += bounds[t + 1] - bounds[t]
+                    starts += range(bounds[t], bounds[t + 1], KEYS_BLOCK)
+                    lasts += [min(x + KEYS_BLOCK, bounds[t + 1]) - 1 for x in range(bounds[t], bounds[t + 1], KEYS_BLOCK)]
+            sparse_bounds[T] = bounds[T] - removed
+            nb = len(starts)
+            tdyn_dev = torch.tensor(tdyn + starts + lasts, dtype=torch.int64).to(dev, non_blocking=True)
+            blk = tdyn_dev[2 * T:]
+            bags = torch.searchsorted(offsets, blk, right=True)  # 1 + the bag of each block's first lookup, and of its last
+            dmeta = torch.tensor([list(col) for col in zip(*drows)], dtype=torch.int64).to(dev, non_blocking=True).contiguous()
+            if self._counts.numel() < nc:
+                self._counts = torch.empty(nc, dtype=torch.float16, device=dev)
+            counts = self._counts[:nc]
+            counts.zero_()
+            _count_kernel[(nb,)](indices, offsets, blk, bags, tdyn_dev, counts, nb, batch, T, bp, BLOCK=KEYS_BLOCK,
+                                 MATCH=not _INTERPRETED, num_warps=4)
+        else:
+            tdyn_dev = self._row_start_dev  # unused pointer
+        ns = sparse_bounds[T]
+        # 1. global row and bag of every lookup of the sorted path
+        keys = torch.empty(max(ns, 1), dtype=self._key_dtype, device=dev)
+        segid = torch.empty(max(ns, 1), dtype=torch.int32, device=dev)
+        nblk = triton.cdiv(n, KEYS_BLOCK)
+        bstart = torch.searchsorted(offsets, self._block_starts(nblk, offsets.dtype), right=True)  # 1 + bag of each block's first lookup
+        _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, tdyn_dev,
+                              n, batch, nblk, offsets.numel() - 1, T, BLOCK=KEYS_BLOCK, PACK=bool(dense), num_warps=4)
+        if dense:
+            part = torch.empty(max(npart, 1), dtype=torch.float32, device=dev)
+            nd = len(drows)
+            for bd, first, count, d0, d1 in prod:
+                _dense_kernel[(count,)](counts, grad, part, dmeta, first, d0, d1, nd, bp, batch, self.total_dim,
+                                        BR=DENSE_BR, BD=bd, BK=DENSE_BK, num_warps=8 if bd > 64 else 4)
+            for w, first, count, d0, d1 in upd:
+                _dense_update[(count,)](part, self._flat, state, dmeta, first, d0, d1, nd, self.lr, self.eps,
+                                        RB=max(1, 2048 // w), W=w, ADAGRAD=adagrad, num_warps=4)
+        tiles0, levels, ek = 0, 0, keys[:0]
+        if ns:
+            # 2. group by row; the bags in sorted order (one coalesced pass, so a tile's loads of its rows
+            # and bags do not wait on each other)
+            keys_sorted, perm = torch.sort(keys[:ns], stable=True)
+            segs = segid[perm]
+            # 3. the tiles of every level (host arithmetic on the lookup counts read during the forward)
+            plan, launches, nprog, ne, nv = self._plan(sparse_bounds)
+            nseg = len(plan)
+            segt = torch.tensor([list(col) for col in zip(*plan)], dtype=torch.int64).to(dev, non_blocking=True).contiguous()
+            ekeys = torch.empty(max(ne, 1), dtype=self._key_dtype, device=dev)
+            eflags = torch.empty(max(ne, 1), dtype=torch.int8, device=dev)
+            vals = torch.empty(max(nv, 1), dtype=torch.float32, device=dev)
+            # 4. one launch per level and tile class; level k+1 reads what level k wrote (stream order)
+            for level, cls, pfirst, count, blocks, sg0, sg1 in launches:
+                tw = TW_CLASSES[cls % NUM_TW]
+                _tile_kernel[(count, blocks)](
+                    keys_sorted, segs, grad, vals, ekeys, eflags, self._flat, state, self._meta, segt,
+                    pfirst, sg0, sg1, T, nseg, batch, self.total_dim, self.lr, self.eps,
+                    CLS=cls, LEVEL0=level == 0, P=(self._pcls0 if level == 0 else self._pcls1)[cls],
+                    ADAGRAD=adagrad, VEC=self._vec, num_warps=self.bwd_warps if tw <= 256 else 8,
+                )
+            tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)
+            levels = 1 + max(lv for lv, *_ in launches)
+            ek = ekeys[:2 * tiles0]
+        self._last = (n, tiles0, levels, ek, len(dense))
