@@ -77,8 +77,8 @@ def variants():
            "tdyn_ptr": "*i64", "N": "i32", "B": "i32", "NBLK": "i32", "NBAGS": "i32", "T": "i32"}
     for pack in (False, True):
         yield "_keys_kernel", sig, {"BLOCK": 1024, "PACK": pack}, 4
-    sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "blk_ptr": "*i64", "bags_ptr": "*i64", "tdyn_ptr": "*i64", "counts_ptr": "*fp16",
-           "NB": "i32", "B": "i32", "T": "i32", "BP": "i32"}
+    sig = {"indices_ptr": "*i64", "offsets_ptr": "*i64", "bstart_ptr": "*i64", "dmeta_ptr": "*i64", "counts_ptr": "*fp16",
+           "ND": "i32", "NBLK": "i32", "NBAGS": "i32", "B": "i32", "BP": "i32"}
     yield "_count_kernel", sig, {"BLOCK": 1024, "MATCH": True}, 4
     yield "_maxlen_kernel", {"offsets_ptr": "*i64", "cand_ptr": "*i32", "out_ptr": "*i64", "B": "i32"}, {"BLOCK": 1024}, 4
     for dt, adagrad in (("fp16", False), ("fp32", True), ("fp16", True)):

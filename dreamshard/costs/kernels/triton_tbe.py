@@ -289,24 +289,28 @@ def _keys_kernel(indices_ptr, offsets_ptr, row_start_ptr, bstart_ptr, keys_ptr, 
     tl.store(segid_ptr + j, lo.to(tl.int32), mask=m)
 
 
-@triton.jit
-def _count_kernel(indices_ptr, offsets_ptr, blk_ptr, bags_ptr, tdyn_ptr, counts_ptr, NB, B, T, BP,
+@triton.jit(do_not_specialize=["ND", "NBLK", "NBAGS", "B", "BP"])
+def _count_kernel(indices_ptr, offsets_ptr, bstart_ptr, dmeta_ptr, counts_ptr, ND, NBLK, NBAGS, B, BP,
                   BLOCK: tl.constexpr, MATCH: tl.constexpr):
-    """The product path's counts: lookup i of bag (t, b) adds to C[index, b] of its table (at count
-    base[t] + index * BP + b; tdyn as in _keys_kernel). One program per block of BLOCK lookups of
-    one such table: lookups blk[pid] .. blk[NB + pid], bags [bags[pid] - 1, bags[NB + pid]) (from a
-    torch.searchsorted). Hot rows repeat within a bag, and atomic adds to one address wait on each
+    """The product path's counts: lookup i of bag (t, b) of a dense table adds to its C[index, b]
+    (at count base + index * BP + b). One program per block of the key launch's blocks (BLOCK
+    lookups, bstart as there) that holds lookups of a dense table; the block's other lookups are
+    masked out (dmeta: first program, first block, lookup range). Hot rows repeat within a bag, and atomic adds to one address wait on each
     other (19.7 M lookups of 500 rows took 5.1 ms, twice the sorted path): MATCH adds the equal
     addresses of a warp's lanes once, with their number (_MATCH_ASM). fp16 adds of integers below
     2,048 are exact: the counts do not depend on the adds' order."""
     pid = tl.program_id(0)
-    i = tl.load(blk_ptr + pid) + tl.arange(0, BLOCK)
-    m = i <= tl.load(blk_ptr + NB + pid)
-    lo = _bags(offsets_ptr, i, m, tl.load(bags_ptr + pid) - 1, tl.load(bags_ptr + NB + pid), BLOCK)
+    d = _dense_row(dmeta_ptr, pid, 0, ND, ND, 13)
+    k = tl.load(dmeta_ptr + 14 * ND + d) + pid - tl.load(dmeta_ptr + 13 * ND + d)  # the key launch's block
+    i = k * BLOCK + tl.arange(0, BLOCK)
+    m = (i >= tl.load(dmeta_ptr + 15 * ND + d)) & (i < tl.load(dmeta_ptr + 16 * ND + d))
+    lo0 = tl.load(bstart_ptr + k) - 1
+    hi0 = tl.load(bstart_ptr + k + 1, mask=k + 1 < NBLK, other=NBAGS)
+    lo = _bags(offsets_ptr, i, m, lo0, hi0, BLOCK)
     t = lo // B
     idx = tl.load(indices_ptr + i, mask=m, other=0)
     # int32: the count matrices hold fewer than 2^31 elements (bwd_dense_elems)
-    addr = tl.where(m, tl.load(tdyn_ptr + T + t, mask=m, other=0) + idx * BP + (lo - t * B), -1).to(tl.int32)
+    addr = tl.where(m, tl.load(dmeta_ptr + 8 * ND + d) + idx * BP + (lo - t * B), -1).to(tl.int32)
     if MATCH:
         count = tl.inline_asm_elementwise(_MATCH_ASM, "=r,r", [addr], dtype=tl.int32, is_pure=True, pack=1)
     else:
@@ -474,7 +478,7 @@ def _dense_row(dmeta_ptr, pid, d_lo, d_hi, ND, FIRST: tl.constexpr):
 
 # dmeta columns, one row per dense table: table, first product program, first update program, rows,
 # dim, weight offset, output column offset, first global row, count base, partial-sum base, column
-# tiles, bag parts, bags per part
+# tiles, bag parts, bags per part, first counting program, its first key block, first and end lookup
 @triton.jit(do_not_specialize=["pid_base", "d_lo", "d_hi", "ND", "BP", "B", "sumD"])
 def _dense_kernel(counts_ptr, grad_ptr, part_ptr, dmeta_ptr, pid_base, d_lo, d_hi, ND, BP, B, sumD,
                   BR: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr):
@@ -805,15 +809,15 @@ class TritonTBE(TBE):
                 saved -= gain
         return sorted(picked) if picked and (saved > DENSE_FIXED_US or self.bwd_dense == float("inf")) else []
 
-    def _dense_plan(self, dense: list[int], batch: int):
+    def _dense_plan(self, dense: list[int], bounds: list[int], batch: int):
         """Per dense table (ordered by update width, so every launch's tables are contiguous rows):
         the dmeta row, and the launches of the product (per column-tile width) and of the update
-        (per row width). Returns (dmeta rows, count elements, partial sums, product launches,
-        update launches, count base per table)."""
+        (per row width). Returns (dmeta rows, count elements, partial sums, counting programs,
+        product launches, update launches, count base per table)."""
         bp = -(-batch // DENSE_BK) * DENSE_BK
         order = sorted(dense, key=lambda t: (_dp(self.dims[t]), t))
         rows, prod, upd, cbase = [], [], [], {}
-        nprod = nupd = nc = npart = 0
+        nprod = nupd = nc = npart = ncount = 0
         for t in order:
             r, d = self.rows[t], self.dims[t]
             bd, w = _dense_bd(d), _dp(d)
@@ -829,14 +833,16 @@ class TritonTBE(TBE):
                     launches[-1][4] = k + 1
                 else:
                     launches.append([key, first, count, k, k + 1])
+            k0, k1 = bounds[t] // KEYS_BLOCK, (bounds[t + 1] - 1) // KEYS_BLOCK
             rows.append([t, nprod, nupd, r, d, self._w_off[t], self.col_offsets[t], self._row_start[t], nc, npart,
-                         -(-d // bd), parts, kchunk])
+                         -(-d // bd), parts, kchunk, ncount, k0, bounds[t], bounds[t + 1]])
+            ncount += k1 - k0 + 1
             cbase[t] = nc
             nprod += tiles * parts
             nupd += -(-r // rb)
             nc += -(-r // DENSE_BR) * DENSE_BR * bp
             npart += parts * r * d
-        return rows, nc, npart, prod, upd, cbase
+        return rows, nc, npart, ncount, prod, upd, cbase
 
     def backward(self, grad_output: torch.Tensor) -> None:
         if self._saved is None:
@@ -858,39 +864,33 @@ class TritonTBE(TBE):
         dense = self._dense_tables(bounds, maxlen, batch)
         bp = -(-batch // DENSE_BK) * DENSE_BK
         sparse_bounds = list(bounds)
+        nblk = triton.cdiv(n, KEYS_BLOCK)
+        bstart = torch.searchsorted(offsets, self._block_starts(nblk, offsets.dtype), right=True)  # 1 + bag of each block's first lookup
         if dense:
-            drows, nc, npart, prod, upd, cbase = self._dense_plan(dense, batch)
+            drows, nc, npart, ncount, prod, upd, cbase = self._dense_plan(dense, bounds, batch)
             tdyn = [0] * T + [-1] * T
             removed = 0
-            starts, lasts = [], []  # the count launch's blocks: each dense table's lookups in blocks
             for t in range(T):
                 tdyn[t] = removed
                 sparse_bounds[t] = bounds[t] - removed
                 if t in cbase:
                     tdyn[T + t] = cbase[t]
                     removed += bounds[t + 1] - bounds[t]
-                    starts += range(bounds[t], bounds[t + 1], KEYS_BLOCK)
-                    lasts += [min(x + KEYS_BLOCK, bounds[t + 1]) - 1 for x in range(bounds[t], bounds[t + 1], KEYS_BLOCK)]
             sparse_bounds[T] = bounds[T] - removed
-            nb = len(starts)
-            tdyn_dev = torch.tensor(tdyn + starts + lasts, dtype=torch.int64).to(dev, non_blocking=True)
-            blk = tdyn_dev[2 * T:]
-            bags = torch.searchsorted(offsets, blk, right=True)  # 1 + the bag of each block's first lookup, and of its last
+            tdyn_dev = torch.tensor(tdyn, dtype=torch.int64).to(dev, non_blocking=True)
             dmeta = torch.tensor([list(col) for col in zip(*drows)], dtype=torch.int64).to(dev, non_blocking=True).contiguous()
             if self._counts.numel() < nc:
                 self._counts = torch.empty(nc, dtype=torch.float16, device=dev)
             counts = self._counts[:nc]
             counts.zero_()
-            _count_kernel[(nb,)](indices, offsets, blk, bags, tdyn_dev, counts, nb, batch, T, bp, BLOCK=KEYS_BLOCK,
-                                 MATCH=not _INTERPRETED, num_warps=4)
+            _count_kernel[(ncount,)](indices, offsets, bstart, dmeta, counts, len(drows), nblk, offsets.numel() - 1, batch, bp,
+                                     BLOCK=KEYS_BLOCK, MATCH=not _INTERPRETED, num_warps=4)
         else:
             tdyn_dev = self._row_start_dev  # unused pointer
         ns = sparse_bounds[T]
         # 1. global row and bag of every lookup of the sorted path
         keys = torch.empty(max(ns, 1), dtype=self._key_dtype, device=dev)
         segid = torch.empty(max(ns, 1), dtype=torch.int32, device=dev)
-        nblk = triton.cdiv(n, KEYS_BLOCK)
-        bstart = torch.searchsorted(offsets, self._block_starts(nblk, offsets.dtype), right=True)  # 1 + bag of each block's first lookup
         _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, tdyn_dev,
                               n, batch, nblk, offsets.numel() - 1, T, BLOCK=KEYS_BLOCK, PACK=bool(dense), num_warps=4)
         if dense:
