@@ -28,12 +28,13 @@ backward - no atomics on the weights, every row updated once, in a fixed summati
      tile; a row read millions of times is summed over a few levels of fully parallel launches.
 Hot small tables (a few thousand rows read millions of times) skip the sort: their gradient is a
 matrix product, ``G = C @ grad``, with ``C[row, bag]`` the number of times the bag looks the row up.
-Step 1 counts those lookups into ``C`` (fp16 atomic adds of 1: integers below 2,048 are exact, so
-the counts do not depend on the adds' order; a bag longer than 2,048 lookups keeps its table on the
-sorted path), one launch multiplies ``C`` by the table's gradient columns (tensor cores, fp32
-accumulation, the bags split into a fixed number of parts summed in order), one launch updates
-every row. It moves ``C`` (rows x bags) instead of a gradient row per lookup, so it is chosen per
-table and step where that is fewer bytes (``bwd_dense``).
+One launch counts those lookups into ``C`` (fp16 atomic adds, one per warp and address: integers
+below 2,048 are exact, so the counts do not depend on the adds' order; a bag longer than 2,048
+lookups keeps its table on the sorted path), one multiplies ``C`` by the table's gradient columns
+(tensor cores, fp32 accumulation, the bags split into a fixed number of parts summed in order), one
+updates every row. It moves ``C`` (rows x bags) instead of a gradient row per lookup, so it is
+chosen per table and step, where a time model fitted on an H200 puts it at half the sorted path's
+time or less (``bwd_dense``).
 The backward never waits for the GPU: the tiles of every level follow from each table's lookup
 count, which the forward already copied to the host on a side stream. So the host can enqueue a
 training step ahead of the GPU, as with FBGEMM's TBE. Row-wise Adagrad needs a row's whole
@@ -298,10 +299,11 @@ def _count_kernel(indices_ptr, offsets_ptr, bstart_ptr, dmeta_ptr, counts_ptr, N
     """The product path's counts: lookup i of bag (t, b) of a dense table adds to its C[index, b]
     (at count base + index * BP + b). One program per block of the key launch's blocks (BLOCK
     lookups, bstart as there) that holds lookups of a dense table; the block's other lookups are
-    masked out (dmeta: first program, first block, lookup range). Hot rows repeat within a bag, and atomic adds to one address wait on each
-    other (19.7 M lookups of 500 rows took 5.1 ms, twice the sorted path): MATCH adds the equal
-    addresses of a warp's lanes once, with their number (_MATCH_ASM). fp16 adds of integers below
-    2,048 are exact: the counts do not depend on the adds' order."""
+    masked out (dmeta: first program, first block, lookup range). Hot rows repeat within a bag, and
+    atomic adds to one address wait on each other (19.7 M lookups of 500 rows took 5.1 ms, twice the
+    sorted path): MATCH adds the equal addresses of a warp's lanes once, with their number
+    (_MATCH_ASM). fp16 adds of integers below 2,048 are exact: the counts do not depend on the adds'
+    order."""
     pid = tl.program_id(0)
     d = _dense_row(dmeta_ptr, pid, 0, ND, ND, 13)
     k = tl.load(dmeta_ptr + 14 * ND + d) + pid - tl.load(dmeta_ptr + 13 * ND + d)  # the key launch's block
