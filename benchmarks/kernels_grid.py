@@ -140,7 +140,7 @@ def sweep_entry(i, entry, device) -> list[dict]:
     table = TableSpec(name=f"g{i}", rows=rows, dim=dim, pooling_factor=pf, distribution=dist, seed=1000 + i)
     indices, offsets = shard_batch([table], B, step=0, device=device)
     grad = (torch.randn(B, dim, device=device) * 0.1).half()
-    from dreamshard.costs.kernels.triton_tbe import _dense_us, _sparse_us
+    from dreamshard.costs.kernels.paths import dense_us, sparse_us
 
     out = []
     for kw in BWD_VARIANTS:
@@ -150,7 +150,7 @@ def sweep_entry(i, entry, device) -> list[dict]:
         out.append({**kw, "bwd_ms": ms, "dense_tables": tbe.last_backward_stats["dense_tables"]})
         del tbe
     n = indices.numel()
-    model = (_dense_us(n, rows, dim, B, 2), _sparse_us(n, dim, 2))  # the backward's model of the two paths (us)
+    model = (float(dense_us(n, rows, dim, B, 2)), float(sparse_us(n, dim, 2)))  # the backward's model of the two paths (us)
     for r in out:
         r["model_product_sorted_us"] = model
     log(f"sweep [{i:2d}] rows {rows} dim {dim} lookups {n / 1e6:.2f}M model product / sorted {model[0]:.0f} / {model[1]:.0f} us: "

@@ -202,6 +202,7 @@ def test_fit_recovers_known_triton_coefficients():
 
     rng = np.random.default_rng(5)
     truth = Calibration.load(FAMILY_CAL)
+    truth.product_path = False  # the fit models the terms alone (records measured before the product path)
     truth.fwd = {t: float(v) for t, v in zip(TRITON_FWD_TERMS, [0.004, 0.001, 6e-9, 3e-10, 2e-10, 5e-11, 1e-10, 1.5e-6, 1.2e-6, 2.5e-10])}
     truth.bwd = {t: float(v) for t, v in zip(TRITON_BWD_TERMS, [0.05, 5e-8, 3e-6, 4e-10, 1e-9, 2.5e-10, 0.007])}
     sim = SimBackend(truth)
@@ -250,3 +251,30 @@ def test_calibrate_validate_prints_families_and_buckets():
     assert "total compute by table family" in r.output and "mixed*" in r.output and "held-out family" in r.output
     for axis in ("dim", "hits", "pooling", "tables"):
         assert f"total compute by shape bucket: {axis}" in r.output
+
+
+
+def test_a_triton_calibration_prices_hot_small_tables_by_the_kernels_product_path():
+    """The Triton kernel's backward takes a count-matrix product for hot small tables (paths.py):
+    under the shipped calibration (marked `product_path`) such a table's backward is that path's time plus its shard's own
+    terms; a big table keeps the calibration's terms; another kernel's calibration is untouched."""
+    from dreamshard.costs.kernels.paths import dense_us
+    from dreamshard.costs.sim import _SHARD_ONLY, product_path_ms, shard_terms
+    from dreamshard.tables import TableSpec
+
+    wl = Workload(65_536)
+    hot = TableSpec(name="hot", rows=1_000, dim=256, pooling_factor=50.0, distribution="uniform")
+    big = TableSpec(name="big", rows=10_000_000, dim=128, pooling_factor=30.0, distribution="zipf:1.1")
+    P = table_terms([hot, big], wl)
+    dims = np.array([256.0, 128.0])
+    alone = shard_terms(P, np.array([0, 1]), 2, dims, wl)  # each table on a device of its own
+    sim = SimBackend()
+    assert sim.product_path and sim.calibration.kernel == "triton"
+    change = product_path_ms([hot, big], P, sim._bwd, wl)
+    assert change[0] < 0 and change[1] == 0.0
+    bwd = sim.shard_compute([[hot], [big]], wl)[:, 1]
+    product = float(dense_us(50.0 * 65_536, 1_000, 256, 65_536, 2)) / 1000
+    assert bwd[0] == pytest.approx(float(alone[0, _SHARD_ONLY] @ sim._bwd[_SHARD_ONLY]) + product, rel=1e-9)
+    assert bwd[1] == pytest.approx(float(alone[1] @ sim._bwd), rel=1e-9)
+    other = SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json")
+    assert other.shard_compute([[hot]], wl)[0, 1] == pytest.approx(float(alone[0] @ other._bwd), rel=1e-9)

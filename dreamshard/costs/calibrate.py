@@ -170,7 +170,7 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
         date=datetime.date.today().isoformat(),
         versions=versions or {},
     )
-    pred = SimBackend(cal).shard_compute([r.tables for r in records], r0.workload)
+    pred = SimBackend(cal, product_path=False).shard_compute([r.tables for r in records], r0.workload)
     cal.fit = {"shards": len(records), "fwd_mape": mape(pred[:, 0], fwd), "bwd_mape": mape(pred[:, 1], bwd),
                "total_mape": mape(pred.sum(1), fwd + bwd), "precision": r0.precision, "optimizer": r0.optimizer,
                "terms": {"fwd": list(fwd_terms), "bwd": list(bwd_terms)},
@@ -180,8 +180,9 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
 
 
 def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
-    """Per-shard MAPE/Spearman of fwd, bwd, total compute; placement overall-cost error; worst shards."""
-    sim = SimBackend(cal)
+    """Per-shard MAPE/Spearman of fwd, bwd, total compute; placement overall-cost error; worst shards.
+    The records are the kernel's as measured before its product path: priced without it."""
+    sim = SimBackend(cal, product_path=False)
     everything, records = records, [r for r in records if r.tables]
     r0 = records[0]
     pred = sim.shard_compute([r.tables for r in records], r0.workload)

@@ -38,6 +38,13 @@ tile geometry (KERNEL_TERMS; the geometry is mirrored below and a test checks it
     product), so the backward has no warm/hot terms. The all-to-all is the comm model's (costs/comm.py):
 t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
 
+The kernel's backward takes a second path for hot small tables (a count matrix times the gradient,
+costs/kernels/paths.py); the calibrations in the package were fitted to records measured before
+it, so a calibration marked `product_path` replaces the backward terms of a table that path takes
+by the path's own fitted time (`product_path_ms`): on the `hot` family's measured plans
+(docs/costs.md) the whole-step error went from 62–73% to 7–17%. Fitting and validating on records
+never does (they predate it; records measured with it would need the fit to leave those tables out).
+
 A row shard (rowshard.py) is priced as the table it is: its rows, its measured lookups (its
 pooling factor is its measured share of the table's) and its measured reuse bins. It leaves the
 all-to-all: its table's partial outputs are summed by the reduce-scatter of the row-wise tables
@@ -59,6 +66,7 @@ import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
+from dreamshard.costs.kernels.paths import dense_us, takes_product
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
@@ -94,6 +102,9 @@ class Calibration:
     date: str = ""
     versions: dict = field(default_factory=dict)
     fit: dict = field(default_factory=dict)  # training-set errors and sample counts
+    # price the Triton kernel's product path (costs/kernels/paths.py) over these terms: for a
+    # calibration whose records were measured before the kernel had it, to price today's kernel
+    product_path: bool = False
 
     def save(self, path: str | Path) -> None:
         atomic_write(path, json.dumps(asdict(self), indent=1))
@@ -160,6 +171,21 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
     return out
 
 
+# terms a shard has once, whatever its tables: not a table's own backward
+_SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_programs"))
+
+
+def product_path_ms(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarray, workload: Workload) -> np.ndarray:
+    """[T] what pricing each table's backward by the Triton kernel's product path instead of by the
+    calibration's terms changes (ms; 0 for the tables the sorted path keeps)."""
+    rows = np.array([t.rows for t in tables], dtype=np.float64)
+    dims = np.array([t.dim for t in tables], dtype=np.float64)
+    lookups = np.array([t.pooling_factor for t in tables], dtype=np.float64) * workload.batch_size
+    product = takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
+    own = P[:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
+    return np.where(product, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes) / 1000.0 - own, 0.0)
+
+
 def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
     # every term the file was fitted with counts, so a file fitted with other term sets still works
     fwd = np.array([cal.fwd.get(t, 0.0) for t in TERMS])
@@ -170,8 +196,11 @@ def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
 class SimBackend(CostBackend):
     """Analytic cost surface fitted to real measurements; answers in microseconds."""
 
-    def __init__(self, calibration: str | Path | Calibration | None = None):
+    def __init__(self, calibration: str | Path | Calibration | None = None, product_path: bool | None = None):
+        """`product_path`: price the Triton kernel's product path for the tables it takes (default:
+        as the calibration says)."""
         self.calibration = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+        self.product_path = self.calibration.product_path if product_path is None else bool(product_path)
         self.name = self.calibration.label
         self._fwd, self._bwd = _coef(self.calibration)
         # only the terms this calibration prices (a search costs thousands of placements)
@@ -197,6 +226,8 @@ class SimBackend(CostBackend):
         nonempty = shard[:, TERMS.index("launch")] > 0
         fwd = np.where(nonempty, shard @ self._fwd, 0.0)
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
+        if self.product_path and T:
+            bwd += np.bincount(flat, weights=np.tile(product_path_ms(tables, P, self._bwd, workload), N), minlength=N * devices)
         rw_dim = sum(t.dim for t in rowwise_tables(tables))
         if rw_dim:  # row shards are not in the all-to-all
             dims[[isinstance(t, RowShardSpec) for t in tables]] = 0.0

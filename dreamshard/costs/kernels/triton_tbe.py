@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from dreamshard.costs.kernels.base import TBE, init_table_
+from dreamshard.costs.kernels.paths import BWD_DENSE, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_FIXED_US, dense_us, sparse_us
 
 DP_CLASSES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 NUM_DP = len(DP_CLASSES)  # the kernels spell it as the literal 9 (the interpreter can't mix constexpr and int)
@@ -82,25 +83,12 @@ setp.eq.b32 p, lo, me;
 selp.b32 $0, c, 0, p;
 }""")
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# Hot tables as a matrix product: a table takes that path when its rows are at most
-# BWD_DENSE_ROWS, its longest bag at most DENSE_MAX_COUNT lookups (fp16 counts stay exact) and the
-# product path's time is at most BWD_DENSE times the sorted path's (_dense_us, _sparse_us); the
-# count matrices of one step hold at most BWD_DENSE_ELEMS fp16 elements. BWD_DENSE is 0.5, not 1:
-# the model is fitted to single tables, and in a fused shard the sorted path's sort and launches are
-# shared, so a table's marginal cost there is lower (at 1, two mixed shards of docs/kernels.md
-# took one table each by product and ran 4.5% and 13% slower).
-BWD_DENSE = 0.5
-BWD_DENSE_ROWS = 8192
+# Hot tables as a matrix product: which tables take it is costs/kernels/paths.py's model; besides,
+# a table's longest bag must be at most DENSE_MAX_COUNT lookups (fp16 counts stay exact) and the
+# count matrices of one step hold at most BWD_DENSE_ELEMS fp16 elements.
 BWD_DENSE_ELEMS = 1 << 29
 DENSE_MAX_COUNT = 2048
-DENSE_BR, DENSE_BK = 64, 64  # rows and bags of one product tile (the count rows padded to DENSE_BK)
 DENSE_PROGRAMS = 528  # product programs to aim for (4 per SM of an H200), by splitting the bags
-# The two paths' times, fitted to the single-table grid on an H200 (docs/kernels.md, fp16): the
-# sorted path ~100 ps a lookup + 1.55 ps a lookup and column; the product path ~43 ps a counted
-# lookup, the count matrix zeroed and read at copy bandwidth (0.235 ps a byte), the product at
-# ~400 TFLOP/s, and ~30 us more of small launches when any table takes it.
-SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
-DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP, DENSE_FIXED_US = 43.0, 0.235, 0.0025, 30.0
 TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # backward tile widths (tl.dot needs >= 16)
 NUM_TW = len(TW_CLASSES)  # spelled as the literal 7 in the kernels
 assert NUM_TW == 7
@@ -152,19 +140,6 @@ def _chunk(tw: int, lanes: int, pmax: int) -> int:
 def _dense_bd(dim: int) -> int:
     """Gradient columns of one product tile: the dim's power of two, 16..128."""
     return min(128, max(16, 1 << (int(dim) - 1).bit_length()))
-
-
-def _dense_us(lookups: int, rows: int, dim: int, batch: int, elt: int) -> float:
-    """The product path's time for one table: its lookups counted, the count matrix zeroed and read
-    (once: the programs of one count tile run together and share it in L2), the gradient columns
-    read, the product."""
-    c = -(-rows // DENSE_BR) * DENSE_BR * -(-batch // DENSE_BK) * DENSE_BK * 2
-    return 1e-6 * (lookups * DENSE_PS_COUNT + (2 * c + batch * dim * elt) * DENSE_PS_BYTE + 2.0 * rows * batch * dim * DENSE_PS_FLOP)
-
-
-def _sparse_us(lookups: int, dim: int, elt: int) -> float:
-    """The sorted path's time for one table's lookups (keys, sort, tiles)."""
-    return 1e-6 * lookups * (SPARSE_PS_LOOKUP + SPARSE_PS_COLUMN * dim * elt / 2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -801,7 +776,7 @@ class TritonTBE(TBE):
             n = bounds[t + 1] - bounds[t]
             if n == 0 or maxlen[t] > DENSE_MAX_COUNT:
                 continue
-            dt, st = _dense_us(n, self.rows[t], self.dims[t], batch, elt), _sparse_us(n, self.dims[t], elt)
+            dt, st = float(dense_us(n, self.rows[t], self.dims[t], batch, elt)), float(sparse_us(n, self.dims[t], elt))
             if dt <= self.bwd_dense * st:
                 gains.append((dt - st, t))
         picked, elems, saved = [], 0, 0.0

@@ -1,0 +1,48 @@
+"""The Triton TBE's two backward paths as times, for the kernel's choice between them and for the
+simulator (no Triton needed here).
+
+The sorted path sorts a table's lookups by row and sums each row's run in tiles; the product path
+(hot small tables) counts each row's lookups per bag into a matrix ``C`` and multiplies it by the
+gradient (costs/kernels/triton_tbe.py, docs/kernels.md "Hot tables as a matrix product"). The times
+are fitted to the single-table grid on an H200 (fp16): the sorted path ~100 ps a lookup + 1.55 ps a
+lookup and column; the product path ~43 ps a counted lookup, the count matrix zeroed and read at
+copy bandwidth (0.235 ps a byte), the product at ~400 TFLOP/s, and ~30 us more of small launches
+when any table of a shard takes it.
+
+A table takes the product path where its rows are at most BWD_DENSE_ROWS and the product's time
+is at most BWD_DENSE times the sorted path's. BWD_DENSE is 0.5, not 1: the model is fitted to
+single tables, and in a fused shard the sorted path's sort and launches are shared, so a table's
+marginal cost there is lower (at 1, two mixed shards of docs/kernels.md took one table each by
+product and ran 4.5% and 13% slower).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BWD_DENSE = 0.5
+BWD_DENSE_ROWS = 8192
+DENSE_BR, DENSE_BK = 64, 64  # rows and bags of one product tile (the count rows padded to DENSE_BK)
+SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
+DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP, DENSE_FIXED_US = 43.0, 0.235, 0.0025, 30.0
+
+
+def dense_us(lookups, rows, dim, batch: int, elt: int):
+    """The product path's time for one table (arrays work too): its lookups counted, the count
+    matrix zeroed and read (once: the programs of one count tile run together and share it in L2),
+    the gradient columns read, the product."""
+    c = -(-np.asarray(rows) // DENSE_BR) * DENSE_BR * (-(-batch // DENSE_BK) * DENSE_BK) * 2
+    return 1e-6 * (lookups * DENSE_PS_COUNT + (2 * c + batch * np.asarray(dim) * elt) * DENSE_PS_BYTE
+                   + 2.0 * np.asarray(rows) * batch * np.asarray(dim) * DENSE_PS_FLOP)
+
+
+def sparse_us(lookups, dim, elt: int):
+    """The sorted path's time for one table's lookups (keys, sort, tiles)."""
+    return 1e-6 * lookups * (SPARSE_PS_LOOKUP + SPARSE_PS_COLUMN * np.asarray(dim) * elt / 2)
+
+
+def takes_product(lookups, rows, dim, batch: int, elt: int, threshold: float = BWD_DENSE, max_rows: int = BWD_DENSE_ROWS):
+    """Whether a table (or each of arrays of them) takes the product path, by the model alone (the
+    kernel also needs its longest bag under 2,048 lookups and its count matrix in its memory cap)."""
+    lookups = np.asarray(lookups, dtype=np.float64)
+    return (np.asarray(rows) <= max_rows) & (lookups > 0) & (dense_us(lookups, rows, dim, batch, elt) <= threshold * sparse_us(lookups, dim, elt))
