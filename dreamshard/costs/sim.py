@@ -203,6 +203,7 @@ class SimBackend(CostBackend):
         self.product_path = self.calibration.product_path if product_path is None else bool(product_path)
         self.name = self.calibration.label
         self._fwd, self._bwd = _coef(self.calibration)
+        self._product_cache: tuple | None = None  # (terms, workload, product_path_ms): a search passes one terms array each call
         # only the terms this calibration prices (a search costs thousands of placements)
         self._columns = [j for j in range(len(TERMS)) if self._fwd[j] or self._bwd[j]]
 
@@ -227,7 +228,9 @@ class SimBackend(CostBackend):
         fwd = np.where(nonempty, shard @ self._fwd, 0.0)
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
         if self.product_path and T:
-            bwd += np.bincount(flat, weights=np.tile(product_path_ms(tables, P, self._bwd, workload), N), minlength=N * devices)
+            if self._product_cache is None or self._product_cache[0] is not P or self._product_cache[1] != workload:
+                self._product_cache = (P, workload, product_path_ms(tables, P, self._bwd, workload))
+            bwd += np.bincount(flat, weights=np.tile(self._product_cache[2], N), minlength=N * devices)
         rw_dim = sum(t.dim for t in rowwise_tables(tables))
         if rw_dim:  # row shards are not in the all-to-all
             dims[[isinstance(t, RowShardSpec) for t in tables]] = 0.0

@@ -27,11 +27,21 @@ SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
 DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP, DENSE_FIXED_US = 43.0, 0.235, 0.0025, 30.0
 
 
+def padded_bags(batch: int) -> int:
+    """A count matrix's row length: the bags padded to a whole product tile."""
+    return -(-batch // DENSE_BK) * DENSE_BK
+
+
+def count_elems(rows, batch: int):
+    """A table's count matrix (fp16 elements): its rows padded to a product tile, times padded_bags."""
+    return -(-np.asarray(rows) // DENSE_BR) * DENSE_BR * padded_bags(batch)
+
+
 def dense_us(lookups, rows, dim, batch: int, elt: int):
     """The product path's time for one table (arrays work too): its lookups counted, the count
     matrix zeroed and read (once: the programs of one count tile run together and share it in L2),
     the gradient columns read, the product."""
-    c = -(-np.asarray(rows) // DENSE_BR) * DENSE_BR * (-(-batch // DENSE_BK) * DENSE_BK) * 2
+    c = count_elems(rows, batch) * 2
     return 1e-6 * (lookups * DENSE_PS_COUNT + (2 * c + batch * np.asarray(dim) * elt) * DENSE_PS_BYTE
                    + 2.0 * np.asarray(rows) * batch * np.asarray(dim) * DENSE_PS_FLOP)
 

@@ -52,7 +52,8 @@ import triton
 import triton.language as tl
 
 from dreamshard.costs.kernels.base import TBE, init_table_
-from dreamshard.costs.kernels.paths import BWD_DENSE, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_FIXED_US, dense_us, sparse_us
+from dreamshard.costs.kernels.paths import (BWD_DENSE, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_FIXED_US, count_elems, dense_us, padded_bags,
+                                            sparse_us, takes_product)
 
 DP_CLASSES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 NUM_DP = len(DP_CLASSES)  # the kernels spell it as the literal 9 (the interpreter can't mix constexpr and int)
@@ -776,13 +777,11 @@ class TritonTBE(TBE):
             n = bounds[t + 1] - bounds[t]
             if n == 0 or maxlen[t] > DENSE_MAX_COUNT:
                 continue
-            dt, st = float(dense_us(n, self.rows[t], self.dims[t], batch, elt)), float(sparse_us(n, self.dims[t], elt))
-            if dt <= self.bwd_dense * st:
-                gains.append((dt - st, t))
+            if takes_product(n, self.rows[t], self.dims[t], batch, elt, self.bwd_dense, self.bwd_dense_rows):
+                gains.append((float(dense_us(n, self.rows[t], self.dims[t], batch, elt) - sparse_us(n, self.dims[t], elt)), t))
         picked, elems, saved = [], 0, 0.0
-        bp = -(-batch // DENSE_BK) * DENSE_BK
         for gain, t in sorted(gains):
-            e = -(-self.rows[t] // DENSE_BR) * DENSE_BR * bp
+            e = int(count_elems(self.rows[t], batch))
             if elems + e <= self.bwd_dense_elems:
                 picked.append(t)
                 elems += e
@@ -794,7 +793,6 @@ class TritonTBE(TBE):
         the dmeta row, and the launches of the product (per column-tile width) and of the update
         (per row width). Returns (dmeta rows, count elements, partial sums, counting programs,
         product launches, update launches, count base per table)."""
-        bp = -(-batch // DENSE_BK) * DENSE_BK
         order = sorted(dense, key=lambda t: (_dp(self.dims[t]), t))
         rows, prod, upd, cbase = [], [], [], {}
         nprod = nupd = nc = npart = ncount = 0
@@ -820,7 +818,7 @@ class TritonTBE(TBE):
             cbase[t] = nc
             nprod += tiles * parts
             nupd += -(-r // rb)
-            nc += -(-r // DENSE_BR) * DENSE_BR * bp
+            nc += int(count_elems(r, batch))
             npart += parts * r * d
         return rows, nc, npart, ncount, prod, upd, cbase
 
@@ -842,7 +840,7 @@ class TritonTBE(TBE):
         state = self._state if adagrad else self._flat  # unused pointer when SGD
         # the product path's tables: their lookups are counted, not sorted (the others' packed)
         dense = self._dense_tables(bounds, maxlen, batch)
-        bp = -(-batch // DENSE_BK) * DENSE_BK
+        bp = padded_bags(batch)
         sparse_bounds = list(bounds)
         nblk = triton.cdiv(n, KEYS_BLOCK)
         bstart = torch.searchsorted(offsets, self._block_starts(nblk, offsets.dtype), right=True)  # 1 + bag of each block's first lookup
