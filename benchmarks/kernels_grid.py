@@ -140,7 +140,7 @@ def sweep_entry(i, entry, device) -> list[dict]:
     table = TableSpec(name=f"g{i}", rows=rows, dim=dim, pooling_factor=pf, distribution=dist, seed=1000 + i)
     indices, offsets = shard_batch([table], B, step=0, device=device)
     grad = (torch.randn(B, dim, device=device) * 0.1).half()
-    from dreamshard.costs.kernels.paths import dense_us, sparse_us
+    from dreamshard.costs.paths import dense_us, sparse_us
 
     out = []
     for kw in BWD_VARIANTS:

@@ -258,7 +258,7 @@ def test_a_triton_calibration_prices_hot_small_tables_by_the_kernels_product_pat
     """The Triton kernel's backward takes a count-matrix product for hot small tables (paths.py):
     under the shipped calibration (marked `product_path`) such a table's backward is that path's time plus its shard's own
     terms; a big table keeps the calibration's terms; another kernel's calibration is untouched."""
-    from dreamshard.costs.kernels.paths import dense_us
+    from dreamshard.costs.paths import dense_us
     from dreamshard.costs.sim import _SHARD_ONLY, product_path_ms, shard_terms
     from dreamshard.tables import TableSpec
 

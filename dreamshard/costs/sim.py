@@ -39,7 +39,7 @@ tile geometry (KERNEL_TERMS; the geometry is mirrored below and a test checks it
 t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
 
 The kernel's backward takes a second path for hot small tables (a count matrix times the gradient,
-costs/kernels/paths.py); the calibrations in the package were fitted to records measured before
+costs/paths.py); the calibrations in the package were fitted to records measured before
 it, so a calibration marked `product_path` replaces the backward terms of a table that path takes
 by the path's own fitted time (`product_path_ms`): on the `hot` family's measured plans
 (docs/costs.md) the whole-step error went from 62–73% to 7–17%. Fitting and validating on records
@@ -66,7 +66,7 @@ import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
-from dreamshard.costs.kernels.paths import dense_us, takes_product
+from dreamshard.costs.paths import dense_us, takes_product
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
@@ -102,7 +102,7 @@ class Calibration:
     date: str = ""
     versions: dict = field(default_factory=dict)
     fit: dict = field(default_factory=dict)  # training-set errors and sample counts
-    # price the Triton kernel's product path (costs/kernels/paths.py) over these terms: for a
+    # price the Triton kernel's product path (costs/paths.py) over these terms: for a
     # calibration whose records were measured before the kernel had it, to price today's kernel
     product_path: bool = False
 

@@ -97,6 +97,9 @@ class Config(BudgetConfig):
     # (nets.KernelFeatures); and a device's all-to-all from the comm model of the backend trained
     # against ("model", nets.CommFormula) instead of the cost net's comm head ("head", reference)
     kernel_features: bool = False
+    # with kernel_features: + whether a table's backward takes the Triton kernel's product path and
+    # that path's modelled time (nets.KernelFeatures; false: the features of models trained before it)
+    kernel_product_path: bool = True
     comm: str = "head"
     keep_room: bool = False  # MDP: a device is legal only if the largest table to come still fits somewhere
     # what a plan costs on the estimated MDP (RL reward = minus it; best-of-K ranks by it):
@@ -113,8 +116,9 @@ class Config(BudgetConfig):
             raise OptionError(f"score {self.score!r}: use one of {', '.join(SCORES)}")
         if self.comm not in COMM_SOURCES:
             raise OptionError(f"comm {self.comm!r}: use one of {', '.join(COMM_SOURCES)}")
-        if not isinstance(self.kernel_features, bool):
-            raise OptionError(f"kernel_features must be true or false, got {self.kernel_features!r:.40}")
+        for f in ("kernel_features", "kernel_product_path"):
+            if not isinstance(getattr(self, f), bool):
+                raise OptionError(f"{f} must be true or false, got {getattr(self, f)!r:.40}")
         if self.advantage not in ("batch", "task"):
             raise OptionError(f"advantage {self.advantage!r}: use 'batch' or 'task'")
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
@@ -164,7 +168,7 @@ def create_model(cfg: Config, tasks: Sequence[Task], backend: CostBackend) -> Dr
     """A fresh model for `cfg` (nets seeded by cfg.seed): the kernel features' scale from the
     training tasks' tables, the comm model's parameters from `backend` (`CostBackend.comm_params`,
     the all-to-all its costs include)."""
-    kernel = KernelFeatures.fit(tasks, cfg.batch_size) if cfg.kernel_features else None
+    kernel = KernelFeatures.fit(tasks, cfg.batch_size, cfg.kernel_product_path) if cfg.kernel_features else None
     comm = None
     if cfg.comm == "model":
         params = backend.comm_params()

@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
+from dreamshard.costs.paths import dense_us, sparse_us, takes_product
 from dreamshard.bins import BIN_MEAN
 from dreamshard.costs.terms import TERMS, WIDE_DIM, table_terms
 from dreamshard.files import load_torch_file
@@ -64,29 +65,59 @@ class KernelFeatures:
     `scale` is fixed at training and stored with the model, so a table's features never depend
     on the tables planned beside it. The counts are taken at `batch_size`, the model's training
     batch (its costs are costs of that batch, whatever the task's), and the task's precision and
-    optimizer."""
+    optimizer.
+
+    With `product_scale` (> 0; models trained since the kernel's product path, Config.
+    kernel_product_path) two more: whether the table's backward takes the product path and that
+    path's modelled time over `product_scale` (costs/paths.py, 0 for the sorted path's
+    tables) — what the simulator prices such a table by in place of its backward terms, which
+    the net could otherwise only infer from rows and pooling as an exception to every other table."""
 
     scale: tuple[float, ...]
     batch_size: int
+    product_scale: float = 0.0  # 0: no product-path features (models trained before the path)
 
-    WIDTH = len(KERNEL_FEATURE_TERMS) + 1
+    @property
+    def width(self) -> int:
+        return len(KERNEL_FEATURE_TERMS) + 1 + (2 if self.product_scale else 0)
 
     @staticmethod
-    def fit(tasks: Sequence[Task], batch_size: int) -> "KernelFeatures":
-        """The scale from the training tasks' tables (each task's table list, under its workload at `batch_size`)."""
-        raw = np.concatenate([table_terms(t.tables, t.workload.with_overrides(batch_size))[:, _KERNEL_COLUMNS] for t in tasks])
+    def fit(tasks: Sequence[Task], batch_size: int, product_path: bool = True) -> "KernelFeatures":
+        """The scales from the training tasks' tables (each task's table list, under its workload at `batch_size`)."""
+        workloads = [t.workload.with_overrides(batch_size) for t in tasks]
+        raw = np.concatenate([table_terms(t.tables, w)[:, _KERNEL_COLUMNS] for t, w in zip(tasks, workloads)])
         mean = raw.mean(axis=0)
         like = mean[[KERNEL_FEATURE_TERMS.index(_SCALE_LIKE.get(t, t)) for t in KERNEL_FEATURE_TERMS]]
         scale = np.where(mean > 0, mean, np.where(like > 0, like, 1.0))
-        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size))
+        product_scale = 0.0
+        if product_path:
+            us = np.concatenate([_product_us(t.tables, w) for t, w in zip(tasks, workloads)])
+            # the mean over the tables that take it; without any, a sorted-path table's mean time
+            product_scale = float(us[us > 0].mean()) if (us > 0).any() else float(np.mean(np.concatenate(
+                [sparse_us(_lookups(t.tables, w), [x.dim for x in t.tables], w.elt_bytes) for t, w in zip(tasks, workloads)])) or 1.0)
+        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale)
 
     def __call__(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
-        terms = table_terms(tables, workload.with_overrides(self.batch_size))[:, _KERNEL_COLUMNS] / np.array(self.scale)
-        wide = np.array([t.dim > WIDE_DIM for t in tables], np.float64).reshape(-1, 1)
-        return np.concatenate([terms, wide], axis=1).astype(np.float32)
+        workload = workload.with_overrides(self.batch_size)
+        columns = [table_terms(tables, workload)[:, _KERNEL_COLUMNS] / np.array(self.scale), [[t.dim > WIDE_DIM] for t in tables]]
+        if self.product_scale:
+            us = _product_us(tables, workload)
+            columns += [(us > 0)[:, None], us[:, None] / self.product_scale]
+        return np.concatenate(columns, axis=1).astype(np.float32).reshape(len(tables), self.width)
 
     def to_json(self) -> dict:
-        return {"scale": list(self.scale), "batch_size": self.batch_size}
+        return {"scale": list(self.scale), "batch_size": self.batch_size, **({"product_scale": self.product_scale} if self.product_scale else {})}
+
+
+def _lookups(tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
+    return np.array([t.pooling_factor for t in tables], np.float64) * workload.batch_size
+
+
+def _product_us(tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
+    """[T] the kernel's product-path time of each table that takes it (paths.py), 0 for the others."""
+    lookups, rows, dims = _lookups(tables, workload), np.array([t.rows for t in tables], np.float64), np.array([t.dim for t in tables], np.float64)
+    takes = takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
+    return np.where(takes, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes), 0.0)
 
 
 def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool = False, workload: Workload = Workload(),
@@ -114,7 +145,7 @@ def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool
 
 
 def feature_count(linear: bool, kernel: KernelFeatures | None) -> int:
-    return NUM_FEATURES + (len(LINEAR_FEATURES) if linear else 0) + (KernelFeatures.WIDTH if kernel is not None else 0)
+    return NUM_FEATURES + (len(LINEAR_FEATURES) if linear else 0) + (kernel.width if kernel is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -478,7 +509,10 @@ def _kernel_from_state(d, where: str) -> KernelFeatures | None:
     if not isinstance(d, dict) or not isinstance(d.get("scale"), list) or len(d["scale"]) != len(KERNEL_FEATURE_TERMS) \
             or not all(_finite(v, strict=True) for v in d["scale"]):
         raise ModelError(f"{where}, key 'kernel_features': expected {{'scale': {len(KERNEL_FEATURE_TERMS)} numbers > 0, 'batch_size': int}}")
-    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"))
+    product = d.get("product_scale", 0.0)
+    if not _finite(product):
+        raise ModelError(f"{where}, key 'kernel_features': product_scale {product!r:.40} is not a number >= 0")
+    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"), float(product))
 
 
 def _comm_from_state(d, where: str) -> CommFormula | None:

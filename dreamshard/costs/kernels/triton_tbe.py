@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from dreamshard.costs.kernels.base import TBE, init_table_
-from dreamshard.costs.kernels.paths import (BWD_DENSE, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_FIXED_US, count_elems, dense_us, padded_bags,
+from dreamshard.costs.paths import (BWD_DENSE, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_FIXED_US, count_elems, dense_us, padded_bags,
                                             sparse_us, takes_product)
 
 DP_CLASSES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -84,7 +84,7 @@ setp.eq.b32 p, lo, me;
 selp.b32 $0, c, 0, p;
 }""")
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# Hot tables as a matrix product: which tables take it is costs/kernels/paths.py's model; besides,
+# Hot tables as a matrix product: which tables take it is costs/paths.py's model; besides,
 # a table's longest bag must be at most DENSE_MAX_COUNT lookups (fp16 counts stay exact) and the
 # count matrices of one step hold at most BWD_DENSE_ELEMS fp16 elements.
 BWD_DENSE_ELEMS = 1 << 29

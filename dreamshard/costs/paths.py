@@ -1,5 +1,5 @@
-"""The Triton TBE's two backward paths as times, for the kernel's choice between them and for the
-simulator (no Triton needed here).
+"""The Triton TBE's two backward paths as times, for the kernel's choice between them, for the
+simulator and for DreamShard's kernel features (pure arithmetic, like terms.py: no Triton, no backend).
 
 The sorted path sorts a table's lookups by row and sums each row's run in tiles; the product path
 (hot small tables) counts each row's lookups per bag into a matrix ``C`` and multiplies it by the
