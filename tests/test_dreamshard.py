@@ -487,6 +487,7 @@ def test_options_default_off_and_the_shipped_model_has_both(pool):
     shipped = DreamShardModel.load()
     assert shipped.kernel is not None and shipped.comm is not None
     assert shipped.meta["config"]["kernel_features"] is True and shipped.meta["config"]["comm"] == "model"
+    assert shipped.kernel.product_scale > 0  # trained on the kernel with the backward's product path
     # a model without them is stored as before: no keys of theirs, the table features alone
     from dreamshard.learned.dreamshard import create_model
 
@@ -496,6 +497,31 @@ def test_options_default_off_and_the_shipped_model_has_both(pool):
     assert plain.kernel is None and plain.comm is None
     assert "kernel_features" not in state and "comm" not in state
     assert plain.cost_net.encoder[0].in_features == NUM_FEATURES + 5
+
+
+def test_kernel_features_say_which_tables_take_the_product_path(pool):
+    """The product path's flag and modelled time (costs/paths.py, what the simulator prices such a
+    table by) follow the kernel features; a model stored without them (trained before the path)
+    keeps its width and loads as it was."""
+    from dreamshard.costs.paths import dense_us, takes_product
+    from dreamshard.learned.nets import KERNEL_FEATURE_TERMS, KernelFeatures
+
+    wl = Workload(65_536)
+    hot = TableSpec("hot", 1_302, 192, 69.0, pool[0].bins)
+    tables = [hot, *pool[:20]]
+    tasks = [Task(tables, 2, 10**12, wl)]
+    k = KernelFeatures.fit(tasks, wl.batch_size)
+    x = k(tables, wl)
+    lookups = np.array([t.pooling_factor * wl.batch_size for t in tables])
+    takes = takes_product(lookups, [t.rows for t in tables], [t.dim for t in tables], wl.batch_size, wl.elt_bytes)
+    assert x.shape == (len(tables), len(KERNEL_FEATURE_TERMS) + 3) and takes[0] and not takes.all()
+    assert np.array_equal(x[:, -2], takes.astype(np.float32))
+    assert x[0, -1] == pytest.approx(dense_us(lookups[0], hot.rows, hot.dim, wl.batch_size, 2) / k.product_scale, rel=1e-5)
+    assert (x[~takes, -1] == 0).all()
+    # without the path (Config.kernel_product_path false, or an older model file): 2 columns fewer, the rest the same
+    old = KernelFeatures.fit(tasks, wl.batch_size, product_path=False)
+    assert old.product_scale == 0 and "product_scale" not in old.to_json()
+    assert np.array_equal(old(tables, wl), x[:, :-2])
 
 
 def test_options_are_checked(pool, tmp_path):
@@ -524,7 +550,7 @@ def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, 
     player = FastPlayer(model.cost_net, model.policy, keep_room, model.comm)
     for task in tasks:
         p = prepare(task, model.normalization, model.linear_features, model.kernel)
-        assert p.x.shape[1] == NUM_FEATURES + 5 + 15 and np.array_equal(p.x, model.features(task.tables, task.workload))
+        assert p.x.shape[1] == NUM_FEATURES + 5 + 17 and np.array_equal(p.x, model.features(task.tables, task.workload))
         with torch.no_grad():
             ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([p]), greedy=True, keep_room=keep_room, comm=model.comm)
         placement, stuck, costs, overall = player.play(p, np.array([True]))
@@ -608,6 +634,7 @@ def test_options_train_save_load_plan(pool, tmp_path):
             assert pa.shards == pb.shards and pa.predicted["devices"] == pb.predicted["devices"]
     state = torch.load(tmp_path / "m.pt", weights_only=False)
     for key, bad, msg in (("kernel_features", {"scale": [1.0], "batch_size": 4}, "key 'kernel_features'"),
+                          ("kernel_features", {**state["kernel_features"], "product_scale": -1.0}, "product_scale"),
                           ("comm", {**state["comm"], "bandwidth_GBps": 0.0}, "key 'comm'"), ("comm", {**state["comm"], "batch_size": "x"}, "batch_size")):
         with pytest.raises(ModelError, match=msg) as e:
             DreamShardModel.from_state({**state, key: bad})
@@ -637,15 +664,16 @@ def test_cli_train_options(pool, tmp_path):
 
 def test_no_learned_module_or_planner_imports_a_cost_backend():
     """The layering rule (data → task → planner → plan → cost backend): learned and planner
-    modules may use the comm model's arithmetic (costs/comm.py) and the per-table work counts
-    (costs/terms.py), never a backend — not at import and not inside a function."""
+    modules may use the comm model's arithmetic (costs/comm.py), the per-table work counts
+    (costs/terms.py) and the backward paths' model (costs/paths.py), never a backend — not at
+    import and not inside a function."""
     import ast
     import pathlib
     import subprocess
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1] / "dreamshard"
-    allowed = {"dreamshard.costs", "dreamshard.costs.comm", "dreamshard.costs.terms", "dreamshard.costs.base", "dreamshard.costs.hardware"}
+    allowed = {"dreamshard.costs", "dreamshard.costs.comm", "dreamshard.costs.terms", "dreamshard.costs.paths", "dreamshard.costs.base", "dreamshard.costs.hardware"}
     for package in ("learned", "planners"):
         for path in sorted((root / package).glob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
@@ -656,7 +684,7 @@ def test_no_learned_module_or_planner_imports_a_cost_backend():
     code = ("import sys, dreamshard.planners, dreamshard.learned.dreamshard, dreamshard.learned.autoshard, dreamshard.learned.rnn; "
             "print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.terms']"
+    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.paths', 'dreamshard.costs.terms']"
 
 
 def test_a_stuck_policy_falls_back_to_the_heuristic_plan_its_cost_net_prices_cheapest(pool, monkeypatch):
