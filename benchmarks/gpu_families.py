@@ -36,7 +36,7 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from dreamshard.costs.calibrate import MAX_SHARD_BYTES, ShardRecord, design_shards, validation_report  # noqa: E402
+from dreamshard.costs.calibrate import MAX_SHARD_BYTES, ShardRecord, design_shards, takes_product_path, validation_report  # noqa: E402
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import FAMILIES, HELD_OUT_FAMILY, shard_bucket, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
@@ -92,7 +92,8 @@ class Campaign:
         out = []
         for d, (shard, cost, (sf, sb)) in enumerate(zip(shards, report.devices, simulated)):
             rec = ShardRecord(list(shard), self.workload.batch_size, self.workload.precision, self.workload.optimizer, cost.fwd_comp_ms, cost.bwd_comp_ms,
-                              placement, d if placement is not None else None, report.hardware, report.details.get("versions"), family)
+                              placement, d if placement is not None else None, report.hardware, report.details.get("versions"), family,
+                              takes_product_path(self.args.kernel))
             out.append(rec)
             self.files["calib_records.jsonl" if role == "calib" else "val_records.jsonl"].write(json.dumps(rec.to_json()) + "\n")
             b = shard_bucket(shard, self.workload.batch_size)

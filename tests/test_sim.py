@@ -1,5 +1,7 @@
 """The simulator: structure of its costs, batched = one-at-a-time, and a fit that recovers truth."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -241,6 +243,23 @@ def test_family_calibration_on_the_committed_h200_records():
     assert "mixed" not in Calibration.load(FAMILY_CAL).fit["families"]
 
 
+PRODUCT_PATH_CAL = FAMILY_CAL.parent / "h200_triton_product_path.json"
+PRODUCT_PATH_RESULTS = FAMILY_RESULTS.parent / "gpu_families_pp"
+
+
+def test_the_default_calibration_on_the_committed_h200_records_of_the_product_path_kernel():
+    """The default calibration (fitted to the kernel with the backward's product path) against the
+    committed H200 validation records of that kernel (gpu_families_pp): every family's total compute
+    within 10%, the held-out one included, and no shape bucket over 15% (docs/costs.md)."""
+    cal = Calibration.load(PRODUCT_PATH_CAL)
+    assert SimBackend().calibration == cal and cal.product_path and "mixed" not in cal.fit["families"]
+    val = load_records(PRODUCT_PATH_RESULTS / "val_records.jsonl")
+    report = validation_report(cal, val)
+    assert {b["key"] for b in report["by_family"] if b["held_out"]} == {"mixed"} and len(report["placements_by_family"]) == 7
+    assert all(b["mape"] <= 10 for b in report["by_family"]), report["by_family"]
+    assert all(b["mape"] <= 15 for rows in report["by_bucket"].values() for b in rows)
+
+
 def test_calibrate_validate_prints_families_and_buckets():
     from click.testing import CliRunner
 
@@ -259,7 +278,7 @@ def test_a_triton_calibration_prices_hot_small_tables_by_the_kernels_product_pat
     under the shipped calibration (marked `product_path`) such a table's backward is that path's time plus its shard's own
     terms; a big table keeps the calibration's terms; another kernel's calibration is untouched."""
     from dreamshard.costs.paths import dense_us
-    from dreamshard.costs.sim import _SHARD_ONLY, product_path_ms, shard_terms
+    from dreamshard.costs.sim import _SHARD_ONLY, product_candidates, shard_terms
     from dreamshard.tables import TableSpec
 
     wl = Workload(65_536)
@@ -270,11 +289,62 @@ def test_a_triton_calibration_prices_hot_small_tables_by_the_kernels_product_pat
     alone = shard_terms(P, np.array([0, 1]), 2, dims, wl)  # each table on a device of its own
     sim = SimBackend()
     assert sim.product_path and sim.calibration.kernel == "triton"
-    change = product_path_ms([hot, big], P, sim._bwd, wl)
-    assert change[0] < 0 and change[1] == 0.0
+    cand, *_, change = product_candidates([hot, big], P, sim._bwd, wl)
+    assert list(cand) == [0] and change[0] < 0
     bwd = sim.shard_compute([[hot], [big]], wl)[:, 1]
     product = float(dense_us(50.0 * 65_536, 1_000, 256, 65_536, 2)) / 1000
     assert bwd[0] == pytest.approx(float(alone[0, _SHARD_ONLY] @ sim._bwd[_SHARD_ONLY]) + product, rel=1e-9)
     assert bwd[1] == pytest.approx(float(alone[1] @ sim._bwd), rel=1e-9)
     other = SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json")
     assert other.shard_compute([[hot]], wl)[0, 1] == pytest.approx(float(alone[0] @ other._bwd), rel=1e-9)
+
+
+def test_the_product_path_is_chosen_per_fused_shard_as_the_kernel_chooses():
+    """paths.product_tables (the kernel's choice, and the simulator's): candidates by saving while
+    the count matrices fit, none in a shard that saves less than the path's own launches."""
+    from dreamshard.costs.paths import DENSE_FIXED_US, count_elems, dense_us, product_tables, sparse_us, takes_product
+
+    B = 65_536
+    hot = (50.0 * B, 1_000, 256)  # saves ~1 ms
+    small = (0.0, 0, 0)
+    # a table that is a candidate but saves little: the one-table shard keeps the sorted path
+    for pooling in (0.3, 0.5, 1.0, 2.0):
+        n, rows, dim = pooling * B, 64, 128
+        if takes_product(n, rows, dim, B, 2) and sparse_us(n, dim, 2) - dense_us(n, rows, dim, B, 2) < DENSE_FIXED_US:
+            small = (n, rows, dim)
+            break
+    assert small[0] > 0
+    lookups, rows, dims = zip(hot, small, (30.0 * B, 10**7, 128), small)
+    # shards: 0 = hot + small (both: the hot table pays the launches), 0 = big (never), 1 = small alone (no)
+    took = product_tables([0, 0, 0, 1], np.array(lookups), np.array(rows), np.array(dims), B, 2)
+    assert took.tolist() == [True, True, False, False]
+    # the count matrices' cap: only the most saving fits; a threshold of inf takes every candidate that fits
+    cap = int(count_elems(1_000, B))
+    assert product_tables([0, 0], [hot[0], hot[0] * 2], [1_000, 1_000], [256, 256], B, 2, max_elems=cap).tolist() == [False, True]
+    assert product_tables([0], [small[0]], [small[1]], [small[2]], B, 2, threshold=np.inf).tolist() == [True]
+
+
+def test_a_fit_of_product_path_records_recovers_the_calibration_that_made_them(tmp_path):
+    """Records measured with the product path (ShardRecord.product_path): the fit prices the tables
+    the path takes by its model and fits the terms to the rest, so records priced by a product-path
+    calibration are fitted back exactly (and the result is marked product_path); a mix is refused."""
+    from dreamshard.costs import calibrate as cal
+    from dreamshard.families import synth_family
+    from dreamshard.validation import DataError
+
+    wl = Workload(65_536)
+    truth = SimBackend()
+    pool = synth_family("hot", 120, 10)
+    rng = np.random.default_rng(0)
+    shards = [[pool[i] for i in rng.choice(len(pool), size=int(rng.integers(1, 8)), replace=False)] for _ in range(80)]
+    cost = truth.shard_compute(shards, wl)
+    records = [cal.ShardRecord(s, wl.batch_size, wl.precision, wl.optimizer, float(f), float(b), family="hot", product_path=True) for s, (f, b) in zip(shards, cost)]
+    fitted = cal.fit(records, "triton", truth.calibration.comm)
+    assert fitted.product_path and fitted.fit["bwd_mape"] < 0.5 and fitted.fit["fwd_mape"] < 0.5
+    assert cal.validation_report(fitted, records)["total"]["mape"] < 0.5
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    assert all(r.product_path for r in cal.load_records(path))
+    records[0].product_path = False
+    with pytest.raises(DataError, match="mix"):
+        cal.fit(records, "triton", truth.calibration.comm)

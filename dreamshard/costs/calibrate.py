@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dreamshard.costs.sim import BWD_TERMS, FWD_TERMS, KERNEL_TERMS, Calibration, SimBackend, fit_coefficients, mape, select_terms, shard_term_matrix, spearman
+from dreamshard.costs.sim import (BWD_TERMS, FWD_TERMS, KERNEL_TERMS, Calibration, SimBackend, fit_coefficients, mape, product_path_split, select_terms,
+                                  shard_term_matrix, spearman)
 from dreamshard.families import HELD_OUT_FAMILY, family_of, shard_bucket
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
@@ -42,6 +43,9 @@ class ShardRecord:
     hardware: str = ""  # where it was measured, so a fit made elsewhere still says so
     versions: dict | None = None
     family: str | None = None  # the table family it was drawn from (dreamshard/families.py), if any
+    # measured with a kernel whose backward takes the product path for hot small tables (costs/paths.py;
+    # our Triton TBE since 2026-11-23): a fit prices those tables by the path, not by their terms
+    product_path: bool = False
 
     @property
     def workload(self) -> Workload:
@@ -50,12 +54,12 @@ class ShardRecord:
     def to_json(self) -> dict:
         return {"tables": [t.to_dict() for t in self.tables], "batch_size": self.batch_size, "precision": self.precision, "optimizer": self.optimizer,
                 "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "placement": self.placement, "device": self.device,
-                "hardware": self.hardware, "versions": self.versions, "family": self.family}
+                "hardware": self.hardware, "versions": self.versions, "family": self.family, "product_path": self.product_path}
 
     @staticmethod
     def from_json(d: dict) -> "ShardRecord":
         return ShardRecord([TableSpec.from_dict(t) for t in d["tables"]], d["batch_size"], d["precision"], d["optimizer"], d["fwd_ms"], d["bwd_ms"],
-                           d.get("placement"), d.get("device"), d.get("hardware", ""), d.get("versions"), d.get("family"))
+                           d.get("placement"), d.get("device"), d.get("hardware", ""), d.get("versions"), d.get("family"), bool(d.get("product_path", False)))
 
 
 def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
@@ -137,40 +141,64 @@ def measure_shards(shards: Sequence[Sequence[TableSpec]], kernel: str, device: s
         report = runner.evaluate([list(shard)], workload)
         d = report.devices[0]
         records.append(ShardRecord(list(shard), workload.batch_size, workload.precision, workload.optimizer, d.fwd_comp_ms, d.bwd_comp_ms,
-                                   hardware=report.hardware, versions=report.details.get("versions")))
+                                   hardware=report.hardware, versions=report.details.get("versions"), product_path=takes_product_path(kernel)))
         if progress:
             progress()
     return records
+
+
+def takes_product_path(kernel: str) -> bool:
+    """Whether measurements of this kernel take the backward's product path for hot small tables."""
+    return kernel == "triton"
+
+
+def records_product_path(records: Sequence[ShardRecord]) -> bool:
+    """Whether a set of records was measured with the product path (DataError for a mix: one
+    calibration prices either the one kernel or the other)."""
+    flags = {r.product_path for r in records if r.tables}
+    if len(flags) > 1:
+        raise DataError("the records mix measurements with and without the backward's product path (an older Triton TBE): "
+                        "fit or validate one kernel's records at a time")
+    return flags == {True}
 
 
 def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
     """Fit forward and backward coefficients to measured shards (all at one batch/precision), with
     the kernel's own terms where it has them (sim.KERNEL_TERMS: our Triton kernel's tile geometry),
     else the generic ones; each component keeps the optional terms only if they lower the
-    cross-validated error (select_terms)."""
+    cross-validated error (select_terms). Records measured with the product path: the tables the
+    path takes are priced by its model (sim.product_path_split), the backward's terms fitted to the
+    rest, and the calibration prices the path as the simulator does."""
     r0 = records[0]
     held = sum(r.family == HELD_OUT_FAMILY for r in records)
     if held:
         raise DataError(f"{held} of the {len(records)} records are of the held-out family {HELD_OUT_FAMILY!r}: nothing is calibrated on it "
                         f"(fit on the training families' records, e.g. gpu_families.py's calib_records.jsonl)")
+    product = records_product_path(records)
     hardware, versions = r0.hardware or "?", r0.versions
-    X = shard_term_matrix([r.tables for r in records], r0.workload)
+    shards = [r.tables for r in records]
+    X = shard_term_matrix(shards, r0.workload)
     fwd = np.array([r.fwd_ms for r in records])
     bwd = np.array([r.bwd_ms for r in records])
+    Xb, dense_ms = X, None
+    if product:
+        own, dense_ms = product_path_split(shards, r0.workload)
+        Xb = X - own
     fwd_names, bwd_names = KERNEL_TERMS.get(kernel, (FWD_TERMS, BWD_TERMS))
     fwd_terms, fwd_cv = select_terms(X, fwd, fwd_names)
-    bwd_terms, bwd_cv = select_terms(X, bwd, bwd_names)
+    bwd_terms, bwd_cv = select_terms(Xb, bwd, bwd_names, dense_ms)
     cal = Calibration(
         hardware=hardware,
         kernel=kernel,
         batch_size=r0.batch_size,
         fwd=fit_coefficients(X, fwd, fwd_terms),
-        bwd=fit_coefficients(X, bwd, bwd_terms),
+        bwd=fit_coefficients(Xb, bwd, bwd_terms, dense_ms),
         comm=comm,
         date=datetime.date.today().isoformat(),
         versions=versions or {},
+        product_path=product,
     )
-    pred = SimBackend(cal, product_path=False).shard_compute([r.tables for r in records], r0.workload)
+    pred = SimBackend(cal).shard_compute(shards, r0.workload)
     cal.fit = {"shards": len(records), "fwd_mape": mape(pred[:, 0], fwd), "bwd_mape": mape(pred[:, 1], bwd),
                "total_mape": mape(pred.sum(1), fwd + bwd), "precision": r0.precision, "optimizer": r0.optimizer,
                "terms": {"fwd": list(fwd_terms), "bwd": list(bwd_terms)},
@@ -181,9 +209,9 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
 
 def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
     """Per-shard MAPE/Spearman of fwd, bwd, total compute; placement overall-cost error; worst shards.
-    The records are the kernel's as measured before its product path: priced without it."""
-    sim = SimBackend(cal, product_path=False)
+    Priced with the backward's product path where the records were measured with it."""
     everything, records = records, [r for r in records if r.tables]
+    sim = SimBackend(cal, product_path=records_product_path(records))
     r0 = records[0]
     pred = sim.shard_compute([r.tables for r in records], r0.workload)
     fwd = np.array([r.fwd_ms for r in records])

@@ -39,11 +39,10 @@ tile geometry (KERNEL_TERMS; the geometry is mirrored below and a test checks it
 t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
 
 The kernel's backward takes a second path for hot small tables (a count matrix times the gradient,
-costs/paths.py); the calibrations in the package were fitted to records measured before
-it, so a calibration marked `product_path` replaces the backward terms of a table that path takes
-by the path's own fitted time (`product_path_ms`): on the `hot` family's measured plans
-(docs/costs.md) the whole-step error went from 62–73% to 7–17%. Fitting and validating on records
-never does (they predate it; records measured with it would need the fit to leave those tables out).
+costs/paths.py), chosen per fused TBE (paths.product_tables). A calibration marked `product_path`
+prices the tables that path takes by the path's own fitted time instead of by their backward terms
+(`product_candidates`); `calibrate.fit` marks a calibration so when its records were measured with
+the path, and fits the backward's terms to what those tables leave (`product_path_split`).
 
 A row shard (rowshard.py) is priced as the table it is: its rows, its measured lookups (its
 pooling factor is its measured share of the table's) and its measured reuse bins. It leaves the
@@ -66,7 +65,7 @@ import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
-from dreamshard.costs.paths import dense_us, takes_product
+from dreamshard.costs.paths import dense_us, product_tables, takes_product
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
@@ -87,7 +86,7 @@ OPTIONAL_TERMS = ("tables",)
 TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
 TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
-DEFAULT_CALIBRATION = "h200_triton_families.json"  # fitted to the tiled-backward kernel on six table families (docs/costs.md)
+DEFAULT_CALIBRATION = "h200_triton_product_path.json"  # fitted to the kernel with the backward's product path on six table families (docs/costs.md)
 
 @dataclass
 class Calibration:
@@ -175,15 +174,21 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
 _SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_programs"))
 
 
-def product_path_ms(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarray, workload: Workload) -> np.ndarray:
-    """[T] what pricing each table's backward by the Triton kernel's product path instead of by the
-    calibration's terms changes (ms; 0 for the tables the sorted path keeps)."""
-    rows = np.array([t.rows for t in tables], dtype=np.float64)
-    dims = np.array([t.dim for t in tables], dtype=np.float64)
-    lookups = np.array([t.pooling_factor for t in tables], dtype=np.float64) * workload.batch_size
-    product = takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
-    own = P[:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
-    return np.where(product, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes) / 1000.0 - own, 0.0)
+def _path_inputs(tables: Sequence[TableSpec], workload: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each table's lookups per step, rows and dim: what costs/paths.py decides and prices by."""
+    return (np.array([t.pooling_factor for t in tables], dtype=np.float64) * workload.batch_size,
+            np.array([t.rows for t in tables], dtype=np.float64), np.array([t.dim for t in tables], dtype=np.float64))
+
+
+def product_candidates(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarray, workload: Workload) -> tuple[np.ndarray, ...]:
+    """The tables the product path may take (paths.takes_product; whether it does depends on the
+    shard: paths.product_tables) → (their indices, lookups, rows, dims, and the change pricing
+    each by the path instead of by the calibration's terms makes, ms)."""
+    lookups, rows, dims = _path_inputs(tables, workload)
+    cand = np.flatnonzero(takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes))
+    own = P[cand][:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
+    delta = dense_us(lookups[cand], rows[cand], dims[cand], workload.batch_size, workload.elt_bytes) / 1000.0 - own
+    return cand, lookups[cand], rows[cand], dims[cand], delta
 
 
 def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +208,7 @@ class SimBackend(CostBackend):
         self.product_path = self.calibration.product_path if product_path is None else bool(product_path)
         self.name = self.calibration.label
         self._fwd, self._bwd = _coef(self.calibration)
-        self._product_cache: tuple | None = None  # (terms, workload, product_path_ms): a search passes one terms array each call
+        self._product_cache: tuple | None = None  # (terms, workload, product_candidates): a search passes one terms array each call
         # only the terms this calibration prices (a search costs thousands of placements)
         self._columns = [j for j in range(len(TERMS)) if self._fwd[j] or self._bwd[j]]
 
@@ -229,8 +234,12 @@ class SimBackend(CostBackend):
         bwd = np.where(nonempty, shard @ self._bwd, 0.0)
         if self.product_path and T:
             if self._product_cache is None or self._product_cache[0] is not P or self._product_cache[1] != workload:
-                self._product_cache = (P, workload, product_path_ms(tables, P, self._bwd, workload))
-            bwd += np.bincount(flat, weights=np.tile(self._product_cache[2], N), minlength=N * devices)
+                self._product_cache = (P, workload, product_candidates(tables, P, self._bwd, workload))
+            cand, lookups, rows, cdims, delta = self._product_cache[2]
+            if len(cand):
+                at = flat.reshape(N, T)[:, cand].ravel()
+                takes = product_tables(at, np.tile(lookups, N), np.tile(rows, N), np.tile(cdims, N), workload.batch_size, workload.elt_bytes)
+                bwd += np.bincount(at[takes], weights=np.tile(delta, N)[takes], minlength=N * devices)
         rw_dim = sum(t.dim for t in rowwise_tables(tables))
         if rw_dim:  # row shards are not in the all-to-all
             dims[[isinstance(t, RowShardSpec) for t in tables]] = 0.0
@@ -277,33 +286,36 @@ def overall(costs: np.ndarray) -> np.ndarray:
     return costs.sum(axis=-1).max(axis=-1)
 
 
-def fit_coefficients(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> dict[str, float]:
-    """Non-negative least squares on relative error: every shard counts the same, large or small."""
+def fit_coefficients(X: np.ndarray, y: np.ndarray, names: Sequence[str], offset: np.ndarray | None = None) -> dict[str, float]:
+    """Non-negative least squares on relative error: every shard counts the same, large or small.
+    `offset` [S]: a known part of each y that the terms do not price (the product path's time):
+    X·w + offset fitted to y, the error still relative to all of y."""
     from scipy.optimize import nnls
 
     cols = [TERMS.index(n) for n in names]
     A = X[:, cols] / y[:, None]
     scale = np.maximum(np.abs(A).max(axis=0), 1e-30)  # condition the columns
-    w, _ = nnls(A / scale, np.ones(len(y)))
+    w, _ = nnls(A / scale, np.ones(len(y)) - (0.0 if offset is None else offset / y))
     return {n: float(v) for n, v in zip(names, w / scale)}
 
 
-def cross_validated_mape(X: np.ndarray, y: np.ndarray, names: Sequence[str], folds: int = 10, seed: int = 0) -> float:
+def cross_validated_mape(X: np.ndarray, y: np.ndarray, names: Sequence[str], folds: int = 10, seed: int = 0, offset: np.ndarray | None = None) -> float:
     """MAPE of fit_coefficients on held-out folds of the shards (fixed random folds)."""
+    offset = np.zeros(len(y)) if offset is None else offset
     idx = np.random.default_rng(seed).permutation(len(y))
     pred = np.empty(len(y))
     for k in range(folds):
         test = idx[k::folds]
         train = np.setdiff1d(idx, test)
-        coef = fit_coefficients(X[train], y[train], names)
-        pred[test] = X[test][:, [TERMS.index(n) for n in names]] @ np.array([coef[n] for n in names])
+        coef = fit_coefficients(X[train], y[train], names, offset[train])
+        pred[test] = X[test][:, [TERMS.index(n) for n in names]] @ np.array([coef[n] for n in names]) + offset[test]
     return mape(pred, y)
 
 
-def select_terms(X: np.ndarray, y: np.ndarray, names: Sequence[str]) -> tuple[tuple[str, ...], dict[str, float]]:
+def select_terms(X: np.ndarray, y: np.ndarray, names: Sequence[str], offset: np.ndarray | None = None) -> tuple[tuple[str, ...], dict[str, float]]:
     """The term set, with or without the optional terms, of lower cross-validated MAPE."""
     candidates = {"all terms": tuple(names), "without " + ", ".join(OPTIONAL_TERMS): tuple(n for n in names if n not in OPTIONAL_TERMS)}
-    errors = {label: cross_validated_mape(X, y, terms) for label, terms in candidates.items()}
+    errors = {label: cross_validated_mape(X, y, terms, offset=offset) for label, terms in candidates.items()}
     return candidates[min(errors, key=errors.get)], errors
 
 
@@ -312,6 +324,22 @@ def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], workload: Workload 
     tables = [t for s in shards for t in s]
     flat = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
     return shard_terms(table_terms(tables, workload), flat, len(shards), np.array([t.dim for t in tables], dtype=np.float64), workload)
+
+
+def product_path_split(shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> tuple[np.ndarray, np.ndarray]:
+    """Per shard, of the tables the backward's product path takes: the sum of their own terms
+    ([S, len(TERMS)], the shard-level ones 0) and of their product-path times ([S] ms) — what a
+    calibration marked `product_path` prices by the path instead of by the terms (product_candidates)."""
+    tables = [t for s in shards for t in s]
+    flat = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
+    P = table_terms(tables, workload)
+    lookups, rows, dims = _path_inputs(tables, workload)
+    takes = product_tables(flat, lookups, rows, dims, workload.batch_size, workload.elt_bytes)
+    own = np.where(takes[:, None] & ~_SHARD_ONLY[None, :], P, 0.0)
+    dense = np.where(takes, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes) / 1000.0, 0.0)
+    out = np.zeros((len(shards), len(TERMS)))
+    np.add.at(out, flat, own)
+    return out, np.bincount(flat, weights=dense, minlength=len(shards))
 
 
 def mape(pred: np.ndarray, true: np.ndarray) -> float:

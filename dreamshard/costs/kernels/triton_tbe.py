@@ -47,13 +47,13 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from dreamshard.costs.kernels.base import TBE, init_table_
-from dreamshard.costs.paths import (BWD_DENSE, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_FIXED_US, count_elems, dense_us, padded_bags,
-                                            sparse_us, takes_product)
+from dreamshard.costs.paths import BWD_DENSE, BWD_DENSE_ELEMS, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, count_elems, padded_bags, product_tables
 
 DP_CLASSES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 NUM_DP = len(DP_CLASSES)  # the kernels spell it as the literal 9 (the interpreter can't mix constexpr and int)
@@ -85,9 +85,7 @@ selp.b32 $0, c, 0, p;
 }""")
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Hot tables as a matrix product: which tables take it is costs/paths.py's model; besides,
-# a table's longest bag must be at most DENSE_MAX_COUNT lookups (fp16 counts stay exact) and the
-# count matrices of one step hold at most BWD_DENSE_ELEMS fp16 elements.
-BWD_DENSE_ELEMS = 1 << 29
+# a table's longest bag must be at most DENSE_MAX_COUNT lookups (fp16 counts stay exact)
 DENSE_MAX_COUNT = 2048
 DENSE_PROGRAMS = 528  # product programs to aim for (4 per SM of an H200), by splitting the bags
 TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)  # backward tile widths (tl.dot needs >= 16)
@@ -767,26 +765,15 @@ class TritonTBE(TBE):
         return segs, [tuple(x) for x in launches], nprog, ne, nv
 
     def _dense_tables(self, bounds: list[int], maxlen: list[int], batch: int) -> list[int]:
-        """The tables whose gradient this step is a matrix product (see the module docstring): where
-        its time is at most ``bwd_dense`` times the sorted path's, the tables that save the most
-        first while the count matrices fit in ``bwd_dense_elems``; none unless together they save
-        more than the product path's own launches cost (``bwd_dense`` = inf: every table it can)."""
-        elt = self._flat.element_size()
-        gains = []
-        for t in self._cand:
-            n = bounds[t + 1] - bounds[t]
-            if n == 0 or maxlen[t] > DENSE_MAX_COUNT:
-                continue
-            if takes_product(n, self.rows[t], self.dims[t], batch, elt, self.bwd_dense, self.bwd_dense_rows):
-                gains.append((float(dense_us(n, self.rows[t], self.dims[t], batch, elt) - sparse_us(n, self.dims[t], elt)), t))
-        picked, elems, saved = [], 0, 0.0
-        for gain, t in sorted(gains):
-            e = int(count_elems(self.rows[t], batch))
-            if elems + e <= self.bwd_dense_elems:
-                picked.append(t)
-                elems += e
-                saved -= gain
-        return sorted(picked) if picked and (saved > DENSE_FIXED_US or self.bwd_dense == float("inf")) else []
+        """The tables whose gradient this step is a matrix product (see the module docstring): of the
+        tables with lookups and no bag over DENSE_MAX_COUNT, as paths.product_tables chooses for one
+        fused TBE (``bwd_dense`` = inf: every table it can)."""
+        tables = [t for t in self._cand if bounds[t + 1] > bounds[t] and maxlen[t] <= DENSE_MAX_COUNT]
+        if not tables:
+            return []
+        picked = product_tables(np.zeros(len(tables)), [bounds[t + 1] - bounds[t] for t in tables], [self.rows[t] for t in tables],
+                                [self.dims[t] for t in tables], batch, self._flat.element_size(), self.bwd_dense, self.bwd_dense_rows, self.bwd_dense_elems)
+        return [t for t, p in zip(tables, picked) if p]
 
     def _dense_plan(self, dense: list[int], bounds: list[int], batch: int):
         """Per dense table (ordered by update width, so every launch's tables are contiguous rows):
