@@ -30,6 +30,13 @@ SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
 DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP, DENSE_FIXED_US = 43.0, 0.235, 0.0025, 30.0
 
 
+def table_arrays(tables, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the paths are decided and priced by, per table (anything with pooling_factor, rows and
+    dim): lookups per step of `batch` bags, rows, dim."""
+    return (np.array([t.pooling_factor for t in tables], dtype=np.float64) * batch,
+            np.array([t.rows for t in tables], dtype=np.float64), np.array([t.dim for t in tables], dtype=np.float64))
+
+
 def padded_bags(batch: int) -> int:
     """A count matrix's row length: the bags padded to a whole product tile."""
     return -(-batch // DENSE_BK) * DENSE_BK

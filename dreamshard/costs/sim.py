@@ -65,7 +65,7 @@ import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
-from dreamshard.costs.paths import dense_us, product_tables, takes_product
+from dreamshard.costs.paths import dense_us, product_tables, table_arrays, takes_product
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
@@ -174,17 +174,11 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
 _SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_programs"))
 
 
-def _path_inputs(tables: Sequence[TableSpec], workload: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each table's lookups per step, rows and dim: what costs/paths.py decides and prices by."""
-    return (np.array([t.pooling_factor for t in tables], dtype=np.float64) * workload.batch_size,
-            np.array([t.rows for t in tables], dtype=np.float64), np.array([t.dim for t in tables], dtype=np.float64))
-
-
 def product_candidates(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarray, workload: Workload) -> tuple[np.ndarray, ...]:
     """The tables the product path may take (paths.takes_product; whether it does depends on the
     shard: paths.product_tables) → (their indices, lookups, rows, dims, and the change pricing
     each by the path instead of by the calibration's terms makes, ms)."""
-    lookups, rows, dims = _path_inputs(tables, workload)
+    lookups, rows, dims = table_arrays(tables, workload.batch_size)
     cand = np.flatnonzero(takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes))
     own = P[cand][:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
     delta = dense_us(lookups[cand], rows[cand], dims[cand], workload.batch_size, workload.elt_bytes) / 1000.0 - own
@@ -333,7 +327,7 @@ def product_path_split(shards: Sequence[Sequence[TableSpec]], workload: Workload
     tables = [t for s in shards for t in s]
     flat = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
     P = table_terms(tables, workload)
-    lookups, rows, dims = _path_inputs(tables, workload)
+    lookups, rows, dims = table_arrays(tables, workload.batch_size)
     takes = product_tables(flat, lookups, rows, dims, workload.batch_size, workload.elt_bytes)
     own = np.where(takes[:, None] & ~_SHARD_ONLY[None, :], P, 0.0)
     dense = np.where(takes, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes) / 1000.0, 0.0)

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
-from dreamshard.costs.paths import dense_us, sparse_us, takes_product
+from dreamshard.costs.paths import dense_us, sparse_us, table_arrays, takes_product
 from dreamshard.bins import BIN_MEAN
 from dreamshard.costs.terms import TERMS, WIDE_DIM, table_terms
 from dreamshard.files import load_torch_file
@@ -68,9 +68,9 @@ class KernelFeatures:
     optimizer.
 
     With `product_scale` (> 0; models trained since the kernel's product path, Config.
-    kernel_product_path) two more: whether the table's backward takes the product path and that
-    path's modelled time over `product_scale` (costs/paths.py, 0 for the sorted path's
-    tables) — what the simulator prices such a table by in place of its backward terms, which
+    kernel_product_path) two more: whether the table is a candidate for the backward's product
+    path (paths.takes_product; the kernel takes it for a shard's candidates unless together they
+    save too little) and that path's modelled time over `product_scale` (0 for the other tables) — what the simulator prices such a table by in place of its backward terms, which
     the net could otherwise only infer from rows and pooling as an exception to every other table."""
 
     scale: tuple[float, ...]
@@ -94,7 +94,7 @@ class KernelFeatures:
             us = np.concatenate([_product_us(t.tables, w) for t, w in zip(tasks, workloads)])
             # the mean over the tables that take it; without any, a sorted-path table's mean time
             product_scale = float(us[us > 0].mean()) if (us > 0).any() else float(np.mean(np.concatenate(
-                [sparse_us(_lookups(t.tables, w), [x.dim for x in t.tables], w.elt_bytes) for t, w in zip(tasks, workloads)])) or 1.0)
+                [sparse_us(table_arrays(t.tables, w.batch_size)[0], [x.dim for x in t.tables], w.elt_bytes) for t, w in zip(tasks, workloads)])) or 1.0)
         return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale)
 
     def __call__(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
@@ -109,13 +109,9 @@ class KernelFeatures:
         return {"scale": list(self.scale), "batch_size": self.batch_size, **({"product_scale": self.product_scale} if self.product_scale else {})}
 
 
-def _lookups(tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
-    return np.array([t.pooling_factor for t in tables], np.float64) * workload.batch_size
-
-
 def _product_us(tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
     """[T] the kernel's product-path time of each table that takes it (paths.py), 0 for the others."""
-    lookups, rows, dims = _lookups(tables, workload), np.array([t.rows for t in tables], np.float64), np.array([t.dim for t in tables], np.float64)
+    lookups, rows, dims = table_arrays(tables, workload.batch_size)
     takes = takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
     return np.where(takes, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes), 0.0)
 
