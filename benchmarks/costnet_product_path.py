@@ -23,7 +23,6 @@ features. Each is scored
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -38,29 +37,19 @@ from costnet_prior import predict, prior_model, sim_plans  # noqa: E402
 from gpu_shipped_model import training_tasks  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import FAMILIES, synth_family  # noqa: E402
+from dreamshard.families import FAMILIES  # noqa: E402
 from dreamshard.learned.dreamshard import get_config  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
-from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+from dreamshard.tasks import Workload  # noqa: E402
 
 MEASURED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_hot_family_product_path", "plans.csv")
 
 
-def measured_hot_plans(workload: Workload) -> tuple[list, np.ndarray]:
+def measured_hot_plans() -> tuple[list, np.ndarray]:
     """The hot family's measured plans (as lists of device tables) and their measured max-device ms."""
-    with open(MEASURED, newline="") as fh:
-        measured = {(r["setting"], int(r["task"]), r["planner"]): float(r["measured_max_device_ms"]) for r in csv.DictReader(fh)}
-    pool = synth_family("hot", 300, 11)
     planners = {"dreamshard (shipped)": get_planner("dreamshard"), **{h: get_planner(h) for h in g.HEURISTICS}}
-    plans, ms = [], []
-    for n, d, cap, seed in g.SETTINGS:
-        name = g.setting_name(n, d, cap)
-        for i, task in enumerate(sample_tasks(pool, 7, (n, n), d, cap, seed=seed, workload=workload)):
-            for label, planner in planners.items():
-                if (name, i, label) in measured:
-                    plans.append(planner.plan(task).device_tables())
-                    ms.append(measured[(name, i, label)])
-    return plans, np.array(ms)
+    found = [(plan.device_tables(), float(row["measured_max_device_ms"])) for _, _, row, plan in g.measured_plans(MEASURED, planners)]
+    return [p for p, _ in found], np.array([m for _, m in found])
 
 
 def max_device(model, plans, workload: Workload) -> np.ndarray:
@@ -76,7 +65,7 @@ def main() -> None:
     t0 = time.time()
     tasks = training_tasks(12, 300, workload)
     held_out = sim_plans(FAMILIES, sim, workload, 4)
-    hot_plans, hot_ms = measured_hot_plans(workload)
+    hot_plans, hot_ms = measured_hot_plans()
     print(f"simulator: {sim.calibration.label} (product path priced: {sim.product_path}); {len(tasks)} training tasks; "
           f"{len(hot_plans)} measured hot plans; {time.time() - t0:.0f} s")
     rows = []

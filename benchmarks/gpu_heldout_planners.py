@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -96,6 +97,27 @@ def summaries(rows: list[dict], families: list[str], models: list[str]) -> dict:
     if len(families) == 1:
         return {m: summarise([r for r in rows if r["family"] == families[0]], m) for m in models}
     return {f: {m: summarise([r for r in rows if r["family"] == f], m) for m in models} for f in families}
+
+
+def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | None = None, pool_tables: int = 300):
+    """The plans a campaign (seed offset 0) measured, re-drawn and re-planned on the CPU (tasks and
+    planners are deterministic), for checking a cost model against them: yields (family, setting,
+    row of plans.csv, plan) for every row whose planner is in `planners` (label → planner)."""
+    with open(plans_csv, newline="") as fh:
+        rows = {(r.get("family", HELD_OUT_FAMILY), r["setting"], int(r["task"]), r["planner"]): r for r in csv.DictReader(fh)}
+    workload = Workload(65_536)
+    for family in dict.fromkeys(k[0] for k in rows):
+        if families is not None and family not in families:
+            continue
+        pool = synth_family(family, pool_tables, 11)
+        for n, d, cap, seed in SETTINGS:
+            name = setting_name(n, d, cap)
+            tasks = sorted({k[2] for k in rows if k[:2] == (family, name)})
+            drawn = sample_tasks(pool, max(tasks) + 1, (n, n), d, cap, seed=seed, workload=workload) if tasks else []
+            for i in tasks:
+                for label, planner in planners.items():
+                    if (family, name, i, label) in rows:
+                        yield family, name, rows[(family, name, i, label)], planner.plan(drawn[i])
 
 
 def merge(paths: list[str], out_dir: str) -> None:
