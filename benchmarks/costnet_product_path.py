@@ -35,20 +35,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import gpu_heldout_planners as g  # noqa: E402
 from costnet_prior import predict, prior_model, sim_plans  # noqa: E402
 from gpu_shipped_model import training_tasks  # noqa: E402
+from sim_product_path_check import RESULTS, SHIPPED_THEN  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import FAMILIES  # noqa: E402
 from dreamshard.learned.dreamshard import get_config  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
 from dreamshard.tasks import Workload  # noqa: E402
 
-MEASURED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_hot_family_product_path", "plans.csv")
 
 
 def measured_hot_plans() -> tuple[list, np.ndarray]:
     """The hot family's measured plans (as lists of device tables) and their measured max-device ms."""
-    planners = {"dreamshard (shipped)": get_planner("dreamshard"), **{h: get_planner(h) for h in g.HEURISTICS}}
-    found = [(plan.device_tables(), float(row["measured_max_device_ms"])) for _, _, row, plan in g.measured_plans(MEASURED, planners)]
+    planners = {"dreamshard (shipped)": DreamShardPlanner(SHIPPED_THEN), **{h: get_planner(h) for h in g.HEURISTICS}}
+    found = [(plan.device_tables(), float(row["measured_max_device_ms"])) for _, _, row, plan in g.measured_plans(RESULTS, planners)]
     return [p for p, _ in found], np.array([m for _, m in found])
 
 

@@ -21,13 +21,16 @@ import gpu_heldout_planners as g  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_hot_family_product_path", "plans.csv")
+# the model shipped when that campaign ran: its "dreamshard (shipped)" plans are this model's
+SHIPPED_THEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_shipped_model_kf", "model_gpu.pt")
 
 
 def main() -> None:
     sims = {"without": SimBackend(product_path=False), "with": SimBackend(product_path=True)}
-    planners = {"dreamshard (shipped)": get_planner("dreamshard"), **{h: get_planner(h) for h in g.HEURISTICS}}
+    planners = {"dreamshard (shipped)": DreamShardPlanner(SHIPPED_THEN), **{h: get_planner(h) for h in g.HEURISTICS}}
     print(f"simulator: {sims['with'].calibration.label}; measured: {RESULTS}")
     errs: dict[str, dict[str, list[float]]] = {}
     for _, setting, row, plan in g.measured_plans(RESULTS, planners):
