@@ -68,6 +68,13 @@ def takes_product(lookups, rows, dim, batch: int, elt: int, threshold: float = B
     return (np.asarray(rows) <= max_rows) & (lookups > 0) & (dense_us(lookups, rows, dim, batch, elt) <= threshold * sparse_us(lookups, dim, elt))
 
 
+def candidate_us(lookups, rows, dim, batch: int, elt: int) -> np.ndarray:
+    """Each table's product-path time where it is a candidate (`takes_product`), 0 elsewhere: what
+    the simulator prices a table the path takes by, and a cost-net feature."""
+    takes = takes_product(lookups, rows, dim, batch, elt)
+    return np.where(takes, dense_us(lookups, rows, dim, batch, elt), 0.0)
+
+
 def product_tables(shard, lookups, rows, dim, batch: int, elt: int, threshold: float = BWD_DENSE, max_rows: int = BWD_DENSE_ROWS,
                    max_elems: int = BWD_DENSE_ELEMS) -> np.ndarray:
     """[T] which tables' backward is a product, each shard (`shard` [T]: its id; one fused TBE)

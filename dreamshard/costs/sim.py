@@ -65,7 +65,7 @@ import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
-from dreamshard.costs.paths import dense_us, product_tables, table_arrays, takes_product
+from dreamshard.costs.paths import candidate_us, dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
@@ -179,10 +179,9 @@ def product_candidates(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarr
     shard: paths.product_tables) → (their indices, lookups, rows, dims, and the change pricing
     each by the path instead of by the calibration's terms makes, ms)."""
     lookups, rows, dims = table_arrays(tables, workload.batch_size)
-    cand = np.flatnonzero(takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes))
-    own = P[cand][:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
-    delta = dense_us(lookups[cand], rows[cand], dims[cand], workload.batch_size, workload.elt_bytes) / 1000.0 - own
-    return cand, lookups[cand], rows[cand], dims[cand], delta
+    us = candidate_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
+    cand = np.flatnonzero(us > 0)
+    return cand, lookups[cand], rows[cand], dims[cand], us[cand] / 1000.0 - P[cand][:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
 
 
 def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:

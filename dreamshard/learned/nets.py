@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
-from dreamshard.costs.paths import dense_us, sparse_us, table_arrays, takes_product
 from dreamshard.bins import BIN_MEAN
+from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
+from dreamshard.costs.paths import candidate_us, sparse_us, table_arrays
 from dreamshard.costs.terms import TERMS, WIDE_DIM, table_terms
 from dreamshard.files import load_torch_file
 from dreamshard.learned.loop import atomic_save
@@ -70,8 +70,9 @@ class KernelFeatures:
     With `product_scale` (> 0; models trained since the kernel's product path, Config.
     kernel_product_path) two more: whether the table is a candidate for the backward's product
     path (paths.takes_product; the kernel takes it for a shard's candidates unless together they
-    save too little) and that path's modelled time over `product_scale` (0 for the other tables) — what the simulator prices such a table by in place of its backward terms, which
-    the net could otherwise only infer from rows and pooling as an exception to every other table."""
+    save too little) and that path's modelled time over `product_scale` (0 for the other tables):
+    what the simulator prices such a table by in place of its backward terms, which the net could
+    otherwise only infer from rows and pooling as an exception to every other table."""
 
     scale: tuple[float, ...]
     batch_size: int
@@ -110,10 +111,8 @@ class KernelFeatures:
 
 
 def _product_us(tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
-    """[T] the kernel's product-path time of each table that takes it (paths.py), 0 for the others."""
-    lookups, rows, dims = table_arrays(tables, workload.batch_size)
-    takes = takes_product(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
-    return np.where(takes, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes), 0.0)
+    """[T] each table's product-path time where it is a candidate, 0 for the others (paths.py)."""
+    return candidate_us(*table_arrays(tables, workload.batch_size), workload.batch_size, workload.elt_bytes)
 
 
 def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool = False, workload: Workload = Workload(),
