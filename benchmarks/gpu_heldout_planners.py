@@ -5,6 +5,7 @@ target): one time-boxed call on one H200.
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --families dlrm,hot --tasks 4   # other families, time box shared
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --families dlrm,hot --skip-done CALL1/plans.csv  # go on
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out DIR --merge CALL1/plans.csv CALL2/plans.csv        # CPU: one summary
+    PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --model M.pt --only "dreamshard (M.pt)" --families hot --tasks-from CALL1/plans.csv  # one more model on those tasks
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --settings 2 --seed-offset 1000  # fresh tasks, 8 GB setting
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out /tmp/h --device cpu --quick  # logic check
 
@@ -162,6 +163,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="CPU logic check: batch 1024, 1 task per setting, small tables")
     ap.add_argument("--settings", default="0,1,2", help="which settings, by index: 0 = 40 tables / 4 devices, 1 = 80 / 8, 2 = 120 / 8 at 8 GB")
     ap.add_argument("--seed-offset", type=int, default=0, help="added to every setting's task seed: other tasks of the same pools")
+    ap.add_argument("--tasks-from", metavar="CSV", help="a plans.csv of an earlier call: measure only the (family, setting, task) it measured")
+    ap.add_argument("--only", action="append", default=[], metavar="LABEL",
+                    help="measure only these planners (labels as in plans.csv, repeatable); with --tasks-from, a model on an earlier call's tasks, joined to it with --merge")
     ap.add_argument("--merge", nargs="+", metavar="CSV", help="no measuring: the plans.csv of several calls into one plans.csv and summary.json in --out")
     args = ap.parse_args()
     if args.merge:
@@ -178,6 +182,11 @@ def main() -> None:
     sim = SimBackend()
     models = {"dreamshard (shipped)": get_planner("dreamshard"), **{f"dreamshard ({os.path.basename(m)})": DreamShardPlanner(model=m) for m in args.model}}
     planners = {**models, **{h: get_planner(h) for h in HEURISTICS}}
+    if args.only:
+        unknown = [p for p in args.only if p not in planners]
+        if unknown:
+            ap.error(f"--only: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(map(repr, planners))}")
+        planners = {p: planners[p] for p in args.only}
     families = args.families.split(",")
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
@@ -185,10 +194,14 @@ def main() -> None:
     n_tasks = 1 if args.quick else args.tasks
     summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "families": families, "pool_seed": 11,
                      "simulator": sim.calibration.label, "runner": runner.name, "tie_band": TIE, "settings": args.settings, "seed_offset": args.seed_offset}
-    done = set()
-    if args.skip_done:
-        with open(args.skip_done, newline="") as fh:
-            done = {(r.get("family", HELD_OUT_FAMILY), r["setting"], int(r["task"])) for r in csv.DictReader(fh)}
+    def tasks_of(path: str) -> set:
+        with open(path, newline="") as fh:
+            return {(r.get("family", HELD_OUT_FAMILY), r["setting"], int(r["task"])) for r in csv.DictReader(fh)}
+
+    if args.skip_done and args.tasks_from:
+        ap.error("--skip-done and --tasks-from: choose one")
+    done = tasks_of(args.skip_done) if args.skip_done else set()
+    wanted = tasks_of(args.tasks_from) if args.tasks_from else None
     # every family's tasks drawn before anything is measured: a setting a family's pool cannot fill
     # (its tables over the devices' memory) is said at once and left out, not found mid-run
     settings = [((8, 4, 24 * GB, 204), (12, 8, 24 * GB, 208), (16, 8, GB // 20, 308))[i] if args.quick else s for i, s in enumerate(SETTINGS)]
@@ -220,7 +233,7 @@ def main() -> None:
                 for setting, ts in tasks[family].items():
                     if time.monotonic() - t0 > deadline:
                         break
-                    if (family, setting, i) in done:
+                    if (family, setting, i) in done or (wanted is not None and (family, setting, i) not in wanted):
                         continue
                     measured: dict[tuple, tuple] = {}  # a placement two planners share is measured once
                     for label, planner in planners.items():
