@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dreamshard.costs.sim import SimBackend
 from dreamshard.learned.dreamshard import Config, get_config, train
 from dreamshard.learned.loop import measure
-from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, prepare, rollout
+from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, predict, prepare, rollout
 from dreamshard.learned.nets import CostNet, DreamShardModel, PolicyNet, plan_cost
 from dreamshard.planners import get_planner
 from dreamshard.synth import PoolConfig, synth_pool
@@ -685,6 +685,40 @@ def test_no_learned_module_or_planner_imports_a_cost_backend():
             "print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.paths', 'dreamshard.costs.terms']"
+
+
+def test_the_heuristics_plans_compete_with_the_policys_by_the_cost_net():
+    """By default the plan is the cheapest by the model's cost net of the policy's plan and the
+    greedy heuristics' (the note names a heuristic that won); with heuristic_candidates=False it
+    is the policy's alone. Hot tables at tight memory, where heuristics do win."""
+    from dreamshard.families import synth_family
+    from dreamshard.planners.heuristics import GREEDY_PLANNERS
+
+    planner, policy_only = get_planner("dreamshard"), get_planner("dreamshard", heuristic_candidates=False)
+    model = planner.model
+    for task in sample_tasks(synth_family("hot", 200, 3), 8, (20, 40), 4, 4 * 10**9, seed=8):
+        plan, own = planner.plan(task), policy_only.plan(task)
+        assert own.notes == []
+        p = prepare(task, model.normalization, model.linear_features, model.kernel)
+        placements = [own.placement] + [cls().plan(task).placement for cls in GREEDY_PLANNERS]
+        dev, ov = predict(model.cost_net, EpisodeBatch.of([p] * len(placements)), torch.tensor(placements), model.comm)
+        costs = plan_cost(dev, ov, model.score).numpy() * float(model.cost_net.scale)
+        assert plan.predicted["max_device_ms"] == pytest.approx(costs.min(), rel=1e-5)
+        assert plan.placement == placements[int(costs.argmin())]
+        assert bool(plan.notes) == (plan.placement != own.placement)
+
+
+def test_a_heuristic_plan_replaces_a_policy_plan_the_cost_net_prices_dearer(pool, monkeypatch):
+    """A policy that piles every table on device 0: a heuristic's balanced plan wins, and the note
+    says which."""
+    import dreamshard.planners.dreamshard as ds
+
+    monkeypatch.setattr(ds, "best_placement", lambda model, p, *a, **k: (np.zeros(len(p.sizes), int), None, None))
+    planner = get_planner("dreamshard")
+    for task in sample_tasks(pool, 3, (20, 30), 4, 10**12, seed=5):
+        plan = planner.plan(task)
+        assert len(set(plan.placement)) > 1
+        assert len(plan.notes) == 1 and plan.notes[0].startswith("used the ") and plan.notes[0].endswith("plan: the cost net predicts it cheaper than the policy's")
 
 
 def test_a_stuck_policy_falls_back_to_the_heuristic_plan_its_cost_net_prices_cheapest(pool, monkeypatch):

@@ -4,9 +4,10 @@ A `LearnedPlanner`: `fit` trains a model (the loop of dreamshard/learned/dreamsh
 model by default.
 
 With `best_of` K > 1 it plays the greedy episode and K − 1 sampled ones in one batch and keeps
-the placement the cost net predicts cheapest. The returned plan carries the cost net's predicted
-per-device costs. If every episode runs out of memory (the policy placed big tables badly), the
-plan is the greedy heuristics' plan its cost net predicts cheapest, and its notes say so.
+the placement the cost net predicts cheapest. The greedy heuristics' plans compete with it by the
+same cost net (`heuristic_candidates`, on by default; off, they are used only when every episode
+runs out of memory); the notes say when one of them won. The returned plan carries the cost net's
+predicted per-device costs.
 
 With `split=True` it also decides which tables to cut into column shards — a split search with
 the policy inside (docs/dreamshard.md, "Splitting"): from the policy's table-wise plan, the cost
@@ -39,7 +40,7 @@ import torch
 from dreamshard.learned.dreamshard import CONFIGS, Config, train
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, best_placement, predict, prepare
 from dreamshard.learned.nets import DreamShardModel, plan_cost
-from dreamshard.packing import over_bounds
+from dreamshard.packing import InfeasibleError, over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
 from dreamshard.planners.base import LearnedPlanner, register
@@ -158,9 +159,11 @@ class DreamShardPlanner(LearnedPlanner):
     CONFIGS, default_config = CONFIGS, "default"
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8,
-                 comm_model: str | Path | None = None):
+                 comm_model: str | Path | None = None, heuristic_candidates: bool = True):
         """`comm_model`: the comm model (file) whose collectives price row splits; None: the
-        shipped H200 NCCL model, the shipped cost net's hardware."""
+        shipped H200 NCCL model, the shipped cost net's hardware. `heuristic_candidates`: the
+        greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
+        policy alone; the heuristics only when every episode runs out of memory)."""
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split else None
         self.label = "shipped H200 model" if model is None else "trained model" if isinstance(model, DreamShardModel) else str(model)
@@ -168,6 +171,7 @@ class DreamShardPlanner(LearnedPlanner):
         if self.best_of < 1:
             raise ValueError(f"best_of must be >= 1, got {best_of}")
         self.seed, self.split, self.max_splits = seed, bool(split), int(max_splits)
+        self.heuristic_candidates = bool(heuristic_candidates)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
     @classmethod
@@ -193,25 +197,38 @@ class DreamShardPlanner(LearnedPlanner):
             raise task_infeasible(task)  # at once: no episode can succeed
         p = prepare(task, self.model.normalization, self.model.linear_features, self.model.kernel)
         placement, device_costs, overall = best_placement(self.model, p, self.best_of, self.seed, self.player)
-        if placement is not None:
+        if placement is not None and not self.heuristic_candidates:
             plan = Plan.table_wise(task, [int(d) for d in placement], self.name)
         else:
-            plan, device_costs, overall = self._fallback(task, p)
+            plan, device_costs, overall = self._cheapest(task, p, placement)
         plan.predicted = predicted_dict(device_costs, overall, self.label)
         return self._split(task, plan) if self.split and self.max_splits > 0 else plan
 
-    def _fallback(self, task: Task, p) -> tuple[Plan, np.ndarray, float]:
-        """Every episode ran out of memory (tight memory, the policy placed big tables badly): the
-        greedy heuristics' plans (each its greedy, or its proxy balanced by a memory packing), the
-        one the cost net predicts cheapest. Raises InfeasibleError if nothing fits."""
-        plans = [cls().plan(task) for cls in GREEDY_PLANNERS]
+    def _cheapest(self, task: Task, p, placement: np.ndarray | None) -> tuple[Plan, np.ndarray, float]:
+        """The policy's placement (None: every episode ran out of memory) and the greedy
+        heuristics' plans (each its greedy, or its proxy balanced by a memory packing), priced in
+        one batch by the cost net: the cheapest. The heuristics cost milliseconds, and where the
+        policy misplaces a family it never trained on (hot tables at tight memory) one of them is
+        often what the cost net itself prefers. Raises InfeasibleError if nothing fits."""
+        plans = [Plan.table_wise(task, [int(d) for d in placement], "dreamshard policy")] if placement is not None else []
+        for cls in GREEDY_PLANNERS:
+            try:
+                plans.append(cls().plan(task))
+            except InfeasibleError:
+                pass  # a heuristic that cannot place the task is no candidate
+        if not plans:
+            raise task_infeasible(task)
         costs, ov = predict(self.model.cost_net, EpisodeBatch.of([p] * len(plans)), torch.tensor([q.placement for q in plans]), self.model.comm)
         scale = float(self.model.cost_net.scale)
         k = int(plan_cost(costs, ov, self.model.score).argmin())
         chosen = plans[k]
-        plan = Plan.table_wise(task, chosen.placement, self.name,
-                               notes=[f"dreamshard policy ran out of memory; used the {chosen.planner} plan, the cheapest of the greedy heuristics' by the cost net"])
-        return plan, costs[k].numpy() * scale, float(ov[k]) * scale
+        if placement is None:
+            notes = [f"dreamshard policy ran out of memory; used the {chosen.planner} plan, the cheapest of the greedy heuristics' by the cost net"]
+        elif k > 0:
+            notes = [f"used the {chosen.planner} plan: the cost net predicts it cheaper than the policy's"]
+        else:
+            notes = []
+        return Plan.table_wise(task, chosen.placement, self.name, notes=notes), costs[k].numpy() * scale, float(ov[k]) * scale
 
     def _split_rows_first(self, task: Task) -> Plan:
         """A task with a table larger than a device: the tables too large split by rows
