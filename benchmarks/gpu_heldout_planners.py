@@ -100,8 +100,8 @@ def summaries(rows: list[dict], families: list[str], models: list[str]) -> dict:
     return {f: {m: summarise([r for r in rows if r["family"] == f], m) for m in models} for f in families}
 
 
-def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | None = None, pool_tables: int = 300):
-    """The plans a campaign (seed offset 0) measured, re-drawn and re-planned on the CPU (tasks and
+def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | None = None, pool_tables: int = 300, seed_offset: int = 0):
+    """The plans a campaign (of `seed_offset`) measured, re-drawn and re-planned on the CPU (tasks and
     planners are deterministic), for checking a cost model against them: yields (family, setting,
     row of plans.csv, plan) for every row whose planner is in `planners` (label → planner)."""
     with open(plans_csv, newline="") as fh:
@@ -114,7 +114,7 @@ def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | Non
         for n, d, cap, seed in SETTINGS:
             name = setting_name(n, d, cap)
             tasks = sorted({k[2] for k in rows if k[:2] == (family, name)})
-            drawn = sample_tasks(pool, max(tasks) + 1, (n, n), d, cap, seed=seed, workload=workload) if tasks else []
+            drawn = sample_tasks(pool, max(tasks) + 1, (n, n), d, cap, seed=seed + seed_offset, workload=workload) if tasks else []
             for i in tasks:
                 for label, planner in planners.items():
                     if (family, name, i, label) in rows:

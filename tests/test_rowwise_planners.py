@@ -23,10 +23,11 @@ from dreamshard.planners.scoring import COMM, PieceScorer, greedy_batch
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task, Workload
 
-# One hot table (pooling 100 over 200k rows, dim 128) that sets the step, and small ones. (The model
-# trained on the kernel with the backward's product path prices a row split of a 60k-row table of
-# pooling 60 as no gain, so the table is hotter than the one the older model split.)
-HOT = TableSpec("hot", 200_000, 128, 100.0, distribution="zipf:1.05", seed=11)
+# One hot table (pooling 150 over 200k rows, dim 128) that sets the step, and small ones. (The models
+# trained on the kernel with the backward's product path price a row split of a 60k-row table of
+# pooling 60 as no gain, and the second of them one of pooling 100 over 2 devices, so the table is
+# hotter than the ones the older models split.)
+HOT = TableSpec("hot", 200_000, 128, 150.0, distribution="zipf:1.05", seed=11)
 SMALL = [TableSpec(f"s{i}", 2_000 * (i + 1), 32, 2.0 + i, distribution="zipf:1.1", seed=20 + i) for i in range(5)]
 SPLITTING = [("dreamshard", {"split": True}), ("neuroshard", {"beam": 2, "depth": 3, "top": 4, "caps": 3})]
 NEEDS = re.compile(r"^cannot place (\d+) tables needing .* \((\d+) bytes\) on (\d+) devices with .* \((\d+) bytes\) in all")

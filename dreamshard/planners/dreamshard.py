@@ -211,13 +211,14 @@ class DreamShardPlanner(LearnedPlanner):
         policy misplaces a family it never trained on (hot tables at tight memory) one of them is
         often what the cost net itself prefers. Raises InfeasibleError if nothing fits."""
         plans = [Plan.table_wise(task, [int(d) for d in placement], "dreamshard policy")] if placement is not None else []
-        for cls in GREEDY_PLANNERS:
-            try:
+        try:
+            for cls in GREEDY_PLANNERS:
                 plans.append(cls().plan(task))
-            except InfeasibleError:
-                pass  # a heuristic that cannot place the task is no candidate
-        if not plans:
-            raise task_infeasible(task)
+        except InfeasibleError:
+            # a heuristic fails only when its memory packing does, and the packing depends on the
+            # sizes and memory alone: the next ones would search as long and fail the same way
+            if not plans:
+                raise
         costs, ov = predict(self.model.cost_net, EpisodeBatch.of([p] * len(plans)), torch.tensor([q.placement for q in plans]), self.model.comm)
         scale = float(self.model.cost_net.scale)
         k = int(plan_cost(costs, ov, self.model.score).argmin())
