@@ -261,6 +261,40 @@ def test_triton_interpreter(precision, optimizer):
     assert stats["dense_tables"] > 0 and stats["tiles"] > 0
 
 
+def check_product_rounds(device: str) -> None:
+    """A count buffer that holds one table's count matrix at a time: every table still takes the
+    product path, in a round of its own, with the update right (check_kernel) and bit for bit the
+    weights of one round (a table's gradient does not depend on the tables counted beside it)."""
+    from dreamshard.costs.kernels.triton_tbe import TritonTBE
+    from dreamshard.costs.paths import count_elems
+
+    batch = 40
+    one = int(count_elems(64, batch))  # every table of up to 64 rows, one per round
+    for optimizer in ("sgd", "rowwise_adagrad"):
+        stats = check_kernel("triton", "fp16", optimizer, seed=16, device=device, max_tables=4, max_rows=60, batch=batch,
+                             bwd_dense=float("inf"), bwd_dense_elems=one)
+        assert stats["dense_rounds"] == stats["dense_tables"] >= 2
+    rng = np.random.default_rng(17)
+    rows, dims = [50, 7, 60, 33], [16, 12, 24, 8]
+    indices, offsets = random_batch(rng, rows, batch, device, empty_table=None)
+    grad = torch.randn(batch, sum(dims), generator=torch.Generator().manual_seed(2)).half().to(device)
+    weights = []
+    for cap in (one, 8 * one):
+        tbe = TritonTBE(rows, dims, optimizer="rowwise_adagrad", device=device, seed=1, bwd_dense=float("inf"), bwd_dense_elems=cap)
+        tbe.forward(indices, offsets)
+        tbe.backward(grad)
+        assert tbe.last_backward_stats["dense_rounds"] == (4 if cap == one else 1)
+        weights.append([tbe.weights(t).clone() for t in range(len(rows))])
+    for a, b in zip(*weights):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="set TRITON_INTERPRET=1 (and install triton) to run the Triton kernel on CPU")
+def test_triton_interpreter_product_path_in_rounds():
+    pytest.importorskip("triton")
+    check_product_rounds("cpu")
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="set TRITON_INTERPRET=1 (and install triton) to run the Triton kernel on CPU")
 def test_triton_interpreter_long_bags_stay_on_the_sorted_path():
     """fp16 counts are exact up to 2,048: a table with a longer bag is sorted, and still right; a

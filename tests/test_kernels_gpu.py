@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from test_kernels import check_kernel, random_batch, rel  # noqa: E402  (tests/ is on sys.path under pytest)
+from test_kernels import check_kernel, check_product_rounds, random_batch, rel  # noqa: E402  (tests/ is on sys.path under pytest)
 
 from dreamshard.costs.kernels import available_kernels, make_tbe  # noqa: E402
 
@@ -128,6 +128,10 @@ def test_triton_regimes_and_dims(regime, dim, precision, optimizer, path):
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 def test_triton_larger_tables(optimizer):
     check_kernel("triton", "fp16", optimizer, seed=9, device="cuda", max_tables=6, max_rows=50_000, batch=4096, steps=3)
+
+
+def test_triton_product_path_in_rounds():
+    check_product_rounds("cuda")
 
 
 @pytest.mark.parametrize("dense", [0, float("inf")])

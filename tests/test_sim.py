@@ -300,8 +300,8 @@ def test_a_triton_calibration_prices_hot_small_tables_by_the_kernels_product_pat
 
 
 def test_the_product_path_is_chosen_per_fused_shard_as_the_kernel_chooses():
-    """paths.product_tables (the kernel's choice, and the simulator's): candidates by saving while
-    the count matrices fit, none in a shard that saves less than the path's own launches."""
+    """paths.product_tables (the kernel's choice, and the simulator's): every candidate whose count
+    matrix fits the buffer, none in a shard that saves less than the path's own launches."""
     from dreamshard.costs.paths import DENSE_FIXED_US, count_elems, dense_us, product_tables, sparse_us, takes_product
 
     B = 65_536
@@ -318,10 +318,30 @@ def test_the_product_path_is_chosen_per_fused_shard_as_the_kernel_chooses():
     # shards: 0 = hot + small (both: the hot table pays the launches), 0 = big (never), 1 = small alone (no)
     took = product_tables([0, 0, 0, 1], np.array(lookups), np.array(rows), np.array(dims), B, 2)
     assert took.tolist() == [True, True, False, False]
-    # the count matrices' cap: only the most saving fits; a threshold of inf takes every candidate that fits
+    # the count buffer holds one of the two hot tables: both take the path (in two rounds); a table
+    # whose own count matrix is over the buffer does not; a threshold of inf takes every candidate that fits
     cap = int(count_elems(1_000, B))
-    assert product_tables([0, 0], [hot[0], hot[0] * 2], [1_000, 1_000], [256, 256], B, 2, max_elems=cap).tolist() == [False, True]
+    assert product_tables([0, 0], [hot[0], hot[0] * 2], [1_000, 1_000], [256, 256], B, 2, max_elems=cap).tolist() == [True, True]
+    assert product_tables([0, 0], [hot[0], hot[0]], [1_000, 1_100], [256, 256], B, 2, max_elems=cap).tolist() == [True, False]
     assert product_tables([0], [small[0]], [small[1]], [small[2]], B, 2, threshold=np.inf).tolist() == [True]
+
+
+def test_the_product_paths_tables_run_in_rounds_that_fit_the_count_buffer():
+    """paths.product_rounds: every table in exactly one round, no round over the buffer, first fit
+    largest first."""
+    from dreamshard.costs.paths import product_rounds
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        cap = int(rng.integers(10, 1000))
+        elems = [int(e) for e in rng.integers(1, cap + 1, size=int(rng.integers(0, 30)))]
+        rounds = product_rounds(elems, cap)
+        assert sorted(i for r in rounds for i in r) == list(range(len(elems)))
+        used = [sum(elems[i] for i in r) for r in rounds]
+        assert all(u <= cap for u in used)
+        # first fit: a later round's first table did not fit any earlier one, so no two rounds together fit
+        assert all(used[i] + used[j] > cap for j in range(len(rounds)) for i in range(j))
+    assert product_rounds([5, 3, 4, 2], 7) == [[0, 3], [2, 1]]
 
 
 def test_a_fit_of_product_path_records_recovers_the_calibration_that_made_them(tmp_path):

@@ -11,8 +11,9 @@ when any table of a shard takes it.
 
 A table is a candidate where its rows are at most BWD_DENSE_ROWS and the product's time is at most
 BWD_DENSE times the sorted path's (`takes_product`). The choice is per fused TBE (`product_tables`):
-the candidates saving the most first while their count matrices fit BWD_DENSE_ELEMS, and none
-unless together they save more than the path's own launches (DENSE_FIXED_US). BWD_DENSE is 0.5, not 1: the model is fitted to
+every candidate whose count matrix fits BWD_DENSE_ELEMS, in rounds that reuse one count buffer of
+that size (`product_rounds`), and none unless together they save more than the path's own launches
+(DENSE_FIXED_US). BWD_DENSE is 0.5, not 1: the model is fitted to
 single tables, and in a fused shard the sorted path's sort and launches are shared, so a table's
 marginal cost there is lower (at 1, two mixed shards of docs/kernels.md took one table each by
 product and ran 4.5% and 13% slower).
@@ -24,7 +25,7 @@ import numpy as np
 
 BWD_DENSE = 0.5
 BWD_DENSE_ROWS = 8192
-BWD_DENSE_ELEMS = 1 << 29  # the count matrices of one step hold at most this many fp16 elements
+BWD_DENSE_ELEMS = 1 << 29  # one round's count matrices hold at most this many fp16 elements (1 GiB)
 DENSE_BR, DENSE_BK = 64, 64  # rows and bags of one product tile (the count rows padded to DENSE_BK)
 SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
 DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP, DENSE_FIXED_US = 43.0, 0.235, 0.0025, 30.0
@@ -78,22 +79,32 @@ def candidate_us(lookups, rows, dim, batch: int, elt: int) -> np.ndarray:
 def product_tables(shard, lookups, rows, dim, batch: int, elt: int, threshold: float = BWD_DENSE, max_rows: int = BWD_DENSE_ROWS,
                    max_elems: int = BWD_DENSE_ELEMS) -> np.ndarray:
     """[T] which tables' backward is a product, each shard (`shard` [T]: its id; one fused TBE)
-    choosing as the kernel does: its candidates (`takes_product`) by saving, most first, while
-    their count matrices fit `max_elems` (the first that does not fit ends the list), and none
-    unless together they save more than DENSE_FIXED_US (threshold inf: every candidate that fits)."""
+    choosing as the kernel does: its candidates (`takes_product`) whose count matrix fits
+    `max_elems` (the kernel runs them in rounds of at most that many count elements:
+    product_rounds), and none unless together they save more than DENSE_FIXED_US (threshold inf:
+    every candidate that fits). Whether a table takes the path thus depends on its shard only through
+    that small fixed cost."""
     shard = np.asarray(shard, dtype=np.int64)
     lookups, rows, dim = (np.broadcast_to(np.asarray(a, dtype=np.float64), shard.shape) for a in (lookups, rows, dim))
-    cand = np.flatnonzero(takes_product(lookups, rows, dim, batch, elt, threshold, max_rows))
-    out = np.zeros(shard.shape, dtype=bool)
-    if not len(cand):
-        return out
-    saving = sparse_us(lookups[cand], dim[cand], elt) - dense_us(lookups[cand], rows[cand], dim[cand], batch, elt)
-    order = np.lexsort((-saving, shard[cand]))  # by shard, then most saving first
-    cand, saving, s = cand[order], saving[order], shard[cand][order]
-    start = np.r_[True, s[1:] != s[:-1]]  # first candidate of each shard
-    group = np.cumsum(start) - 1
-    total = np.cumsum(count_elems(rows[cand], batch).astype(np.float64))
-    fits = total - np.r_[0.0, total[:-1]][start][group] <= max_elems  # the shard's count elements so far: rises, so a prefix fits
-    saved = np.bincount(group, weights=np.where(fits, saving, 0.0))
-    out[cand] = fits & ((saved[group] > DENSE_FIXED_US) | (threshold == np.inf))
-    return out
+    cand = takes_product(lookups, rows, dim, batch, elt, threshold, max_rows) & (count_elems(rows, batch) <= max_elems)
+    if not cand.any() or threshold == np.inf:
+        return cand
+    saving = np.where(cand, sparse_us(lookups, dim, elt) - dense_us(lookups, rows, dim, batch, elt), 0.0)
+    _, group = np.unique(shard, return_inverse=True)
+    return cand & (np.bincount(group, weights=saving)[group] > DENSE_FIXED_US)
+
+
+def product_rounds(elems, max_elems: int = BWD_DENSE_ELEMS) -> list[list[int]]:
+    """The product path's tables (their count elements, each at most `max_elems`) in rounds whose
+    count matrices together fit `max_elems`: first fit, largest first (few rounds; each costs a few
+    launches). Returns lists of indices into `elems`."""
+    rounds: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(elems)), key=lambda i: (-elems[i], i)):
+        r = next((k for k, left in enumerate(room) if elems[i] <= left), len(rounds))
+        if r == len(rounds):
+            rounds.append([])
+            room.append(max_elems)
+        rounds[r].append(i)
+        room[r] -= elems[i]
+    return rounds

@@ -34,7 +34,8 @@ lookups keeps its table on the sorted path), one multiplies ``C`` by the table's
 (tensor cores, fp32 accumulation, the bags split into a fixed number of parts summed in order), one
 updates every row. It moves ``C`` (rows x bags) instead of a gradient row per lookup, so it is
 chosen per table and step, where a time model fitted on an H200 puts it at half the sorted path's
-time or less (``bwd_dense``).
+time or less (``bwd_dense``). The chosen tables run in rounds whose count matrices fit one buffer
+of ``bwd_dense_elems`` (a device of hot tables would otherwise need gigabytes of counts).
 The backward never waits for the GPU: the tiles of every level follow from each table's lookup
 count, which the forward already copied to the host on a side stream. So the host can enqueue a
 training step ahead of the GPU, as with FBGEMM's TBE. Row-wise Adagrad needs a row's whole
@@ -53,7 +54,8 @@ import triton
 import triton.language as tl
 
 from dreamshard.costs.kernels.base import TBE, init_table_
-from dreamshard.costs.paths import BWD_DENSE, BWD_DENSE_ELEMS, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, count_elems, padded_bags, product_tables
+from dreamshard.costs.paths import (BWD_DENSE, BWD_DENSE_ELEMS, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, count_elems, padded_bags, product_rounds,
+                                    product_tables)
 
 DP_CLASSES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 NUM_DP = len(DP_CLASSES)  # the kernels spell it as the literal 9 (the interpreter can't mix constexpr and int)
@@ -622,7 +624,7 @@ class TritonTBE(TBE):
         self._bwd_order = sorted(range(T), key=lambda t: (self._bcls[t], t))
         self._saved = None
         self._starts = None  # see _block_starts
-        self._last = None  # (lookups, level-0 tiles, levels, level-1 entry keys, dense tables) of the last backward
+        self._last = None  # (lookups, level-0 tiles, levels, level-1 entry keys, dense tables, their rounds) of the last backward
         # tables the product path may take (few rows); their longest bags are measured in the forward
         self._cand = [t for t in range(T) if self.bwd_dense > 0 and self.rows[t] <= self.bwd_dense_rows]
         self._cand_dev = torch.tensor(self._cand, dtype=torch.int32, device=self.device)
@@ -712,9 +714,9 @@ class TritonTBE(TBE):
         last backward; reads the GPU, so only for tests."""
         if self._last is None:
             return {}
-        n, tiles, levels, ek, dense = self._last
+        n, tiles, levels, ek, dense, rounds = self._last
         return {"lookups": n, "tiles": tiles, "levels": levels, "crossing_rows": int(torch.unique(ek[ek >= 0]).numel()),
-                "dense_tables": dense}
+                "dense_tables": dense, "dense_rounds": rounds}
 
     # ---------------------------------------------------------------- backward
     def _block_starts(self, nblk: int, dtype: torch.dtype) -> torch.Tensor:
@@ -764,24 +766,27 @@ class TritonTBE(TBE):
             level += 1
         return segs, [tuple(x) for x in launches], nprog, ne, nv
 
-    def _dense_tables(self, bounds: list[int], maxlen: list[int], batch: int) -> list[int]:
-        """The tables whose gradient this step is a matrix product (see the module docstring): of the
-        tables with lookups and no bag over DENSE_MAX_COUNT, as paths.product_tables chooses for one
-        fused TBE (``bwd_dense`` = inf: every table it can)."""
+    def _dense_rounds(self, bounds: list[int], maxlen: list[int], batch: int) -> list[list[int]]:
+        """The tables whose gradient this step is a matrix product (see the module docstring), in
+        rounds whose count matrices fit ``bwd_dense_elems`` (paths.product_rounds): of the tables
+        with lookups and no bag over DENSE_MAX_COUNT, as paths.product_tables chooses for one fused
+        TBE (``bwd_dense`` = inf: every table it can)."""
         tables = [t for t in self._cand if bounds[t + 1] > bounds[t] and maxlen[t] <= DENSE_MAX_COUNT]
         if not tables:
             return []
         picked = product_tables(np.zeros(len(tables)), [bounds[t + 1] - bounds[t] for t in tables], [self.rows[t] for t in tables],
                                 [self.dims[t] for t in tables], batch, self._flat.element_size(), self.bwd_dense, self.bwd_dense_rows, self.bwd_dense_elems)
-        return [t for t, p in zip(tables, picked) if p]
+        dense = [t for t, p in zip(tables, picked) if p]
+        rounds = product_rounds([int(count_elems(self.rows[t], batch)) for t in dense], self.bwd_dense_elems)
+        return [[dense[i] for i in r] for r in rounds]
 
     def _dense_plan(self, dense: list[int], bounds: list[int], batch: int):
         """Per dense table (ordered by update width, so every launch's tables are contiguous rows):
         the dmeta row, and the launches of the product (per column-tile width) and of the update
         (per row width). Returns (dmeta rows, count elements, partial sums, counting programs,
-        product launches, update launches, count base per table)."""
+        product launches, update launches)."""
         order = sorted(dense, key=lambda t: (_dp(self.dims[t]), t))
-        rows, prod, upd, cbase = [], [], [], {}
+        rows, prod, upd = [], [], []
         nprod = nupd = nc = npart = ncount = 0
         for t in order:
             r, d = self.rows[t], self.dims[t]
@@ -802,12 +807,33 @@ class TritonTBE(TBE):
             rows.append([t, nprod, nupd, r, d, self._w_off[t], self.col_offsets[t], self._row_start[t], nc, npart,
                          -(-d // bd), parts, kchunk, ncount, k0, bounds[t], bounds[t + 1]])
             ncount += k1 - k0 + 1
-            cbase[t] = nc
             nprod += tiles * parts
             nupd += -(-r // rb)
             nc += int(count_elems(r, batch))
             npart += parts * r * d
-        return rows, nc, npart, ncount, prod, upd, cbase
+        return rows, nc, npart, ncount, prod, upd
+
+    def _dense_round(self, tables: list[int], bounds: list[int], batch: int, indices, offsets, bstart, nblk: int, grad, state) -> None:
+        """One round of the product path: its tables' lookups counted into the count buffer (shared by
+        every round: stream order keeps a round's zeroing after the last one's product), the products
+        C @ grad in parts, then every row of the tables updated."""
+        drows, nc, npart, ncount, prod, upd = self._dense_plan(tables, bounds, batch)
+        bp, dev = padded_bags(batch), self.device
+        dmeta = torch.tensor([list(col) for col in zip(*drows)], dtype=torch.int64).to(dev, non_blocking=True).contiguous()
+        if self._counts.numel() < nc:
+            self._counts = torch.empty(nc, dtype=torch.float16, device=dev)
+        counts = self._counts[:nc]
+        counts.zero_()
+        nd = len(drows)
+        _count_kernel[(ncount,)](indices, offsets, bstart, dmeta, counts, nd, nblk, offsets.numel() - 1, batch, bp,
+                                 BLOCK=KEYS_BLOCK, MATCH=not _INTERPRETED, num_warps=4)
+        part = torch.empty(max(npart, 1), dtype=torch.float32, device=dev)
+        for bd, first, count, d0, d1 in prod:
+            _dense_kernel[(count,)](counts, grad, part, dmeta, first, d0, d1, nd, bp, batch, self.total_dim,
+                                    BR=DENSE_BR, BD=bd, BK=DENSE_BK, num_warps=8 if bd > 64 else 4)
+        for w, first, count, d0, d1 in upd:
+            _dense_update[(count,)](part, self._flat, state, dmeta, first, d0, d1, nd, self.lr, self.eps,
+                                    RB=max(1, 2048 // w), W=w, ADAGRAD=self.optimizer == "rowwise_adagrad", num_warps=4)
 
     def backward(self, grad_output: torch.Tensor) -> None:
         if self._saved is None:
@@ -826,30 +852,22 @@ class TritonTBE(TBE):
         adagrad = self.optimizer == "rowwise_adagrad"
         state = self._state if adagrad else self._flat  # unused pointer when SGD
         # the product path's tables: their lookups are counted, not sorted (the others' packed)
-        dense = self._dense_tables(bounds, maxlen, batch)
-        bp = padded_bags(batch)
+        rounds = self._dense_rounds(bounds, maxlen, batch)
+        dense = {t for r in rounds for t in r}
         sparse_bounds = list(bounds)
         nblk = triton.cdiv(n, KEYS_BLOCK)
         bstart = torch.searchsorted(offsets, self._block_starts(nblk, offsets.dtype), right=True)  # 1 + bag of each block's first lookup
         if dense:
-            drows, nc, npart, ncount, prod, upd, cbase = self._dense_plan(dense, bounds, batch)
-            tdyn = [0] * T + [-1] * T
+            tdyn = [0] * T + [-1] * T  # per table: lookups of dense tables before it, then whether it is dense (>= 0)
             removed = 0
             for t in range(T):
                 tdyn[t] = removed
                 sparse_bounds[t] = bounds[t] - removed
-                if t in cbase:
-                    tdyn[T + t] = cbase[t]
+                if t in dense:
+                    tdyn[T + t] = 0
                     removed += bounds[t + 1] - bounds[t]
             sparse_bounds[T] = bounds[T] - removed
             tdyn_dev = torch.tensor(tdyn, dtype=torch.int64).to(dev, non_blocking=True)
-            dmeta = torch.tensor([list(col) for col in zip(*drows)], dtype=torch.int64).to(dev, non_blocking=True).contiguous()
-            if self._counts.numel() < nc:
-                self._counts = torch.empty(nc, dtype=torch.float16, device=dev)
-            counts = self._counts[:nc]
-            counts.zero_()
-            _count_kernel[(ncount,)](indices, offsets, bstart, dmeta, counts, len(drows), nblk, offsets.numel() - 1, batch, bp,
-                                     BLOCK=KEYS_BLOCK, MATCH=not _INTERPRETED, num_warps=4)
         else:
             tdyn_dev = self._row_start_dev  # unused pointer
         ns = sparse_bounds[T]
@@ -858,15 +876,8 @@ class TritonTBE(TBE):
         segid = torch.empty(max(ns, 1), dtype=torch.int32, device=dev)
         _keys_kernel[(nblk,)](indices, offsets, self._row_start_dev, bstart, keys, segid, tdyn_dev,
                               n, batch, nblk, offsets.numel() - 1, T, BLOCK=KEYS_BLOCK, PACK=bool(dense), num_warps=4)
-        if dense:
-            part = torch.empty(max(npart, 1), dtype=torch.float32, device=dev)
-            nd = len(drows)
-            for bd, first, count, d0, d1 in prod:
-                _dense_kernel[(count,)](counts, grad, part, dmeta, first, d0, d1, nd, bp, batch, self.total_dim,
-                                        BR=DENSE_BR, BD=bd, BK=DENSE_BK, num_warps=8 if bd > 64 else 4)
-            for w, first, count, d0, d1 in upd:
-                _dense_update[(count,)](part, self._flat, state, dmeta, first, d0, d1, nd, self.lr, self.eps,
-                                        RB=max(1, 2048 // w), W=w, ADAGRAD=adagrad, num_warps=4)
+        for r in rounds:
+            self._dense_round(r, bounds, batch, indices, offsets, bstart, nblk, grad, state)
         tiles0, levels, ek = 0, 0, keys[:0]
         if ns:
             # 2. group by row; the bags in sorted order (one coalesced pass, so a tile's loads of its rows
@@ -892,4 +903,4 @@ class TritonTBE(TBE):
             tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)
             levels = 1 + max(lv for lv, *_ in launches)
             ek = ekeys[:2 * tiles0]
-        self._last = (n, tiles0, levels, ek, len(dense))
+        self._last = (n, tiles0, levels, ek, len(dense), len(rounds))
