@@ -196,7 +196,7 @@ def _unload_the_top(sz: np.ndarray, ld: np.ndarray, cap: int, D: int, dev: np.nd
         others = np.flatnonzero(dev != s)
         if not others.size:
             break
-        heavy = mine[np.argsort(-ld[mine])][:SWAP_ITEMS, None]
+        heavy = mine[np.argsort(-ld[mine], kind="stable")][:SWAP_ITEMS, None]  # stable: the same on every CPU
         od = dev[others][None, :]
         src = top - ld[heavy] + ld[others][None, :]
         dst = tot[od] - ld[others][None, :] + ld[heavy]

@@ -62,7 +62,9 @@ def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None
     # the lookups) come and go, moving the pool's histograms by more than the fit's error.
     share = np.array([a["weight"] for a in arch]) * n / sum(a["weight"] for a in arch)
     counts = np.floor(share).astype(int)
-    counts[np.argsort(-(share - counts))[: n - counts.sum()]] += 1
+    # stable: archetypes of equal weight tie here, and numpy's default sort breaks ties by the CPU's
+    # SIMD path (an AVX-512 machine gave another dlrm pool of seed 11 than an AVX2 one)
+    counts[np.argsort(-(share - counts), kind="stable")[: n - counts.sum()]] += 1
     picks = rng.permutation(np.repeat(np.arange(len(arch)), counts))
     log_rows = np.array([arch[i]["log10_rows"] for i in picks]) + rng.uniform(-0.1, 0.1, n)
     alphas = np.array([arch[i]["zipf_alpha"] for i in picks]) + rng.uniform(-0.02, 0.02, n)

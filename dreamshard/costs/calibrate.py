@@ -219,7 +219,7 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
     tot = fwd + bwd
     err = (pred.sum(1) - tot) / tot
     sizes = np.array([len(r.tables) for r in records])
-    worst = np.argsort(-np.abs(err))[:8]
+    worst = np.argsort(-np.abs(err), kind="stable")[:8]
     report = {
         "calibration": {"hardware": cal.hardware, "kernel": cal.kernel, "date": cal.date},
         "shards": len(records),
