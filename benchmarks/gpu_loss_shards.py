@@ -20,8 +20,6 @@ import sys
 import time
 from statistics import median
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from benchmarks.gpu_heldout_planners import HEURISTICS, SETTINGS, setting_name  # noqa: E402
@@ -119,7 +117,7 @@ def main() -> None:
                        "dims": sorted({t.dim for t in shard}), "min_rows": int(rows.min()) if len(shard) else 0, "lookups": float(lookups.sum()),
                        "measured_fwd": m.fwd_comp_ms, "measured_bwd": m.bwd_comp_ms, "sim_fwd": s.fwd_comp_ms, "sim_bwd": s.bwd_comp_ms,
                        "comm": m.fwd_comm_ms + m.bwd_comm_ms, "net_total": p,
-                       "sim_product_tables": int(paths.product_tables(np.zeros(len(shard)), lookups, rows, dims, workload.batch_size, 2).sum()) if len(shard) else 0}
+                       "sim_product_tables": int(paths.product_tables(lookups, rows, dims, workload.batch_size, 2).sum()) if len(shard) else 0}
                 if args.device == "cuda" and len(shard) and rows.min() <= paths.BWD_DENSE_ROWS:
                     for tag, threshold in (("sorted", 0.0), ("default", paths.BWD_DENSE), ("product", float("inf"))):
                         f, b, k = time_tbe(shard, workload.batch_size, device, bwd_dense=threshold)

@@ -299,31 +299,30 @@ def test_a_triton_calibration_prices_hot_small_tables_by_the_kernels_product_pat
     assert other.shard_compute([[hot]], wl)[0, 1] == pytest.approx(float(alone[0] @ other._bwd), rel=1e-9)
 
 
-def test_the_product_path_is_chosen_per_fused_shard_as_the_kernel_chooses():
+def test_the_product_path_takes_the_candidates_that_save_enough_as_the_kernel_chooses():
     """paths.product_tables (the kernel's choice, and the simulator's): every candidate whose count
-    matrix fits the buffer, none in a shard that saves less than the path's own launches."""
-    from dreamshard.costs.paths import DENSE_FIXED_US, count_elems, dense_us, product_tables, sparse_us, takes_product
+    matrix fits the buffer and that saves more than DENSE_TABLE_US by the path model."""
+    from dreamshard.costs.paths import DENSE_TABLE_US, count_elems, dense_us, product_tables, sparse_us, takes_product
 
     B = 65_536
     hot = (50.0 * B, 1_000, 256)  # saves ~1 ms
     small = (0.0, 0, 0)
-    # a table that is a candidate but saves little: the one-table shard keeps the sorted path
-    for pooling in (0.3, 0.5, 1.0, 2.0):
+    # a candidate (product at most half the sorted path's time) that saves less than DENSE_TABLE_US
+    for pooling in (0.3, 0.5, 1.0, 2.0, 4.0):
         n, rows, dim = pooling * B, 64, 128
-        if takes_product(n, rows, dim, B, 2) and sparse_us(n, dim, 2) - dense_us(n, rows, dim, B, 2) < DENSE_FIXED_US:
+        if takes_product(n, rows, dim, B, 2) and sparse_us(n, dim, 2) - dense_us(n, rows, dim, B, 2) < DENSE_TABLE_US:
             small = (n, rows, dim)
             break
     assert small[0] > 0
-    lookups, rows, dims = zip(hot, small, (30.0 * B, 10**7, 128), small)
-    # shards: 0 = hot + small (both: the hot table pays the launches), 0 = big (never), 1 = small alone (no)
-    took = product_tables([0, 0, 0, 1], np.array(lookups), np.array(rows), np.array(dims), B, 2)
-    assert took.tolist() == [True, True, False, False]
+    lookups, rows, dims = zip(hot, small, (30.0 * B, 10**7, 128))
+    # the hot table takes it, the small candidate and the big table do not
+    assert product_tables(np.array(lookups), np.array(rows), np.array(dims), B, 2).tolist() == [True, False, False]
     # the count buffer holds one of the two hot tables: both take the path (in two rounds); a table
     # whose own count matrix is over the buffer does not; a threshold of inf takes every candidate that fits
     cap = int(count_elems(1_000, B))
-    assert product_tables([0, 0], [hot[0], hot[0] * 2], [1_000, 1_000], [256, 256], B, 2, max_elems=cap).tolist() == [True, True]
-    assert product_tables([0, 0], [hot[0], hot[0]], [1_000, 1_100], [256, 256], B, 2, max_elems=cap).tolist() == [True, False]
-    assert product_tables([0], [small[0]], [small[1]], [small[2]], B, 2, threshold=np.inf).tolist() == [True]
+    assert product_tables([hot[0], hot[0] * 2], [1_000, 1_000], [256, 256], B, 2, max_elems=cap).tolist() == [True, True]
+    assert product_tables([hot[0], hot[0]], [1_000, 1_100], [256, 256], B, 2, max_elems=cap).tolist() == [True, False]
+    assert product_tables([small[0]], [small[1]], [small[2]], B, 2, threshold=np.inf).tolist() == [True]
 
 
 def test_the_product_paths_tables_run_in_rounds_that_fit_the_count_buffer():

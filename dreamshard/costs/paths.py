@@ -6,14 +6,13 @@ The sorted path sorts a table's lookups by row and sums each row's run in tiles;
 gradient (costs/kernels/triton_tbe.py, docs/kernels.md "Hot tables as a matrix product"). The times
 are fitted to the single-table grid on an H200 (fp16): the sorted path ~100 ps a lookup + 1.55 ps a
 lookup and column; the product path ~43 ps a counted lookup, the count matrix zeroed and read at
-copy bandwidth (0.235 ps a byte), the product at ~400 TFLOP/s, and ~30 us more of small launches
-when any table of a shard takes it.
+copy bandwidth (0.235 ps a byte), the product at ~400 TFLOP/s.
 
 A table is a candidate where its rows are at most BWD_DENSE_ROWS and the product's time is at most
-BWD_DENSE times the sorted path's (`takes_product`). The choice is per fused TBE (`product_tables`):
-every candidate whose count matrix fits BWD_DENSE_ELEMS, in rounds that reuse one count buffer of
-that size (`product_rounds`), and none unless together they save more than the path's own launches
-(DENSE_FIXED_US). BWD_DENSE is 0.5, not 1: the model is fitted to
+BWD_DENSE times the sorted path's (`takes_product`). The kernel takes (`product_tables`) every
+candidate whose count matrix fits BWD_DENSE_ELEMS and that saves more than DENSE_TABLE_US (what the
+path costs in a fused shard beyond the single-table model), in rounds that reuse one count buffer of
+that size (`product_rounds`). BWD_DENSE is 0.5, not 1: the model is fitted to
 single tables, and in a fused shard the sorted path's sort and launches are shared, so a table's
 marginal cost there is lower (at 1, two mixed shards of docs/kernels.md took one table each by
 product and ran 4.5% and 13% slower).
@@ -28,7 +27,12 @@ BWD_DENSE_ROWS = 8192
 BWD_DENSE_ELEMS = 1 << 29  # one round's count matrices hold at most this many fp16 elements (1 GiB)
 DENSE_BR, DENSE_BK = 64, 64  # rows and bags of one product tile (the count rows padded to DENSE_BK)
 SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
-DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP, DENSE_FIXED_US = 43.0, 0.235, 0.0025, 30.0
+DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP = 43.0, 0.235, 0.0025
+# In a fused shard a table's product path costs ~50-280 us (median 176) more, against the sorted path,
+# than the single-table model says (40 shards of the training families measured both ways on an H200,
+# benchmarks/gpu_product_fixed_cost.py): the kernel takes a table only where the model saves more.
+# (It replaces a per-shard 30 us for the path's launches, which a table saving this much always pays.)
+DENSE_TABLE_US = 200.0
 
 
 def table_arrays(tables, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -76,22 +80,17 @@ def candidate_us(lookups, rows, dim, batch: int, elt: int) -> np.ndarray:
     return np.where(takes, dense_us(lookups, rows, dim, batch, elt), 0.0)
 
 
-def product_tables(shard, lookups, rows, dim, batch: int, elt: int, threshold: float = BWD_DENSE, max_rows: int = BWD_DENSE_ROWS,
-                   max_elems: int = BWD_DENSE_ELEMS) -> np.ndarray:
-    """[T] which tables' backward is a product, each shard (`shard` [T]: its id; one fused TBE)
-    choosing as the kernel does: its candidates (`takes_product`) whose count matrix fits
-    `max_elems` (the kernel runs them in rounds of at most that many count elements:
-    product_rounds), and none unless together they save more than DENSE_FIXED_US (threshold inf:
-    every candidate that fits). Whether a table takes the path thus depends on its shard only through
-    that small fixed cost."""
-    shard = np.asarray(shard, dtype=np.int64)
-    lookups, rows, dim = (np.broadcast_to(np.asarray(a, dtype=np.float64), shard.shape) for a in (lookups, rows, dim))
+def product_tables(lookups, rows, dim, batch: int, elt: int, threshold: float = BWD_DENSE, max_rows: int = BWD_DENSE_ROWS,
+                   max_elems: int = BWD_DENSE_ELEMS, min_saving_us: float = DENSE_TABLE_US) -> np.ndarray:
+    """[T] which tables' backward is a product, as the kernel chooses: its candidates (`takes_product`)
+    whose count matrix fits `max_elems` (the kernel runs them in rounds of at most that many count
+    elements: product_rounds) and that save more than `min_saving_us` each (threshold inf: every
+    candidate that fits). A table's choice does not depend on the other tables of its shard."""
+    lookups, rows, dim = (np.asarray(a, dtype=np.float64) for a in (lookups, rows, dim))
     cand = takes_product(lookups, rows, dim, batch, elt, threshold, max_rows) & (count_elems(rows, batch) <= max_elems)
-    if not cand.any() or threshold == np.inf:
+    if threshold == np.inf:
         return cand
-    saving = np.where(cand, sparse_us(lookups, dim, elt) - dense_us(lookups, rows, dim, batch, elt), 0.0)
-    _, group = np.unique(shard, return_inverse=True)
-    return cand & (np.bincount(group, weights=saving)[group] > DENSE_FIXED_US)
+    return cand & (sparse_us(lookups, dim, elt) - dense_us(lookups, rows, dim, batch, elt) > min_saving_us)
 
 
 def product_rounds(elems, max_elems: int = BWD_DENSE_ELEMS) -> list[list[int]]:

@@ -39,7 +39,7 @@ tile geometry (KERNEL_TERMS; the geometry is mirrored below and a test checks it
 t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
 
 The kernel's backward takes a second path for hot small tables (a count matrix times the gradient,
-costs/paths.py), chosen per fused TBE (paths.product_tables). A calibration marked `product_path`
+costs/paths.py), chosen per table (paths.product_tables). A calibration marked `product_path`
 prices the tables that path takes by the path's own fitted time instead of by their backward terms
 (`product_candidates`); `calibrate.fit` marks a calibration so when its records were measured with
 the path, and fits the backward's terms to what those tables leave (`product_path_split`).
@@ -65,7 +65,7 @@ import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
-from dreamshard.costs.paths import candidate_us, dense_us, product_tables, table_arrays
+from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
@@ -175,13 +175,12 @@ _SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_pr
 
 
 def product_candidates(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarray, workload: Workload) -> tuple[np.ndarray, ...]:
-    """The tables the product path may take (paths.takes_product; whether it does depends on the
-    shard: paths.product_tables) → (their indices, lookups, rows, dims, and the change pricing
-    each by the path instead of by the calibration's terms makes, ms)."""
+    """The tables the product path takes (paths.product_tables, wherever they are placed) → (their
+    indices, and the change pricing each by the path instead of by the calibration's terms makes, ms)."""
     lookups, rows, dims = table_arrays(tables, workload.batch_size)
-    us = candidate_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
-    cand = np.flatnonzero(us > 0)
-    return cand, lookups[cand], rows[cand], dims[cand], us[cand] / 1000.0 - P[cand][:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
+    cand = np.flatnonzero(product_tables(lookups, rows, dims, workload.batch_size, workload.elt_bytes))
+    us = dense_us(lookups[cand], rows[cand], dims[cand], workload.batch_size, workload.elt_bytes)
+    return cand, us / 1000.0 - P[cand][:, ~_SHARD_ONLY] @ bwd[~_SHARD_ONLY]
 
 
 def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
@@ -228,11 +227,9 @@ class SimBackend(CostBackend):
         if self.product_path and T:
             if self._product_cache is None or self._product_cache[0] is not P or self._product_cache[1] != workload:
                 self._product_cache = (P, workload, product_candidates(tables, P, self._bwd, workload))
-            cand, lookups, rows, cdims, delta = self._product_cache[2]
+            cand, delta = self._product_cache[2]
             if len(cand):
-                at = flat.reshape(N, T)[:, cand].ravel()
-                takes = product_tables(at, np.tile(lookups, N), np.tile(rows, N), np.tile(cdims, N), workload.batch_size, workload.elt_bytes)
-                bwd += np.bincount(at[takes], weights=np.tile(delta, N)[takes], minlength=N * devices)
+                bwd += np.bincount(flat.reshape(N, T)[:, cand].ravel(), weights=np.tile(delta, N), minlength=N * devices)
         rw_dim = sum(t.dim for t in rowwise_tables(tables))
         if rw_dim:  # row shards are not in the all-to-all
             dims[[isinstance(t, RowShardSpec) for t in tables]] = 0.0
@@ -327,7 +324,7 @@ def product_path_split(shards: Sequence[Sequence[TableSpec]], workload: Workload
     flat = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
     P = table_terms(tables, workload)
     lookups, rows, dims = table_arrays(tables, workload.batch_size)
-    takes = product_tables(flat, lookups, rows, dims, workload.batch_size, workload.elt_bytes)
+    takes = product_tables(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
     own = np.where(takes[:, None] & ~_SHARD_ONLY[None, :], P, 0.0)
     dense = np.where(takes, dense_us(lookups, rows, dims, workload.batch_size, workload.elt_bytes) / 1000.0, 0.0)
     out = np.zeros((len(shards), len(TERMS)))

@@ -69,8 +69,8 @@ class KernelFeatures:
 
     With `product_scale` (> 0; models trained since the kernel's product path, Config.
     kernel_product_path) two more: whether the table is a candidate for the backward's product
-    path (paths.takes_product; the kernel takes it for a shard's candidates unless together they
-    save too little) and that path's modelled time over `product_scale` (0 for the other tables):
+    path (paths.takes_product; the kernel takes a candidate that saves more than
+    paths.DENSE_TABLE_US) and that path's modelled time over `product_scale` (0 for the other tables):
     what the simulator prices such a table by in place of its backward terms, which the net could
     otherwise only infer from rows and pooling as an exception to every other table."""
 

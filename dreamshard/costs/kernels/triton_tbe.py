@@ -34,7 +34,8 @@ lookups keeps its table on the sorted path), one multiplies ``C`` by the table's
 (tensor cores, fp32 accumulation, the bags split into a fixed number of parts summed in order), one
 updates every row. It moves ``C`` (rows x bags) instead of a gradient row per lookup, so it is
 chosen per table and step, where a time model fitted on an H200 puts it at half the sorted path's
-time or less (``bwd_dense``). The chosen tables run in rounds whose count matrices fit one buffer
+time or less (``bwd_dense``) and saves more than ``bwd_dense_min_us`` (what the path costs in a
+fused shard beyond that model, paths.DENSE_TABLE_US). The chosen tables run in rounds whose count matrices fit one buffer
 of ``bwd_dense_elems`` (a device of hot tables would otherwise need gigabytes of counts).
 The backward never waits for the GPU: the tiles of every level follow from each table's lookup
 count, which the forward already copied to the host on a side stream. So the host can enqueue a
@@ -48,14 +49,13 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from dreamshard.costs.kernels.base import TBE, init_table_
-from dreamshard.costs.paths import (BWD_DENSE, BWD_DENSE_ELEMS, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, count_elems, padded_bags, product_rounds,
-                                    product_tables)
+from dreamshard.costs.paths import (BWD_DENSE, BWD_DENSE_ELEMS, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_TABLE_US, count_elems, padded_bags,
+                                    product_rounds, product_tables)
 
 DP_CLASSES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 NUM_DP = len(DP_CLASSES)  # the kernels spell it as the literal 9 (the interpreter can't mix constexpr and int)
@@ -561,7 +561,7 @@ class TritonTBE(TBE):
                  fwd_lanes: int = FWD_LANES, fwd_unroll: int = FWD_UNROLL, fwd_warps: int = FWD_WARPS,
                  bwd_lanes: int = BWD_LANES, bwd_pmax: int = BWD_PMAX, bwd_warps: int = BWD_WARPS,
                  bwd_max_tw: int = BWD_MAX_TW, bwd_up_lanes: int = BWD_UP_LANES, bwd_dense: float = BWD_DENSE,
-                 bwd_dense_rows: int = BWD_DENSE_ROWS, bwd_dense_elems: int = BWD_DENSE_ELEMS) -> None:
+                 bwd_dense_rows: int = BWD_DENSE_ROWS, bwd_dense_elems: int = BWD_DENSE_ELEMS, bwd_dense_min_us: float = DENSE_TABLE_US) -> None:
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
         self.bwd_lanes, self.bwd_pmax, self.bwd_warps = int(bwd_lanes), int(bwd_pmax), int(bwd_warps)
@@ -573,6 +573,7 @@ class TritonTBE(TBE):
         if self.bwd_pmax < 16 or self.bwd_max_tw < 16:
             raise ValueError("bwd_pmax and bwd_max_tw must be >= 16 (tl.dot's smallest tile)")
         self.bwd_dense, self.bwd_dense_rows, self.bwd_dense_elems = float(bwd_dense), int(bwd_dense_rows), int(bwd_dense_elems)
+        self.bwd_dense_min_us = float(bwd_dense_min_us)
         if not self.bwd_dense >= 0:
             raise ValueError(f"bwd_dense must be >= 0 (0: never the product path), got {bwd_dense}")
         if not 0 <= self.bwd_dense_elems < 2**31:
@@ -769,13 +770,14 @@ class TritonTBE(TBE):
     def _dense_rounds(self, bounds: list[int], maxlen: list[int], batch: int) -> list[list[int]]:
         """The tables whose gradient this step is a matrix product (see the module docstring), in
         rounds whose count matrices fit ``bwd_dense_elems`` (paths.product_rounds): of the tables
-        with lookups and no bag over DENSE_MAX_COUNT, as paths.product_tables chooses for one fused
-        TBE (``bwd_dense`` = inf: every table it can)."""
+        with lookups and no bag over DENSE_MAX_COUNT, as paths.product_tables chooses
+        (``bwd_dense`` = inf: every table it can)."""
         tables = [t for t in self._cand if bounds[t + 1] > bounds[t] and maxlen[t] <= DENSE_MAX_COUNT]
         if not tables:
             return []
-        picked = product_tables(np.zeros(len(tables)), [bounds[t + 1] - bounds[t] for t in tables], [self.rows[t] for t in tables],
-                                [self.dims[t] for t in tables], batch, self._flat.element_size(), self.bwd_dense, self.bwd_dense_rows, self.bwd_dense_elems)
+        picked = product_tables([bounds[t + 1] - bounds[t] for t in tables], [self.rows[t] for t in tables],
+                                [self.dims[t] for t in tables], batch, self._flat.element_size(), self.bwd_dense, self.bwd_dense_rows, self.bwd_dense_elems,
+                                self.bwd_dense_min_us)
         dense = [t for t, p in zip(tables, picked) if p]
         rounds = product_rounds([int(count_elems(self.rows[t], batch)) for t in dense], self.bwd_dense_elems)
         return [[dense[i] for i in r] for r in rounds]

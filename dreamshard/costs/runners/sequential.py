@@ -5,6 +5,7 @@ placed on it (DESIGN.md §4). Each shard gets the distributed runner's protocol 
 and checked, ``input_sets`` distinct batches used in turn, ``warmup`` untimed steps, then
 ``iters`` timed forward and backward passes (CUDA events on GPU, timing the GPU's work and not the
 host's launch overhead; ``perf_counter`` on CPU), medians.
+A process's first shard on a GPU is measured once, untimed, before the measurement that counts (``_WARMED``).
 The all-to-alls are not run: their times come from a ``CommModel`` fitted to real all-to-alls
 (``dreamshard calibrate comm``), and the report says so (``comm_modelled=True``, the model file in
 ``details``). So do the reduce-scatter and all-gather of row-wise tables (row shards: their own
@@ -26,6 +27,11 @@ from dreamshard.rowshard import exchange_dims
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 from dreamshard.validation import OptionError
+
+# devices whose first measurement in this process is done: the first shard a process times on a GPU
+# ran ~1.5x slow after its own warm-up steps (H200: a plan measured 2.125 ms, then 1.543 and 1.542
+# ms; benchmarks/gpu_product_fixed_cost.py), so it is timed once more, untimed, before anything counts
+_WARMED: set[str] = set()
 
 
 class SequentialRunner(CostBackend):
@@ -108,6 +114,10 @@ class SequentialRunner(CostBackend):
         try:
             if threads:
                 torch.set_num_threads(threads)
+            first = next((shard for shard in shards if shard), None)
+            if self.device.type == "cuda" and first and str(self.device) not in _WARMED:
+                self._measure_shard(first, batch_size, precision, optimizer)
+                _WARMED.add(str(self.device))
             for shard in shards:
                 if not shard:
                     comp.append((0.0, 0.0))
