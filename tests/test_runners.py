@@ -95,6 +95,28 @@ def test_sequential_uses_shipped_cpu_model():
     assert shipped.hardware and shipped.date and shipped.process_group == "gloo" and shipped.measurements
 
 
+def test_sequential_measures_a_processes_first_gpu_shard_once_untimed(monkeypatch):
+    """The first shard a process times on a GPU ran ~1.5x slow after its own warm-up steps (H200):
+    it is measured once more before anything counts, once per process and device, never on CPU."""
+    from dreamshard.costs.runners import sequential
+    from dreamshard.tasks import Workload
+
+    calls = []
+    monkeypatch.setattr(sequential, "_WARMED", set())
+    monkeypatch.setattr(sequential.SequentialRunner, "_measure_shard", lambda self, shard, *a: calls.append([t.name for t in shard]) or ([1.0], [2.0]))
+    shards = [[], [TABLES[0], TABLES[1]], [TABLES[3]]]
+    gpu = sequential.SequentialRunner("torch", device="cuda", comm_model=CommModel.load(ROOT / "dreamshard/data/comm/cpu_gloo.json"))
+    report = gpu.evaluate(shards, Workload(B))
+    assert calls == [["t0", "t1"], ["t0", "t1"], ["t3"]]  # the first non-empty shard twice
+    assert [d.fwd_comp_ms for d in report.devices] == [0.0, 1.0, 1.0]
+    calls.clear()
+    gpu.evaluate(shards, Workload(B))
+    assert calls == [["t0", "t1"], ["t3"]]  # once per process
+    calls.clear()
+    sequential.SequentialRunner("torch", device="cpu").evaluate([[TABLES[0]]], Workload(B))
+    assert calls == [["t0"]]
+
+
 # --------------------------------------------------------------------------------------------
 # Failures: a clear error, quickly, never a hang
 # --------------------------------------------------------------------------------------------
