@@ -53,32 +53,12 @@ def time_tbe(tables, batch: int, device, **options) -> tuple[float, float, int]:
     import torch
 
     from dreamshard.costs.kernels.triton_tbe import TritonTBE
-    from dreamshard.costs.runners.distributed import _Clock
-    from dreamshard.streams import shard_batch
+    from dreamshard.costs.runners.sequential import time_steps
 
-    clock = _Clock(device)
     tbe = TritonTBE([t.rows for t in tables], [t.dim for t in tables], precision="fp16", optimizer="sgd", device=device, **options)
-    inputs = [shard_batch(tables, batch, step=i, device=device) for i in range(3)]
-    g = torch.Generator(device=device)
-    g.manual_seed(1234)
-    grad = (torch.rand(batch, tbe.total_dim, generator=g, device=device) * 2e-3 - 1e-3).to(tbe.dtype)
-    fwd, bwd = [], []
-    for i in range(13):
-        ix, off = inputs[i % 3]
-        clock.sync()
-        a = clock.start()
-        tbe.forward(ix, off)
-        b = clock.mark()
-        clock.sync()
-        c = clock.start()
-        tbe.backward(grad)
-        d = clock.mark()
-        clock.sync()
-        if i >= 3:
-            fwd.append(clock.ms(a, b))
-            bwd.append(clock.ms(c, d))
+    fwd, bwd = time_steps(tbe, tables, batch, device, input_sets=3, warmup=3, iters=10)
     dense = tbe.last_backward_stats.get("dense_tables", 0)
-    del tbe, inputs, grad
+    del tbe
     torch.cuda.empty_cache()
     return median(fwd), median(bwd), int(dense)
 

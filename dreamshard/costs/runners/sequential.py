@@ -66,34 +66,14 @@ class SequentialRunner(CostBackend):
     def _measure_shard(self, tables: Sequence[TableSpec], batch_size: int, precision: str, optimizer: str) -> tuple[list[float], list[float]]:
         import torch
 
-        from dreamshard.costs.runners.distributed import _Clock, build_checked_tbe
-        from dreamshard.streams import shard_batch
+        from dreamshard.costs.runners.distributed import build_checked_tbe
 
-        device, clock = self.device, _Clock(self.device)
-        tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, device, self.seed)
-        inputs = [shard_batch(tables, batch_size, step=i, device=device) for i in range(self.input_sets)]
-        g = torch.Generator(device=device)
-        g.manual_seed(1234)
-        grad = (torch.rand(batch_size, tbe.total_dim, generator=g, device=device) * 2e-3 - 1e-3).to(tbe.dtype)
-        fwd, bwd = [], []
-        for i in range(self.warmup + self.iters):
-            ix, off = inputs[i % len(inputs)]
-            clock.sync()
-            a = clock.start()
-            tbe.forward(ix, off)
-            b = clock.mark()
-            clock.sync()
-            c = clock.start()
-            tbe.backward(grad)
-            d = clock.mark()
-            clock.sync()
-            if i >= self.warmup:
-                fwd.append(clock.ms(a, b))
-                bwd.append(clock.ms(c, d))
-        del tbe, inputs, grad
-        if device.type == "cuda":
+        tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, self.device, self.seed)
+        times = time_steps(tbe, tables, batch_size, self.device, self.input_sets, self.warmup, self.iters)
+        del tbe
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return fwd, bwd
+        return times
 
     def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
         import torch
@@ -148,6 +128,37 @@ class SequentialRunner(CostBackend):
                    **comm_info, **rw_info, "versions": software_versions()}
         return CostReport(devices=devices, backend=self.kernel, runner="sequential", hardware=describe_hardware(self.device.type, 1),
                           batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=None, comm_modelled=True, details=details)
+
+
+def time_steps(tbe, tables: Sequence[TableSpec], batch_size: int, device, input_sets: int, warmup: int, iters: int) -> tuple[list[float], list[float]]:
+    """The runner's protocol on a built TBE of `tables`: `input_sets` distinct batches in turn, `warmup`
+    untimed steps, then the forward and backward times (ms) of `iters` steps."""
+    import torch
+
+    from dreamshard.costs.runners.distributed import _Clock
+    from dreamshard.streams import shard_batch
+
+    clock = _Clock(device)
+    inputs = [shard_batch(tables, batch_size, step=i, device=device) for i in range(input_sets)]
+    g = torch.Generator(device=device)
+    g.manual_seed(1234)
+    grad = (torch.rand(batch_size, tbe.total_dim, generator=g, device=device) * 2e-3 - 1e-3).to(tbe.dtype)
+    fwd, bwd = [], []
+    for i in range(warmup + iters):
+        ix, off = inputs[i % len(inputs)]
+        clock.sync()
+        a = clock.start()
+        tbe.forward(ix, off)
+        b = clock.mark()
+        clock.sync()
+        c = clock.start()
+        tbe.backward(grad)
+        d = clock.mark()
+        clock.sync()
+        if i >= warmup:
+            fwd.append(clock.ms(a, b))
+            bwd.append(clock.ms(c, d))
+    return fwd, bwd
 
 
 def measure_sequential(plan, kernel: str, batch_size: int | None = None, comm_model: CommModel | str | None = None, device: str | None = None,
