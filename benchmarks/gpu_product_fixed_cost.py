@@ -36,6 +36,7 @@ from dreamshard.costs import paths  # noqa: E402
 from dreamshard.families import HELD_OUT_FAMILY, synth_family  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+from dreamshard.validation import InputError  # noqa: E402
 
 TRAINING = ("dlrm", "dlrm2022", "wide", "hot", "heavy", "onehot")
 assert HELD_OUT_FAMILY not in TRAINING
@@ -56,7 +57,7 @@ def borderline_shards(max_saving_us: float, tasks: int, per_family: int) -> list
         for n, d, cap, seed in SETTINGS:
             try:
                 drawn = sample_tasks(pool, tasks, (n, n), d, cap, seed=seed, workload=workload)
-            except Exception:  # noqa: BLE001 - a setting this pool cannot fill (onehot at 8 GB)
+            except InputError:  # a setting this pool cannot fill (onehot at 8 GB)
                 continue
             for i, task in enumerate(drawn):
                 for planner in ("lookup", "size_lookup", "dreamshard"):
