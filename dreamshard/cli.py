@@ -624,10 +624,13 @@ def _wide_console() -> Console:
 @click.option("--records", type=OUT_FILE, help="also write every measurement here (JSON lines)")
 @click.option("--from-records", type=click.Path(exists=True, dir_okay=False), help="fit or validate these measurements instead of measuring")
 @click.option("--report", type=OUT_FILE, help="validation report JSON to write")
+@click.option("--cache-size", type=MEMORY, help="the device's L2, which the forward's repeated row gathers are priced against (H200: 60MiB)  "
+              "[default: read off the CUDA device measured; with --from-records, none: every repeat may hit]")
 @click.option("--iters", default=DEFAULT_ITERS, show_default=True, type=ITERS)
 @click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=WARMUP)
 @click.pass_context
-def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, device, seed, comm_model, records, from_records, report, iters, warmup) -> None:
+def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, device, seed, comm_model, records, from_records, report, cache_size, iters,
+              warmup) -> None:
     """Fit the simulator to real measurements (--backend K --out FILE), or check a fit (--validate FILE)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -675,7 +678,11 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     comm = load_comm_model(comm_model, dev)
     comm_info = {"latency_ms": comm.latency_ms, "bandwidth_GBps": comm.bandwidth_GBps, "serial_fraction": comm.serial_fraction,
                  "source": f"{comm.process_group} all-to-all measured on {comm.hardware}, {comm.date}"}
-    fitted = cal.fit(measured, kernel, comm_info)
+    if cache_size is None and not from_records:
+        from dreamshard.costs.hardware import cache_bytes
+
+        cache_size = cache_bytes(dev)
+    fitted = cal.fit(measured, kernel, comm_info, cache_size or 0.0)
     fitted.save(out)
     console.print(f"fitted on {fitted.fit['shards']} shards: forward MAPE {fitted.fit['fwd_mape']:.1f}%, backward {fitted.fit['bwd_mape']:.1f}%, "
                   f"total {fitted.fit['total_mape']:.1f}% (training error; validate with --validate on held-out shards)")

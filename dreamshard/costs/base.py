@@ -95,6 +95,12 @@ class CostBackend(ABC):
         backend it is trained against, so that it adds what its targets had."""
         return None
 
+    def cache_bytes(self) -> float:
+        """The device cache a table's repeated row gathers compete for, as this backend's costs
+        have it (costs/terms.py `cache_hits`): a cost net trained against the backend counts its
+        kernel features with the same cache. 0: not modelled (every repeat may hit)."""
+        return 0.0
+
     def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], workload: Workload = Workload()) -> list[CostReport]:
         return [self.evaluate(s, workload) for s in placements]
 

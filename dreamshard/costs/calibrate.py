@@ -162,13 +162,15 @@ def records_product_path(records: Sequence[ShardRecord]) -> bool:
     return flags == {True}
 
 
-def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
+def fit(records: Sequence[ShardRecord], kernel: str, comm: dict, cache_bytes: float = 0.0, backward_of: Calibration | None = None) -> Calibration:
     """Fit forward and backward coefficients to measured shards (all at one batch/precision), with
     the kernel's own terms where it has them (sim.KERNEL_TERMS: our Triton kernel's tile geometry),
     else the generic ones; each component keeps the optional terms only if they lower the
     cross-validated error (select_terms). Records measured with the product path: the tables the
     path takes are priced by its model (sim.product_path_split), the backward's terms fitted to the
-    rest, and the calibration prices the path as the simulator does."""
+    rest, and the calibration prices the path as the simulator does. `cache_bytes`: the device's
+    L2 (Calibration.cache_bytes). `backward_of`: keep that calibration's backward and fit only the
+    forward (a forward term changed, while the records' backward paths are no longer today's choice)."""
     r0 = records[0]
     held = sum(r.family == HELD_OUT_FAMILY for r in records)
     if held:
@@ -177,26 +179,32 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict) -> Calibration:
     product = records_product_path(records)
     hardware, versions = r0.hardware or "?", r0.versions
     shards = [r.tables for r in records]
-    X = shard_term_matrix(shards, r0.workload)
+    X = shard_term_matrix(shards, r0.workload, cache_bytes)
     fwd = np.array([r.fwd_ms for r in records])
     bwd = np.array([r.bwd_ms for r in records])
     Xb, dense_ms = X, None
     if product:
-        own, dense_ms = product_path_split(shards, r0.workload)
+        own, dense_ms = product_path_split(shards, r0.workload, cache_bytes)
         Xb = X - own
     fwd_names, bwd_names = KERNEL_TERMS.get(kernel, (FWD_TERMS, BWD_TERMS))
     fwd_terms, fwd_cv = select_terms(X, fwd, fwd_names)
-    bwd_terms, bwd_cv = select_terms(Xb, bwd, bwd_names, dense_ms)
+    if backward_of is None:
+        bwd_terms, bwd_cv = select_terms(Xb, bwd, bwd_names, dense_ms)
+        bwd_coef = fit_coefficients(Xb, bwd, bwd_terms, dense_ms)
+    else:
+        bwd_terms, bwd_coef = tuple(backward_of.bwd), dict(backward_of.bwd)
+        bwd_cv = f"kept from the calibration of {backward_of.date}"
     cal = Calibration(
         hardware=hardware,
         kernel=kernel,
         batch_size=r0.batch_size,
         fwd=fit_coefficients(X, fwd, fwd_terms),
-        bwd=fit_coefficients(Xb, bwd, bwd_terms, dense_ms),
+        bwd=bwd_coef,
         comm=comm,
         date=datetime.date.today().isoformat(),
         versions=versions or {},
         product_path=product,
+        cache_bytes=float(cache_bytes),
     )
     pred = SimBackend(cal).shard_compute(shards, r0.workload)
     cal.fit = {"shards": len(records), "fwd_mape": mape(pred[:, 0], fwd), "bwd_mape": mape(pred[:, 1], bwd),

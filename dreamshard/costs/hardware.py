@@ -44,6 +44,17 @@ def describe_hardware(device_type: str = "cpu", devices: int | None = None) -> s
     return f"CPU: {cpu_model()}, {cpu_cores()} cores"
 
 
+def cache_bytes(device) -> float:
+    """The L2 size of a CUDA device (H200: 60 MiB), 0 for any other: the cache the simulator prices
+    repeated row gathers against (costs/terms.py `cache_hits`)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return 0.0
+    return float(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
 @lru_cache(maxsize=1)
 def software_versions() -> dict[str, str]:
     """torch, CUDA, triton and fbgemm_gpu (where importable) and python."""

@@ -86,7 +86,7 @@ OPTIONAL_TERMS = ("tables",)
 TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
 TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
-DEFAULT_CALIBRATION = "h200_triton_product_path.json"  # fitted to the kernel with the backward's product path on six table families (docs/costs.md)
+DEFAULT_CALIBRATION = "h200_triton_cache.json"  # fitted to the kernel with the backward's product path on six table families, the forward against the L2 (docs/costs.md)
 
 @dataclass
 class Calibration:
@@ -104,6 +104,9 @@ class Calibration:
     # price the Triton kernel's product path (costs/paths.py) over these terms: for a
     # calibration whose records were measured before the kernel had it, to price today's kernel
     product_path: bool = False
+    # the device's last-level cache (bytes) the forward's gathers are priced against (terms.cache_hits);
+    # 0: none (every repeated row may hit: the files fitted before 2026-11-25)
+    cache_bytes: float = 0.0
 
     def save(self, path: str | Path) -> None:
         atomic_write(path, json.dumps(asdict(self), indent=1))
@@ -204,11 +207,18 @@ class SimBackend(CostBackend):
         # only the terms this calibration prices (a search costs thousands of placements)
         self._columns = [j for j in range(len(TERMS)) if self._fwd[j] or self._bwd[j]]
 
+    def table_terms(self, tables: Sequence[TableSpec], workload: Workload = Workload()) -> np.ndarray:
+        """terms.table_terms with this calibration's cache: what `costs_batch(terms=)` reuses."""
+        return table_terms(tables, workload, self.calibration.cache_bytes)
+
     def _comm(self, sent: np.ndarray, recv: np.ndarray) -> np.ndarray:
         return alltoall_ms(self.calibration.comm, sent, recv)
 
     def comm_params(self) -> dict:
         return self.calibration.comm
+
+    def cache_bytes(self) -> float:
+        return float(self.calibration.cache_bytes)
 
     def costs_batch(self, tables: Sequence[TableSpec], placements: np.ndarray, devices: int, workload: Workload = Workload(), terms: np.ndarray | None = None) -> np.ndarray:
         """Costs of N placements of the same tables at once: [N, D, 4] (fwd comp, fwd comm, bwd comm, bwd comp).
@@ -217,7 +227,7 @@ class SimBackend(CostBackend):
         """
         placements = np.asarray(placements, dtype=np.int64).reshape(-1, len(tables))
         N, T = placements.shape
-        P = table_terms(tables, workload) if terms is None else terms
+        P = self.table_terms(tables, workload) if terms is None else terms
         flat = (placements + np.arange(N)[:, None] * devices).ravel()
         dims = np.array([t.dim for t in tables], dtype=np.float64)
         shard = shard_terms(P, flat, N * devices, dims, workload, self._columns)
@@ -309,20 +319,20 @@ def select_terms(X: np.ndarray, y: np.ndarray, names: Sequence[str], offset: np.
     return candidates[min(errors, key=errors.get)], errors
 
 
-def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> np.ndarray:
+def shard_term_matrix(shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload(), cache_bytes: float = 0.0) -> np.ndarray:
     """[S, len(TERMS)]: each shard's terms (shard_terms)."""
     tables = [t for s in shards for t in s]
     flat = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
-    return shard_terms(table_terms(tables, workload), flat, len(shards), np.array([t.dim for t in tables], dtype=np.float64), workload)
+    return shard_terms(table_terms(tables, workload, cache_bytes), flat, len(shards), np.array([t.dim for t in tables], dtype=np.float64), workload)
 
 
-def product_path_split(shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> tuple[np.ndarray, np.ndarray]:
+def product_path_split(shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload(), cache_bytes: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Per shard, of the tables the backward's product path takes: the sum of their own terms
     ([S, len(TERMS)], the shard-level ones 0) and of their product-path times ([S] ms) — what a
     calibration marked `product_path` prices by the path instead of by the terms (product_candidates)."""
     tables = [t for s in shards for t in s]
     flat = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
-    P = table_terms(tables, workload)
+    P = table_terms(tables, workload, cache_bytes)
     lookups, rows, dims = table_arrays(tables, workload.batch_size)
     takes = product_tables(lookups, rows, dims, workload.batch_size, workload.elt_bytes)
     own = np.where(takes[:, None] & ~_SHARD_ONLY[None, :], P, 0.0)

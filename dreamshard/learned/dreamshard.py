@@ -166,9 +166,9 @@ def get_config(name: str, **overrides) -> Config:
 
 def create_model(cfg: Config, tasks: Sequence[Task], backend: CostBackend) -> DreamShardModel:
     """A fresh model for `cfg` (nets seeded by cfg.seed): the kernel features' scale from the
-    training tasks' tables, the comm model's parameters from `backend` (`CostBackend.comm_params`,
-    the all-to-all its costs include)."""
-    kernel = KernelFeatures.fit(tasks, cfg.batch_size, cfg.kernel_product_path) if cfg.kernel_features else None
+    training tasks' tables and their cache from `backend` (`CostBackend.cache_bytes`), the comm
+    model's parameters from `backend` (`CostBackend.comm_params`, the all-to-all its costs include)."""
+    kernel = KernelFeatures.fit(tasks, cfg.batch_size, cfg.kernel_product_path, backend.cache_bytes()) if cfg.kernel_features else None
     comm = None
     if cfg.comm == "model":
         params = backend.comm_params()

@@ -72,21 +72,25 @@ class KernelFeatures:
     path (paths.takes_product; the kernel takes a candidate that saves more than
     paths.DENSE_TABLE_US) and that path's modelled time over `product_scale` (0 for the other tables):
     what the simulator prices such a table by in place of its backward terms, which the net could
-    otherwise only infer from rows and pooling as an exception to every other table."""
+    otherwise only infer from rows and pooling as an exception to every other table.
+
+    `cache_bytes` (models trained since 2026-11-25): the terms count a table's repeated gathers
+    that miss this cache as cold bytes, as the backend trained against does (CostBackend.cache_bytes)."""
 
     scale: tuple[float, ...]
     batch_size: int
     product_scale: float = 0.0  # 0: no product-path features (models trained before the path)
+    cache_bytes: float = 0.0  # 0: every repeat counted as a possible cache hit (models trained before)
 
     @property
     def width(self) -> int:
         return len(KERNEL_FEATURE_TERMS) + 1 + (2 if self.product_scale else 0)
 
     @staticmethod
-    def fit(tasks: Sequence[Task], batch_size: int, product_path: bool = True) -> "KernelFeatures":
+    def fit(tasks: Sequence[Task], batch_size: int, product_path: bool = True, cache_bytes: float = 0.0) -> "KernelFeatures":
         """The scales from the training tasks' tables (each task's table list, under its workload at `batch_size`)."""
         workloads = [t.workload.with_overrides(batch_size) for t in tasks]
-        raw = np.concatenate([table_terms(t.tables, w)[:, _KERNEL_COLUMNS] for t, w in zip(tasks, workloads)])
+        raw = np.concatenate([table_terms(t.tables, w, cache_bytes)[:, _KERNEL_COLUMNS] for t, w in zip(tasks, workloads)])
         mean = raw.mean(axis=0)
         like = mean[[KERNEL_FEATURE_TERMS.index(_SCALE_LIKE.get(t, t)) for t in KERNEL_FEATURE_TERMS]]
         scale = np.where(mean > 0, mean, np.where(like > 0, like, 1.0))
@@ -96,18 +100,19 @@ class KernelFeatures:
             # the mean over the tables that take it; without any, a sorted-path table's mean time
             product_scale = float(us[us > 0].mean()) if (us > 0).any() else float(np.mean(np.concatenate(
                 [sparse_us(table_arrays(t.tables, w.batch_size)[0], [x.dim for x in t.tables], w.elt_bytes) for t, w in zip(tasks, workloads)])) or 1.0)
-        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale)
+        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale, float(cache_bytes))
 
     def __call__(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
         workload = workload.with_overrides(self.batch_size)
-        columns = [table_terms(tables, workload)[:, _KERNEL_COLUMNS] / np.array(self.scale), [[t.dim > WIDE_DIM] for t in tables]]
+        columns = [table_terms(tables, workload, self.cache_bytes)[:, _KERNEL_COLUMNS] / np.array(self.scale), [[t.dim > WIDE_DIM] for t in tables]]
         if self.product_scale:
             us = _product_us(tables, workload)
             columns += [(us > 0)[:, None], us[:, None] / self.product_scale]
         return np.concatenate(columns, axis=1).astype(np.float32).reshape(len(tables), self.width)
 
     def to_json(self) -> dict:
-        return {"scale": list(self.scale), "batch_size": self.batch_size, **({"product_scale": self.product_scale} if self.product_scale else {})}
+        return {"scale": list(self.scale), "batch_size": self.batch_size, **({"product_scale": self.product_scale} if self.product_scale else {}),
+                **({"cache_bytes": self.cache_bytes} if self.cache_bytes else {})}
 
 
 def _product_us(tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
@@ -505,9 +510,11 @@ def _kernel_from_state(d, where: str) -> KernelFeatures | None:
             or not all(_finite(v, strict=True) for v in d["scale"]):
         raise ModelError(f"{where}, key 'kernel_features': expected {{'scale': {len(KERNEL_FEATURE_TERMS)} numbers > 0, 'batch_size': int}}")
     product = d.get("product_scale", 0.0)
-    if not _finite(product):
-        raise ModelError(f"{where}, key 'kernel_features': product_scale {product!r:.40} is not a number >= 0")
-    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"), float(product))
+    cache = d.get("cache_bytes", 0.0)
+    for name, v in (("product_scale", product), ("cache_bytes", cache)):
+        if not _finite(v):
+            raise ModelError(f"{where}, key 'kernel_features': {name} {v!r:.40} is not a number >= 0")
+    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"), float(product), float(cache))
 
 
 def _comm_from_state(d, where: str) -> CommFormula | None:

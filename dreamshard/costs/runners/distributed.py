@@ -234,6 +234,11 @@ class DistributedRunner(CostBackend):
         self.check_outputs = check_outputs
         self.name = f"{kernel}/distributed"
 
+    def cache_bytes(self) -> float:
+        from dreamshard.costs.hardware import cache_bytes
+
+        return cache_bytes(self.device_type)  # the workers' devices are alike: device 0's
+
     def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
         from dreamshard.costs.hardware import describe_hardware, software_versions
 

@@ -63,6 +63,11 @@ class SequentialRunner(CostBackend):
     def comm_params(self) -> dict:
         return self.comm_model.params()
 
+    def cache_bytes(self) -> float:
+        from dreamshard.costs.hardware import cache_bytes
+
+        return cache_bytes(self.device)
+
     def _measure_shard(self, tables: Sequence[TableSpec], batch_size: int, precision: str, optimizer: str) -> tuple[list[float], list[float]]:
         import torch
 
