@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.calibrate import load_records  # noqa: E402
-from dreamshard.costs.sim import TERMS, SimBackend, table_terms  # noqa: E402
+from dreamshard.costs.sim import TERMS, SimBackend  # noqa: E402
 from dreamshard.families import FAMILIES, HELD_OUT_FAMILY, hits_per_row, synth_family, table_buckets  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.tasks import Workload  # noqa: E402
@@ -53,7 +53,7 @@ def analyse(calibration: str | None, records_path: str, pool_seed: int = 11) -> 
     for name in FAMILIES:
         tables = synth_family(name, seed=pool_seed)
         comp = sim.shard_compute([[t] for t in tables], workload)
-        P = table_terms(tables, workload)
+        P = sim.table_terms(tables, workload)
         share = P * bwd_coef  # simulated bwd per term (launch/active are per shard: left out)
         lookups = np.array([t.pooling_factor for t in tables]) * workload.batch_size
         mine = shape(tables)

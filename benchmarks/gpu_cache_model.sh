@@ -19,11 +19,14 @@ tasks_of() {  # the plans.csv whose tasks a family is measured on (the heuristic
     *) echo $R/gpu_families_shipped/$1/plans.csv ;;
   esac
 }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/log.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/log.txt"
 python3 -c "import torch; print('L2 bytes', torch.cuda.get_device_properties(0).L2_cache_size)" >> "$OUT/log.txt" 2>&1
 if [ "${1:-}" = train ]; then
+  # RESUME=DIR (a cut run's model_gpu.pt.ckpt and train_gpu.jsonl): go on where the call's limit cut it
+  resume=()
+  if [ -n "${RESUME:-}" ]; then mkdir -p "$OUT/train" && cp "$RESUME/model_gpu.pt.ckpt" "$RESUME/train_gpu.jsonl" "$OUT/train/" && resume=(--resume); fi
   timeout 300 python3 benchmarks/gpu_shipped_model.py --out "$OUT/train" --prior-plans 8000 --kernel-features --comm model \
-    --models gpu --test-tasks 0 --total-s 270 >> "$OUT/log.txt" 2>&1
+    --models gpu --test-tasks 0 "${resume[@]}" >> "$OUT/log.txt" 2>&1
   mv "$OUT/train/model_gpu.pt" "$OUT/train/train_gpu.jsonl" "$OUT/" && rm -r "$OUT/train"
   python3 -c "import torch; print('kernel features', torch.load('$OUT/model_gpu.pt', weights_only=False).get('kernel_features', {}).get('cache_bytes'))" >> "$OUT/log.txt" 2>&1
   M="dreamshard (model_gpu.pt)"
@@ -40,8 +43,8 @@ model=${2:?the model file}
 shift 2
 only=(--only "dreamshard ($(basename "$model"))")
 for p in "$@"; do only+=(--only "$p"); done
-timeout 575 python3 benchmarks/gpu_heldout_planners.py --out "$OUT/$family" --model "$model" "${only[@]}" --families "$family" \
-  --total-s 520 --tasks-from "$(tasks_of "$family")" > "$OUT/$family.log" 2>&1
+timeout $(( ${TOTAL_S:-520} + 55 )) python3 benchmarks/gpu_heldout_planners.py --out "$OUT/$family" --model "$model" "${only[@]}" --families "$family" \
+  --total-s "${TOTAL_S:-520}" --tasks-from "$(tasks_of "$family")" > "$OUT/$family.log" 2>&1
 echo "rc=$?" >> "$OUT/$family.log"
 rm -f "$OUT/$family/summary.json"
 tail -n 3 "$OUT/$family.log"

@@ -14,14 +14,14 @@ import argparse
 
 import numpy as np
 
-from dreamshard.costs.sim import SimBackend, overall, table_terms
+from dreamshard.costs.sim import SimBackend, overall
 from dreamshard.report import evaluate
 from dreamshard.tasks import load_tasks
 
 
 def local_search(sim: SimBackend, task, placement: np.ndarray) -> tuple[np.ndarray, float]:
     tables, D = task.tables, task.devices
-    terms = table_terms(tables, task.workload)
+    terms = sim.table_terms(tables, task.workload)
     sizes = np.array(task.sizes())
     cost = float(overall(sim.costs_batch(tables, placement[None], D, task.workload, terms))[0])
     while True:

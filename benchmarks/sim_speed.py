@@ -16,7 +16,7 @@ from statistics import median  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from dreamshard.costs.sim import SimBackend, table_terms  # noqa: E402
+from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
 from dreamshard.tasks import Workload  # noqa: E402
 
@@ -37,7 +37,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     one = rng.integers(0, 64, size=(1, 1000))
     many = rng.integers(0, 64, size=(256, 1000))
-    terms = table_terms(tables, Workload(65536))
+    terms = sim.table_terms(tables, Workload(65536))
     cold = bench(lambda: sim.costs_batch(tables, one, 64, Workload(65536)))
     warm = bench(lambda: sim.costs_batch(tables, one, 64, Workload(65536), terms=terms))
     batch = bench(lambda: sim.costs_batch(tables, many, 64, Workload(65536), terms=terms), repeat=20) / 256

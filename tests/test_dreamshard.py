@@ -488,6 +488,7 @@ def test_options_default_off_and_the_shipped_model_has_both(pool):
     assert shipped.kernel is not None and shipped.comm is not None
     assert shipped.meta["config"]["kernel_features"] is True and shipped.meta["config"]["comm"] == "model"
     assert shipped.kernel.product_scale > 0  # trained on the kernel with the backward's product path
+    assert shipped.kernel.cache_bytes == 0  # and before the simulator's forward learned the L2: its features as they were
     # a model without them is stored as before: no keys of theirs, the table features alone
     from dreamshard.learned.dreamshard import create_model
 
@@ -522,6 +523,24 @@ def test_kernel_features_say_which_tables_take_the_product_path(pool):
     old = KernelFeatures.fit(tasks, wl.batch_size, product_path=False)
     assert old.product_scale == 0 and "product_scale" not in old.to_json()
     assert np.array_equal(old(tables, wl), x[:, :-2])
+
+
+def test_kernel_features_count_the_cache_of_the_backend():
+    """With a cache, a table whose distinct rows overflow it has its missed repeats as cold bytes
+    (terms.cache_hits), one that fits keeps its features; a model without a cache stores no key."""
+    from dreamshard.learned.nets import KERNEL_FEATURE_TERMS, KernelFeatures
+
+    wl = Workload(65_536)
+    big = TableSpec("big", 440_630, 256, 288.0, distribution="uniform")
+    small = TableSpec("small", 2_000, 64, 20.0, distribution="zipf:1.1")
+    tasks = [Task([big, small], 2, 10**12, wl)]
+    plain, cached = KernelFeatures.fit(tasks, wl.batch_size), KernelFeatures.fit(tasks, wl.batch_size, cache_bytes=60 * 2**20)
+    assert "cache_bytes" not in plain.to_json() and cached.to_json()["cache_bytes"] == 60 * 2**20
+    cold, warm, hot = (KERNEL_FEATURE_TERMS.index(t) for t in ("cold_bytes", "warm_bytes", "hot_bytes"))
+    a, b = plain([big, small], wl) * np.array(plain.scale + (1,) * 3), cached([big, small], wl) * np.array(cached.scale + (1,) * 3)
+    assert b[0, cold] > 2 * a[0, cold] and b[0, warm] + b[0, hot] < 0.5 * (a[0, warm] + a[0, hot])
+    assert b[0, cold] + b[0, warm] + b[0, hot] == pytest.approx(a[0, cold] + a[0, warm] + a[0, hot], rel=1e-5)
+    np.testing.assert_allclose(b[1], a[1], rtol=1e-5)
 
 
 def test_options_are_checked(pool, tmp_path):
@@ -623,6 +642,7 @@ def test_options_train_save_load_plan(pool, tmp_path):
     model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"))
     loaded = DreamShardModel.load(tmp_path / "m.pt")
     assert loaded.kernel == model.kernel and loaded.comm == model.comm and loaded.comm.batch_size == cfg.batch_size
+    assert model.kernel.cache_bytes == SimBackend().cache_bytes() == 60 * 2**20  # the cache of the backend trained against
     assert loaded.meta["config"]["kernel_features"] is True and loaded.meta["config"]["comm"] == "model"
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert all(np.isfinite(r["cost/mape_device"]) for r in rows)
@@ -635,6 +655,7 @@ def test_options_train_save_load_plan(pool, tmp_path):
     state = torch.load(tmp_path / "m.pt", weights_only=False)
     for key, bad, msg in (("kernel_features", {"scale": [1.0], "batch_size": 4}, "key 'kernel_features'"),
                           ("kernel_features", {**state["kernel_features"], "product_scale": -1.0}, "product_scale"),
+                          ("kernel_features", {**state["kernel_features"], "cache_bytes": "60MiB"}, "cache_bytes"),
                           ("comm", {**state["comm"], "bandwidth_GBps": 0.0}, "key 'comm'"), ("comm", {**state["comm"], "batch_size": "x"}, "batch_size")):
         with pytest.raises(ModelError, match=msg) as e:
             DreamShardModel.from_state({**state, key: bad})

@@ -430,3 +430,21 @@ def test_a_fit_of_product_path_records_recovers_the_calibration_that_made_them(t
     records[0].product_path = False
     with pytest.raises(DataError, match="mix"):
         cal.fit(records, "triton", truth.calibration.comm)
+
+
+def test_calibrate_cache_size_from_records(tmp_path):
+    """`calibrate --cache-size` stores the L2 the forward is priced against; without it a fit from
+    records has none (every repeat may hit); a bad size is a one-line usage error."""
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli
+
+    records = str(PRODUCT_PATH_RESULTS / "calib_records.jsonl")
+    base = ["calibrate", "--backend", "triton", "--from-records", records, "--comm-model", "dreamshard/data/comm/h200_nccl.json"]
+    r = CliRunner().invoke(cli, [*base, "--cache-size", "60MiB", "--out", str(tmp_path / "c.json")])
+    assert r.exit_code == 0, r.output
+    assert Calibration.load(tmp_path / "c.json").cache_bytes == 60 * 2**20
+    r = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "n.json")])
+    assert r.exit_code == 0 and Calibration.load(tmp_path / "n.json").cache_bytes == 0
+    r = CliRunner().invoke(cli, [*base, "--cache-size", "lots", "--out", str(tmp_path / "x.json")])
+    assert r.exit_code == 2 and "--cache-size" in r.output and not (tmp_path / "x.json").exists()

@@ -104,20 +104,23 @@ def cache_hits(rows_in_bin: np.ndarray, counts: np.ndarray, capacity_rows: np.nd
     Why it matters: a 440,630 × 256 table read 43 times per row fills 225 MB, far past a 60 MB L2,
     yet by its bins every repeat would be a cheap L2 hit."""
     rows_in_bin, counts = np.atleast_2d(rows_in_bin), np.atleast_2d(counts)
+    counts = np.broadcast_to(counts, rows_in_bin.shape)
     capacity_rows = np.broadcast_to(np.asarray(capacity_rows, dtype=np.float64), rows_in_bin.shape[:1])
-    fits = rows_in_bin.sum(axis=1) <= capacity_rows
-    lo = np.zeros(len(capacity_rows))
-    hi = np.ones(len(capacity_rows))
-    for _ in range(64):  # grow hi until the window holds more rows than the cache (fits: no need)
-        short = ~fits & ((rows_in_bin * -np.expm1(-counts * hi[:, None])).sum(axis=1) < capacity_rows)
-        if not short.any():
-            break
-        hi = np.where(short, hi * 4.0, hi)
-    for _ in range(40):  # bisection on tau (the touched-rows curve rises monotonically in it)
-        mid = 0.5 * (lo + hi)
-        over = (rows_in_bin * -np.expm1(-counts * mid[:, None])).sum(axis=1) > capacity_rows
-        hi, lo = np.where(over, mid, hi), np.where(over, lo, mid)
-    return np.where(fits[:, None], 1.0, -np.expm1(-counts * lo[:, None]))
+    hit = np.ones(rows_in_bin.shape)
+    spill = np.flatnonzero(rows_in_bin.sum(axis=1) > capacity_rows)  # the others hold every row they touch
+    if len(spill):
+        n, c, k = rows_in_bin[spill], counts[spill], capacity_rows[spill]
+        # Newton from tau = 0 on the touched-rows curve, which is concave and increasing in tau: every
+        # step lands left of the root and the steps shrink to it (a few to tens of steps, not a bisection's 100)
+        tau = np.zeros(len(spill))
+        for _ in range(100):
+            e = np.exp(-c * tau[:, None])
+            step = (k - (n * (1.0 - e)).sum(axis=1)) / (n * c * e).sum(axis=1)
+            tau += step
+            if np.all(step <= 1e-9 * tau):
+                break
+        hit[spill] = -np.expm1(-c * tau[:, None])
+    return hit
 
 
 def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), cache_bytes: float = 0.0) -> np.ndarray:
