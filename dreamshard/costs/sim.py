@@ -9,7 +9,9 @@ What drives a fused table-batched embedding op, and the term that models it:
   - gathered row bytes, in 32-byte sectors (a 4-dim fp16 row still moves 32 bytes: small dims
     are inefficient) → split by how often the row is reused in the batch: first touches
     (`cold_bytes`, from DRAM), rows used 2–16 times (`warm_bytes`, partly cached), rows used more
-    (`hot_bytes`, mostly in L2) — the split comes from the table's reuse histogram;
+    (`hot_bytes`, mostly in L2) — the split comes from the table's reuse histogram; where the rows a
+    table touches overflow the device's L2 (`Calibration.cache_bytes`), the repeats that miss it
+    count as first touches (terms.cache_hits: a 225 MB table read 43 times per row is DRAM-bound);
   - pooled output written (`out_bytes`);
   - backward: gradient rows read once per lookup (`grad_bytes`), then one read-modify-write of
     each touched row and its optimizer state (`update_bytes`); sorting lookups by row scales with
