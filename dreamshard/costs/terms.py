@@ -152,19 +152,20 @@ def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), ca
     hot = np.minimum(repeat, lookups * hot_frac)
     warm = repeat - hot
     spilled = np.zeros(n)
-    if cache_bytes > 0:
-        rows_in_bin = unique[:, None] * bins / np.maximum(bins.sum(axis=1, keepdims=True), 1e-12)
+    over = np.flatnonzero(unique * row_bytes > cache_bytes) if cache_bytes > 0 else []
+    if len(over):  # only a table whose touched rows overflow the cache misses any repeat (most fit)
+        rows_in_bin = unique[over, None] * bins[over] / np.maximum(bins[over].sum(axis=1, keepdims=True), 1e-12)
         # repeated lookups per bin at this batch, made to add up to the table's repeats (a table
         # smaller than its lookups clips its distinct rows; one given no bins has all rows in bin 0)
         again = rows_in_bin * (BIN_MEAN - 1.0) * batch_size / REFERENCE_BATCH
         total = again.sum(axis=1, keepdims=True)
-        again = np.where(total > 0, again * repeat[:, None] / np.maximum(total, 1e-12), np.where(np.arange(NUM_BINS) == 0, repeat[:, None], 0.0))
+        again = np.where(total > 0, again * repeat[over, None] / np.maximum(total, 1e-12), np.where(np.arange(NUM_BINS) == 0, repeat[over, None], 0.0))
         counts = 1.0 + np.divide(again, rows_in_bin, out=np.zeros_like(again), where=rows_in_bin > 0)
-        hit = cache_hits(rows_in_bin, counts, cache_bytes / row_bytes)
-        share = [np.divide((again[:, m] * hit[:, m]).sum(axis=1), again[:, m].sum(axis=1), out=np.ones(n), where=again[:, m].sum(axis=1) > 0)
+        hit = cache_hits(rows_in_bin, counts, cache_bytes / row_bytes[over])
+        share = [np.divide((again[:, m] * hit[:, m]).sum(axis=1), again[:, m].sum(axis=1), out=np.ones(len(over)), where=again[:, m].sum(axis=1) > 0)
                  for m in (~_HOT, _HOT)]
-        spilled = warm * (1.0 - share[0]) + hot * (1.0 - share[1])
-        warm, hot = warm * share[0], hot * share[1]
+        spilled[over] = warm[over] * (1.0 - share[0]) + hot[over] * (1.0 - share[1])
+        warm[over], hot[over] = warm[over] * share[0], hot[over] * share[1]
     state = 4.0 if workload.optimizer == "rowwise_adagrad" else 0.0
     out[:, TERMS.index("tables")] = 1.0
     out[:, TERMS.index("lookups")] = lookups
