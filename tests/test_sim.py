@@ -448,3 +448,25 @@ def test_calibrate_cache_size_from_records(tmp_path):
     assert r.exit_code == 0 and Calibration.load(tmp_path / "n.json").cache_bytes == 0
     r = CliRunner().invoke(cli, [*base, "--cache-size", "lots", "--out", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and "--cache-size" in r.output and not (tmp_path / "x.json").exists()
+
+
+def test_a_calibration_file_with_bad_numbers_is_refused_in_one_line(tmp_path):
+    """Coefficients, batch size, cache and the all-to-all model are checked where the file is read:
+    a one-line error naming the key, never a traceback from the arithmetic later."""
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli
+    from dreamshard.validation import DataError
+
+    good = json.loads(DEFAULT_CAL.read_text())
+    for key, change, msg in (("cache_bytes", "lots", "cache_bytes"), ("cache_bytes", -1, "cache_bytes"), ("fwd", {**good["fwd"], "launch": "x"}, "fwd.launch"),
+                             ("bwd", [1.0], "bwd coefficients"), ("batch_size", 0, "batch_size"),
+                             ("comm", {**good["comm"], "bandwidth_GBps": 0}, "bandwidth"), ("comm", {}, "latency_ms"), ("product_path", "yes", "product_path")):
+        path = tmp_path / f"{key}.json"
+        path.write_text(json.dumps({**good, key: change}))
+        with pytest.raises(DataError, match=msg) as e:
+            Calibration.load(path)
+        assert "\n" not in str(e.value)
+    r = CliRunner().invoke(cli, ["calibrate", "--validate", str(tmp_path / "cache_bytes.json"), "--from-records", str(PRODUCT_PATH_RESULTS / "val_records.jsonl")])
+    assert r.exit_code == 2 and "cache_bytes" in r.output and "Traceback" not in r.output
+    assert Calibration.load(DEFAULT_CAL).fwd == good["fwd"]  # a good file loads as written

@@ -74,7 +74,7 @@ from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
-from dreamshard.validation import DataError, one_line
+from dreamshard.validation import DataError, one_line, parse_float, parse_int, require_dict, require_keys
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
 BWD_TERMS = ("launch", "active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
@@ -125,10 +125,29 @@ class Calibration:
                 text = path.read_text()
             except (OSError, UnicodeDecodeError) as e:
                 raise DataError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
+        where = str(path or DEFAULT_CALIBRATION)
         try:
-            return Calibration(**json.loads(text))
+            cal = Calibration(**json.loads(text))
         except (TypeError, json.JSONDecodeError, RecursionError) as e:
-            raise DataError(f"{path or DEFAULT_CALIBRATION}: not a calibration file ({one_line(e)})") from None
+            raise DataError(f"{where}: not a calibration file ({one_line(e)})") from None
+        return cal._checked(where)
+
+    def _checked(self, where: str) -> "Calibration":
+        """The numbers the simulator computes with, checked (and made numbers) where a file is read:
+        DataError naming the key."""
+        for part in ("fwd", "bwd"):
+            setattr(self, part, {term: parse_float(v, where, f"{part}.{term}", 0.0, error=DataError)
+                                 for term, v in require_dict(getattr(self, part), where, f"the {part} coefficients", DataError).items()})
+        self.batch_size = parse_int(self.batch_size, where, "batch_size", 1, error=DataError)
+        self.cache_bytes = parse_float(self.cache_bytes, where, "cache_bytes", 0.0, error=DataError)
+        require_keys(require_dict(self.comm, where, "the all-to-all model 'comm'", DataError), ("latency_ms", "bandwidth_GBps"), where, DataError)
+        parse_float(self.comm["latency_ms"], where, "comm.latency_ms", 0.0, error=DataError)
+        if parse_float(self.comm["bandwidth_GBps"], where, "comm.bandwidth_GBps", 0.0, error=DataError) <= 0:
+            raise DataError(f"{where}, comm.bandwidth_GBps: must be > 0")
+        parse_float(self.comm.get("serial_fraction", 0.0), where, "comm.serial_fraction", 0.0, 1.0, error=DataError)
+        if not isinstance(self.product_path, bool):
+            raise DataError(f"{where}, product_path: {self.product_path!r:.40} is not true or false")
+        return self
 
     @property
     def label(self) -> str:
