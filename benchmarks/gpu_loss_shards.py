@@ -47,6 +47,18 @@ def lost_tasks(plans_csv: str, margin: float = 0.02) -> list[tuple[str, str, int
     return out
 
 
+def lost_plans(plans_csv: str, families: str | None = None):
+    """(family, setting, task, planner label, plan) of each lost task (`lost_tasks`): the task
+    re-drawn from its family's pool of seed 11, the shipped model's plan and the best heuristic's."""
+    for family, setting, task, best in lost_tasks(plans_csv):
+        if families and family not in families.split(","):
+            continue
+        n, d, cap, seed = next(s for s in SETTINGS if setting_name(*s[:3]) == setting)
+        drawn = sample_tasks(synth_family(family, 300, 11), task + 1, (n, n), d, cap, seed=seed, workload=Workload(65_536))[task]
+        for label, name in ((MODEL, "dreamshard"), (best, best)):
+            yield family, setting, task, label, get_planner(name).plan(drawn)
+
+
 def time_tbe(tables, batch: int, device, **options) -> tuple[float, float, int]:
     """Median forward and backward ms of the shard's Triton TBE built with `options` (the runner's
     protocol: 3 input sets, 3 warm-up steps, 10 timed), and how many tables took the product path."""
@@ -80,31 +92,25 @@ def main() -> None:
     runner = SequentialRunner("triton" if args.device == "cuda" else "torch", device=args.device, iters=10 if args.device == "cuda" else 1)
     sim = SimBackend()
     records = []
-    for family, setting, task, best in lost_tasks(args.plans):
-        if args.families and family not in args.families.split(","):
-            continue
-        n, d, cap, seed = next(s for s in SETTINGS if setting_name(*s[:3]) == setting)
-        drawn = sample_tasks(synth_family(family, 300, 11), task + 1, (n, n), d, cap, seed=seed, workload=workload)[task]
-        for label, name in ((MODEL, "dreamshard"), (best, best)):
-            plan = get_planner(name).plan(drawn)
-            shards = plan.device_tables()
-            measured, priced = runner.evaluate(shards, plan.workload), sim.evaluate(shards, plan.workload)
-            predicted = [c["total_ms"] for c in (plan.predicted or {}).get("devices", [])] or [None] * len(shards)
-            print(f"[{time.monotonic() - t0:6.1f}s] {family} {setting} task {task} {label}: measured {measured.overall_ms:.3f} sim {priced.overall_ms:.3f}", flush=True)
-            for dev, (shard, m, s, p) in enumerate(zip(shards, measured.devices, priced.devices, predicted)):
-                lookups, rows, dims = paths.table_arrays(shard, workload.batch_size)
-                rec = {"family": family, "setting": setting, "task": task, "planner": label, "device": dev, "tables": len(shard),
-                       "dims": sorted({t.dim for t in shard}), "min_rows": int(rows.min()) if len(shard) else 0, "lookups": float(lookups.sum()),
-                       "measured_fwd": m.fwd_comp_ms, "measured_bwd": m.bwd_comp_ms, "sim_fwd": s.fwd_comp_ms, "sim_bwd": s.bwd_comp_ms,
-                       "comm": m.fwd_comm_ms + m.bwd_comm_ms, "net_total": p,
-                       "sim_product_tables": int(paths.product_tables(lookups, rows, dims, workload.batch_size, 2).sum()) if len(shard) else 0}
-                if args.device == "cuda" and len(shard) and rows.min() <= paths.BWD_DENSE_ROWS:
-                    for tag, threshold in (("sorted", 0.0), ("default", paths.BWD_DENSE), ("product", float("inf"))):
-                        f, b, k = time_tbe(shard, workload.batch_size, device, bwd_dense=threshold)
-                        rec[f"{tag}_fwd"], rec[f"{tag}_bwd"], rec[f"{tag}_dense_tables"] = f, b, k
-                records.append(rec)
-                print("   dev {device}: {tables} tables dims {dims} measured fwd {measured_fwd:.3f} bwd {measured_bwd:.3f} | sim fwd {sim_fwd:.3f} bwd {sim_bwd:.3f}".format(**rec)
-                      + (" | bwd sorted {sorted_bwd:.3f} default {default_bwd:.3f} ({default_dense_tables} by product) product {product_bwd:.3f} ({product_dense_tables})".format(**rec) if "sorted_bwd" in rec else ""), flush=True)
+    for family, setting, task, label, plan in lost_plans(args.plans, args.families):
+        shards = plan.device_tables()
+        measured, priced = runner.evaluate(shards, plan.workload), sim.evaluate(shards, plan.workload)
+        predicted = [c["total_ms"] for c in (plan.predicted or {}).get("devices", [])] or [None] * len(shards)
+        print(f"[{time.monotonic() - t0:6.1f}s] {family} {setting} task {task} {label}: measured {measured.overall_ms:.3f} sim {priced.overall_ms:.3f}", flush=True)
+        for dev, (shard, m, s, p) in enumerate(zip(shards, measured.devices, priced.devices, predicted)):
+            lookups, rows, dims = paths.table_arrays(shard, workload.batch_size)
+            rec = {"family": family, "setting": setting, "task": task, "planner": label, "device": dev, "tables": len(shard),
+                   "dims": sorted({t.dim for t in shard}), "min_rows": int(rows.min()) if len(shard) else 0, "lookups": float(lookups.sum()),
+                   "measured_fwd": m.fwd_comp_ms, "measured_bwd": m.bwd_comp_ms, "sim_fwd": s.fwd_comp_ms, "sim_bwd": s.bwd_comp_ms,
+                   "comm": m.fwd_comm_ms + m.bwd_comm_ms, "net_total": p,
+                   "sim_product_tables": int(paths.product_tables(lookups, rows, dims, workload.batch_size, 2).sum()) if len(shard) else 0}
+            if args.device == "cuda" and len(shard) and rows.min() <= paths.BWD_DENSE_ROWS:
+                for tag, threshold in (("sorted", 0.0), ("default", paths.BWD_DENSE), ("product", float("inf"))):
+                    f, b, k = time_tbe(shard, workload.batch_size, device, bwd_dense=threshold)
+                    rec[f"{tag}_fwd"], rec[f"{tag}_bwd"], rec[f"{tag}_dense_tables"] = f, b, k
+            records.append(rec)
+            print("   dev {device}: {tables} tables dims {dims} measured fwd {measured_fwd:.3f} bwd {measured_bwd:.3f} | sim fwd {sim_fwd:.3f} bwd {sim_bwd:.3f}".format(**rec)
+                  + (" | bwd sorted {sorted_bwd:.3f} default {default_bwd:.3f} ({default_dense_tables} by product) product {product_bwd:.3f} ({product_dense_tables})".format(**rec) if "sorted_bwd" in rec else ""), flush=True)
     with open(os.path.join(args.out, "loss_shards.json"), "w") as fh:
         json.dump(records, fh, indent=1)
     print(f"[{time.monotonic() - t0:6.1f}s] done: {len(records)} device shards")
