@@ -489,6 +489,8 @@ def test_options_default_off_and_the_shipped_model_has_both(pool):
     assert shipped.meta["config"]["kernel_features"] is True and shipped.meta["config"]["comm"] == "model"
     assert shipped.kernel.product_scale > 0  # trained on the kernel with the backward's product path
     assert shipped.kernel.cache_bytes == 0  # and before the simulator's forward learned the L2: its features as they were
+    # its product-path features mark the tables the kernel takes (since 2026-11-25: same weights, docs/costs.md)
+    assert shipped.kernel.product_rule == "kernel"
     # a model without them is stored as before: no keys of theirs, the table features alone
     from dreamshard.learned.dreamshard import create_model
 
@@ -502,23 +504,34 @@ def test_options_default_off_and_the_shipped_model_has_both(pool):
 
 def test_kernel_features_say_which_tables_take_the_product_path(pool):
     """The product path's flag and modelled time (costs/paths.py, what the simulator prices such a
-    table by) follow the kernel features; a model stored without them (trained before the path)
+    table by) follow the kernel features: for a model fitted now, on the tables the kernel takes
+    (paths.product_tables); under the rule of older files ("candidate"), on every candidate of the
+    path's model (paths.takes_product). A model stored without them (trained before the path)
     keeps its width and loads as it was."""
-    from dreamshard.costs.paths import dense_us, takes_product
+    from dataclasses import replace
+
+    from dreamshard.costs.paths import dense_us, product_tables, takes_product
     from dreamshard.learned.nets import KERNEL_FEATURE_TERMS, KernelFeatures
 
     wl = Workload(65_536)
     hot = TableSpec("hot", 1_302, 192, 69.0, pool[0].bins)
-    tables = [hot, *pool[:20]]
+    warm = TableSpec("warm", 100, 64, 10.0, distribution="uniform")  # a candidate that saves < 200 us by the model: sorted path
+    tables = [hot, warm, *pool[:20]]
     tasks = [Task(tables, 2, 10**12, wl)]
     k = KernelFeatures.fit(tasks, wl.batch_size)
     x = k(tables, wl)
     lookups = np.array([t.pooling_factor * wl.batch_size for t in tables])
-    takes = takes_product(lookups, [t.rows for t in tables], [t.dim for t in tables], wl.batch_size, wl.elt_bytes)
-    assert x.shape == (len(tables), len(KERNEL_FEATURE_TERMS) + 3) and takes[0] and not takes.all()
+    arrays = (lookups, [t.rows for t in tables], [t.dim for t in tables], wl.batch_size, wl.elt_bytes)
+    takes, candidate = product_tables(*arrays), takes_product(*arrays)
+    assert k.product_rule == "kernel" and k.to_json()["product_rule"] == "kernel"
+    assert x.shape == (len(tables), len(KERNEL_FEATURE_TERMS) + 3) and takes[0] and not takes[1] and candidate[1] and not candidate.all()
     assert np.array_equal(x[:, -2], takes.astype(np.float32))
     assert x[0, -1] == pytest.approx(dense_us(lookups[0], hot.rows, hot.dim, wl.batch_size, 2) / k.product_scale, rel=1e-5)
     assert (x[~takes, -1] == 0).all()
+    older = replace(k, product_rule="candidate")
+    y = older(tables, wl)
+    assert np.array_equal(y[:, -2], candidate.astype(np.float32)) and y[1, -1] > 0 and np.array_equal(y[:, :-2], x[:, :-2])
+    assert "product_rule" not in older.to_json()  # stored as the files before the rule: no key, read as "candidate"
     # without the path (Config.kernel_product_path false, or an older model file): 2 columns fewer, the rest the same
     old = KernelFeatures.fit(tasks, wl.batch_size, product_path=False)
     assert old.product_scale == 0 and "product_scale" not in old.to_json()
@@ -656,6 +669,7 @@ def test_options_train_save_load_plan(pool, tmp_path):
     for key, bad, msg in (("kernel_features", {"scale": [1.0], "batch_size": 4}, "key 'kernel_features'"),
                           ("kernel_features", {**state["kernel_features"], "product_scale": -1.0}, "product_scale"),
                           ("kernel_features", {**state["kernel_features"], "cache_bytes": "60MiB"}, "cache_bytes"),
+                          ("kernel_features", {**state["kernel_features"], "product_rule": "always"}, "product_rule 'always' is not one of candidate, kernel"),
                           ("comm", {**state["comm"], "bandwidth_GBps": 0.0}, "key 'comm'"), ("comm", {**state["comm"], "batch_size": "x"}, "batch_size")):
         with pytest.raises(ModelError, match=msg) as e:
             DreamShardModel.from_state({**state, key: bad})

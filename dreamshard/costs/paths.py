@@ -73,10 +73,12 @@ def takes_product(lookups, rows, dim, batch: int, elt: int, threshold: float = B
     return (np.asarray(rows) <= max_rows) & (lookups > 0) & (dense_us(lookups, rows, dim, batch, elt) <= threshold * sparse_us(lookups, dim, elt))
 
 
-def candidate_us(lookups, rows, dim, batch: int, elt: int) -> np.ndarray:
-    """Each table's product-path time where it is a candidate (`takes_product`), 0 elsewhere: what
-    the simulator prices a table the path takes by, and a cost-net feature."""
-    takes = takes_product(lookups, rows, dim, batch, elt)
+def product_us(lookups, rows, dim, batch: int, elt: int, kernel_rule: bool = True) -> np.ndarray:
+    """Each table's product-path time where its backward is a product, 0 elsewhere: a cost-net
+    feature. `kernel_rule`: where the kernel takes the path (`product_tables`); false: wherever the
+    model makes it a candidate (`takes_product`), as the kernel took it before the 200 us rule."""
+    lookups, rows, dim = (np.asarray(a, dtype=np.float64) for a in (lookups, rows, dim))
+    takes = product_tables(lookups, rows, dim, batch, elt) if kernel_rule else takes_product(lookups, rows, dim, batch, elt)
     return np.where(takes, dense_us(lookups, rows, dim, batch, elt), 0.0)
 
 

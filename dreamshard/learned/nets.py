@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from dreamshard.bins import BIN_MEAN
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
-from dreamshard.costs.paths import candidate_us, sparse_us, table_arrays
+from dreamshard.costs.paths import product_us, sparse_us, table_arrays
 from dreamshard.costs.terms import TERMS, WIDE_DIM, table_terms
 from dreamshard.files import load_torch_file
 from dreamshard.learned.loop import atomic_save
@@ -40,6 +40,9 @@ MODEL_FORMAT = "dreamshard.model/1"
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "dreamshard_h200.pt"  # dreamshard/data/models
 
 
+# which tables KernelFeatures' product-path columns mark: every candidate of the path's model
+# (files before 2026-11-25), or those the kernel takes
+PRODUCT_RULES = ("candidate", "kernel")
 LINEAR_FEATURES = ("dim/128", "pooling/64", "dim*pooling/4096", "distinct/64", "dim*distinct/4096")
 # The kernel terms (costs/terms.py) a table has by itself: all but the per-shard flags `launch` and
 # `active` (0 for a table). `tables` (1 for every table) and `wide_programs` (a table's `programs`)
@@ -68,11 +71,13 @@ class KernelFeatures:
     optimizer.
 
     With `product_scale` (> 0; models trained since the kernel's product path, Config.
-    kernel_product_path) two more: whether the table is a candidate for the backward's product
-    path (paths.takes_product; the kernel takes a candidate that saves more than
-    paths.DENSE_TABLE_US) and that path's modelled time over `product_scale` (0 for the other tables):
-    what the simulator prices such a table by in place of its backward terms, which the net could
-    otherwise only infer from rows and pooling as an exception to every other table.
+    kernel_product_path) two more: whether the table's backward is a product and that path's
+    modelled time over `product_scale` (0 for the other tables): what the simulator prices such a
+    table by in place of its backward terms, which the net could otherwise only infer from rows and
+    pooling as an exception to every other table. Which tables, by `product_rule`: "kernel", those
+    the kernel takes (paths.product_tables: a candidate that saves more than paths.DENSE_TABLE_US,
+    as the simulator prices them; models fitted since 2026-11-25); "candidate", every candidate
+    (paths.takes_product), as the kernel took them before that rule (the files before carry no key).
 
     `cache_bytes` (models trained since 2026-11-25): the terms count a table's repeated gathers
     that miss this cache as cold bytes, as the backend trained against does (CostBackend.cache_bytes)."""
@@ -81,6 +86,7 @@ class KernelFeatures:
     batch_size: int
     product_scale: float = 0.0  # 0: no product-path features (models trained before the path)
     cache_bytes: float = 0.0  # 0: every repeat counted as a possible cache hit (models trained before)
+    product_rule: str = "candidate"  # which tables the product features mark (PRODUCT_RULES; the docstring)
 
     @property
     def width(self) -> int:
@@ -96,28 +102,30 @@ class KernelFeatures:
         scale = np.where(mean > 0, mean, np.where(like > 0, like, 1.0))
         product_scale = 0.0
         if product_path:
-            us = np.concatenate([_product_us(t.tables, w) for t, w in zip(tasks, workloads)])
+            us = np.concatenate([_product_us(t.tables, w, "kernel") for t, w in zip(tasks, workloads)])
             # the mean over the tables that take it; without any, a sorted-path table's mean time
             product_scale = float(us[us > 0].mean()) if (us > 0).any() else float(np.mean(np.concatenate(
                 [sparse_us(table_arrays(t.tables, w.batch_size)[0], [x.dim for x in t.tables], w.elt_bytes) for t, w in zip(tasks, workloads)])) or 1.0)
-        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale, float(cache_bytes))
+        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale, float(cache_bytes), "kernel" if product_path else "candidate")
 
     def __call__(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
         workload = workload.with_overrides(self.batch_size)
         columns = [table_terms(tables, workload, self.cache_bytes)[:, _KERNEL_COLUMNS] / np.array(self.scale), [[t.dim > WIDE_DIM] for t in tables]]
         if self.product_scale:
-            us = _product_us(tables, workload)
+            us = _product_us(tables, workload, self.product_rule)
             columns += [(us > 0)[:, None], us[:, None] / self.product_scale]
         return np.concatenate(columns, axis=1).astype(np.float32).reshape(len(tables), self.width)
 
     def to_json(self) -> dict:
         return {"scale": list(self.scale), "batch_size": self.batch_size, **({"product_scale": self.product_scale} if self.product_scale else {}),
-                **({"cache_bytes": self.cache_bytes} if self.cache_bytes else {})}
+                **({"cache_bytes": self.cache_bytes} if self.cache_bytes else {}),
+                **({"product_rule": self.product_rule} if self.product_scale and self.product_rule != "candidate" else {})}
 
 
-def _product_us(tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
-    """[T] each table's product-path time where it is a candidate, 0 for the others (paths.py)."""
-    return candidate_us(*table_arrays(tables, workload.batch_size), workload.batch_size, workload.elt_bytes)
+def _product_us(tables: Sequence[TableSpec], workload: Workload, rule: str) -> np.ndarray:
+    """[T] each table's product-path time where `rule` (PRODUCT_RULES) makes its backward a product,
+    0 for the others (paths.product_us)."""
+    return product_us(*table_arrays(tables, workload.batch_size), workload.batch_size, workload.elt_bytes, rule == "kernel")
 
 
 def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool = False, workload: Workload = Workload(),
@@ -514,7 +522,10 @@ def _kernel_from_state(d, where: str) -> KernelFeatures | None:
     for name, v in (("product_scale", product), ("cache_bytes", cache)):
         if not _finite(v):
             raise ModelError(f"{where}, key 'kernel_features': {name} {v!r:.40} is not a number >= 0")
-    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"), float(product), float(cache))
+    rule = d.get("product_rule", "candidate")
+    if rule not in PRODUCT_RULES:
+        raise ModelError(f"{where}, key 'kernel_features': product_rule {rule!r:.40} is not one of {', '.join(PRODUCT_RULES)}")
+    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"), float(product), float(cache), rule)
 
 
 def _comm_from_state(d, where: str) -> CommFormula | None:
