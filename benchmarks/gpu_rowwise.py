@@ -69,7 +69,7 @@ def main() -> None:
     runner = SequentialRunner(args.kernel, device=args.device, warmup=warmup, iters=iters)
     sim = SimBackend()
     t0 = time.perf_counter()
-    done, errors = [], []
+    done, errors, measured_on = [], [], {}
     with open(out / "measured.csv", "w", newline="") as f:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
@@ -105,9 +105,10 @@ def main() -> None:
                 f.flush()
                 done.append({**row, "devices_ms": [d.__dict__ for d in report.devices]})
                 print(f"{slug:10s} {kind:10s} measured {row['measured_ms']:.3f} ms  sim {row['sim_ms']:.3f} ms  ({row['seconds']:.0f} s)", flush=True)
-                atomic_write(out / "summary.json", json.dumps({"hardware": report.hardware, "runner": report.runner, "elapsed_s": time.perf_counter() - t0,
+                measured_on = {"hardware": report.hardware, "runner": report.runner}
+                atomic_write(out / "summary.json", json.dumps({**measured_on, "elapsed_s": time.perf_counter() - t0,
                                                                "measured": done, "errors": errors, "note": summary["priced_by"]}, indent=1))
-    atomic_write(out / "summary.json", json.dumps({"elapsed_s": time.perf_counter() - t0, "measured": done, "errors": errors, "note": summary["priced_by"]}, indent=1))
+    atomic_write(out / "summary.json", json.dumps({**measured_on, "elapsed_s": time.perf_counter() - t0, "measured": done, "errors": errors, "note": summary["priced_by"]}, indent=1))
     print(f"done in {time.perf_counter() - t0:.0f} s: {len(done)} plans measured, {len(errors)} not", flush=True)
 
 
