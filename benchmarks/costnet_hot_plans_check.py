@@ -4,8 +4,9 @@ tasks, re-planned here: the planners are deterministic), mean signed max-device 
 
     PYTHONPATH=. python benchmarks/costnet_hot_plans_check.py
 
-Models: the shipped one and the one trained with the re-fitted simulator as its prior
-(benchmarks/results/gpu_shipped_model_pp2, docs/costs.md "Today").
+Models: the one shipped when that call ran (session 9: benchmarks/results/gpu_shipped_model_pp, its
+plans made without the heuristics' candidates, which came after) and the one trained with the
+re-fitted simulator as its prior (benchmarks/results/gpu_shipped_model_pp2, docs/costs.md "Today").
 """
 
 from __future__ import annotations
@@ -23,18 +24,19 @@ from costnet_prior import predict  # noqa: E402
 
 from dreamshard.learned.nets import DreamShardModel  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
 from dreamshard.tasks import Workload  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEASURED = os.path.join(HERE, "results", "gpu_families_planners_pp", "call2", "plans.csv")
 SECOND = os.path.join(HERE, "results", "gpu_shipped_model_pp2", "model_gpu.pt")
+THEN = os.path.join(HERE, "results", "gpu_shipped_model_pp", "model_gpu.pt")  # its "dreamshard (shipped)" plans are this model's
 
 
 def main() -> None:
     wl = Workload(65_536)
-    models = {"shipped": DreamShardModel.load(), "second (re-fitted prior)": DreamShardModel.load(SECOND)}
-    # in that call the shipped model was today's: its plans are "dreamshard (shipped)"
-    planners = {h: get_planner(h) for h in g.HEURISTICS} | {"dreamshard (shipped)": get_planner("dreamshard")}
+    models = {"shipped then": DreamShardModel.load(THEN), "second (re-fitted prior)": DreamShardModel.load(SECOND)}
+    planners = {h: get_planner(h) for h in g.HEURISTICS} | {"dreamshard (shipped)": DreamShardPlanner(THEN, heuristic_candidates=False)}
     by_setting: dict[str, tuple[list, list]] = {}
     for _, setting, row, plan in g.measured_plans(MEASURED, planners, families=("hot",)):
         plans, ms = by_setting.setdefault(setting, ([], []))

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.gpu_heldout_planners import HEURISTICS, measured_plans  # noqa: E402
+from benchmarks.gpu_heldout_planners import HEURISTICS, measured_plans, shipped_before_kernel_rule  # noqa: E402
 from dreamshard.learned.mdp import EpisodeBatch, predict, prepare  # noqa: E402
 from dreamshard.learned.nets import PRODUCT_RULES, DreamShardModel  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
@@ -43,8 +43,10 @@ def main() -> None:
     ap.add_argument("--pool-tables", type=int, default=300)
     args = ap.parse_args()
     files = {SHIPPED: None, **{os.path.basename(m): m for m in args.model}}
-    # the labels campaigns gave the shipped model's plans (by name since session 12)
-    planners = {"dreamshard (shipped)": get_planner("dreamshard"), f"dreamshard ({SHIPPED})": get_planner("dreamshard"),
+    # the labels campaigns gave the shipped model's plans (by name since session 12); it planned with
+    # the candidate rule in every campaign read here (before 2026-11-25's product-rule commit)
+    before = shipped_before_kernel_rule()
+    planners = {"dreamshard (shipped)": before, f"dreamshard ({SHIPPED})": before,
                 **{f"dreamshard ({name})": DreamShardPlanner(path) for name, path in files.items() if path}, **{h: get_planner(h) for h in HEURISTICS}}
     nets = {}
     for name, path in files.items():

@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -41,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import FAMILIES, HELD_OUT_FAMILY, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.learned.nets import DreamShardModel  # noqa: E402
 from dreamshard.packing import format_bytes  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
@@ -100,10 +102,20 @@ def summaries(rows: list[dict], families: list[str], models: list[str]) -> dict:
     return {f: {m: summarise([r for r in rows if r["family"] == f], m) for m in models} for f in families}
 
 
+def shipped_before_kernel_rule() -> DreamShardPlanner:
+    """The shipped model as it planned in the campaigns before 2026-11-25's product-rule commit
+    (39c5542): the same weights, its product-path features on every candidate of the path's model
+    (nets.PRODUCT_RULES "candidate"). Their "dreamshard (shipped)" plans are this planner's."""
+    shipped = DreamShardModel.load()
+    return DreamShardPlanner(replace(shipped, kernel=replace(shipped.kernel, product_rule="candidate")))
+
+
 def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | None = None, pool_tables: int = 300, seed_offset: int = 0):
     """The plans a campaign (of `seed_offset`) measured, re-drawn and re-planned on the CPU (tasks and
     planners are deterministic), for checking a cost model against them: yields (family, setting,
-    row of plans.csv, plan) for every row whose planner is in `planners` (label → planner)."""
+    row of plans.csv, plan) for every row whose planner is in `planners` (label → planner).
+    Exits with a one-line error where a re-planned plan's predicted max-device cost is not the one
+    the campaign recorded: that planner (or its model) is not the one that made the measured plan."""
     with open(plans_csv, newline="") as fh:
         rows = {(r.get("family", HELD_OUT_FAMILY), r["setting"], int(r["task"]), r["planner"]): r for r in csv.DictReader(fh)}
     workload = Workload(65_536)
@@ -117,8 +129,15 @@ def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | Non
             drawn = sample_tasks(pool, max(tasks) + 1, (n, n), d, cap, seed=seed + seed_offset, workload=workload) if tasks else []
             for i in tasks:
                 for label, planner in planners.items():
-                    if (family, name, i, label) in rows:
-                        yield family, name, rows[(family, name, i, label)], planner.plan(drawn[i])
+                    row = rows.get((family, name, i, label))
+                    if row is None:
+                        continue
+                    plan = planner.plan(drawn[i])
+                    recorded, devices = row.get("predicted_max_device_ms"), (plan.predicted or {}).get("devices")
+                    if recorded and devices and abs(max(d["total_ms"] for d in devices) / float(recorded) - 1) > 1e-3:
+                        sys.exit(f"{plans_csv}: {family}, {name}, task {i}: '{label}' does not remake the measured plan "
+                                 f"(predicted {max(d['total_ms'] for d in devices):.4f} ms, the campaign {float(recorded):.4f}): give the model that made it")
+                    yield family, name, row, plan
 
 
 def merge(paths: list[str], out_dir: str) -> None:

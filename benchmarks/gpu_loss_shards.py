@@ -22,7 +22,7 @@ from statistics import median
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.gpu_heldout_planners import HEURISTICS, SETTINGS, setting_name  # noqa: E402
+from benchmarks.gpu_heldout_planners import HEURISTICS, SETTINGS, setting_name, shipped_before_kernel_rule  # noqa: E402
 from dreamshard.costs import paths  # noqa: E402
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import synth_family  # noqa: E402
@@ -49,14 +49,16 @@ def lost_tasks(plans_csv: str, margin: float = 0.02) -> list[tuple[str, str, int
 
 def lost_plans(plans_csv: str, families: str | None = None):
     """(family, setting, task, planner label, plan) of each lost task (`lost_tasks`): the task
-    re-drawn from its family's pool of seed 11, the shipped model's plan and the best heuristic's."""
+    re-drawn from its family's pool of seed 11, the shipped model's plan (as it planned in these
+    campaigns: `shipped_before_kernel_rule`) and the best heuristic's."""
+    shipped = shipped_before_kernel_rule()
     for family, setting, task, best in lost_tasks(plans_csv):
         if families and family not in families.split(","):
             continue
         n, d, cap, seed = next(s for s in SETTINGS if setting_name(*s[:3]) == setting)
         drawn = sample_tasks(synth_family(family, 300, 11), task + 1, (n, n), d, cap, seed=seed, workload=Workload(65_536))[task]
-        for label, name in ((MODEL, "dreamshard"), (best, best)):
-            yield family, setting, task, label, get_planner(name).plan(drawn)
+        for label, planner in ((MODEL, shipped), (best, get_planner(best))):
+            yield family, setting, task, label, planner.plan(drawn)
 
 
 def time_tbe(tables, batch: int, device, **options) -> tuple[float, float, int]:
