@@ -29,12 +29,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plans_csv")
     ap.add_argument("--model", action="append", default=[], help="a model file measured beside the shipped one (as the campaign's --model)")
-    ap.add_argument("--shipped", help="the model that was shipped when the campaign ran [default: today's]")
+    ap.add_argument("--shipped", help="the model that was shipped when the campaign ran [default: today's weights as they planned before "
+                    "2026-11-25's product-rule commit 39c5542, as in every campaign committed so far]")
     ap.add_argument("--calibration")
     ap.add_argument("--pool-tables", type=int, default=300)
     args = ap.parse_args()
     sim = SimBackend(args.calibration)
-    planners = {"dreamshard (shipped)": DreamShardPlanner(args.shipped) if args.shipped else get_planner("dreamshard"), **{h: get_planner(h) for h in g.HEURISTICS},
+    planners = {"dreamshard (shipped)": DreamShardPlanner(args.shipped) if args.shipped else g.shipped_before_kernel_rule(), **{h: get_planner(h) for h in g.HEURISTICS},
                 **{f"dreamshard ({os.path.basename(m)})": DreamShardPlanner(m) for m in args.model}}
     print(f"simulator: {sim.calibration.label}, product path {sim.product_path}; measured: {args.plans_csv}")
     print("| family | setting | plans | whole-step MAPE | mean signed | the campaign's simulator |\n|---|---|---:|---:|---:|---:|")
