@@ -1,8 +1,9 @@
 """The shipped model with its product-path features following the kernel's choice, and the tasks
 where that changes its plans (CPU, a minute).
 
-The shipped model's product-path features (nets.KernelFeatures) mark every candidate of the
-path's model (paths.takes_product), as the kernel took them when the model was trained; since
+The shipped model's product-path features (nets.KernelFeatures) marked every candidate of the
+path's model (paths.takes_product), as the kernel took them when the model was trained, until
+39c5542 shipped this variant; since
 session 11 the kernel takes only those that save more than paths.DENSE_TABLE_US
 (paths.product_tables), and the simulator prices them so. Writes OUT/dreamshard_h200_kernel.pt (the
 same weights, `product_rule` "kernel") and OUT/changed.csv: the (family, setting, task) of the
@@ -23,7 +24,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.gpu_heldout_planners import SETTINGS, setting_name  # noqa: E402
+from benchmarks.gpu_heldout_planners import SETTINGS, setting_name, shipped_before_kernel_rule  # noqa: E402
 from dreamshard.families import FAMILIES, synth_family  # noqa: E402
 from dreamshard.learned.nets import DreamShardModel  # noqa: E402
 from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
@@ -37,12 +38,12 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=16)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    shipped = DreamShardModel.load()
+    shipped = DreamShardModel.load()  # the same weights before and since 39c5542, which shipped the variant
     variant = replace(shipped, kernel=replace(shipped.kernel, product_rule="kernel"),
                       meta={**shipped.meta, "product_rule": "the shipped model's weights; product-path features as the kernel chooses (benchmarks/kernel_rule_prepare.py)"})
     path = os.path.join(args.out, "dreamshard_h200_kernel.pt")
     variant.save(path)
-    a, b = DreamShardPlanner(), DreamShardPlanner(path)
+    a, b = shipped_before_kernel_rule(), DreamShardPlanner(path)
     workload = Workload(65_536)
     with open(os.path.join(args.out, "changed.csv"), "w", newline="") as fh:
         out = csv.writer(fh)
