@@ -134,9 +134,10 @@ def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | Non
                         continue
                     plan = planner.plan(drawn[i])
                     recorded, devices = row.get("predicted_max_device_ms"), (plan.predicted or {}).get("devices")
-                    if recorded and devices and abs(max(d["total_ms"] for d in devices) / float(recorded) - 1) > 1e-3:
+                    now = max(d["total_ms"] for d in devices) if devices else None
+                    if recorded and now is not None and abs(now / float(recorded) - 1) > 1e-3:
                         sys.exit(f"{plans_csv}: {family}, {name}, task {i}: '{label}' does not remake the measured plan "
-                                 f"(predicted {max(d['total_ms'] for d in devices):.4f} ms, the campaign {float(recorded):.4f}): give the model that made it")
+                                 f"(predicted {now:.4f} ms, the campaign {float(recorded):.4f}): give the model that made it")
                     yield family, name, row, plan
 
 
