@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.gpu_heldout_planners import HEURISTICS, measured_plans, shipped_before_kernel_rule  # noqa: E402
+from benchmarks.gpu_heldout_planners import HEURISTICS, measured_plans, shipped_before_kernel_rule, with_product_rule  # noqa: E402
 from dreamshard.learned.mdp import EpisodeBatch, predict, prepare  # noqa: E402
 from dreamshard.learned.nets import PRODUCT_RULES, DreamShardModel  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
@@ -52,7 +51,7 @@ def main() -> None:
     for name, path in files.items():
         model = DreamShardModel.load(path)
         for rule in PRODUCT_RULES:
-            nets[f"{name} ({rule})"] = replace(model, kernel=replace(model.kernel, product_rule=rule))
+            nets[f"{name} ({rule})"] = with_product_rule(model, rule)
     err: dict[tuple, list[np.ndarray]] = {}
     for path in args.plans_csv:
         for family, setting, row, plan in measured_plans(path, planners, pool_tables=args.pool_tables):

@@ -102,12 +102,16 @@ def summaries(rows: list[dict], families: list[str], models: list[str]) -> dict:
     return {f: {m: summarise([r for r in rows if r["family"] == f], m) for m in models} for f in families}
 
 
+def with_product_rule(model: DreamShardModel, rule: str) -> DreamShardModel:
+    """`model`'s weights with its product-path features marked by `rule` (nets.PRODUCT_RULES)."""
+    return replace(model, kernel=replace(model.kernel, product_rule=rule))
+
+
 def shipped_before_kernel_rule() -> DreamShardPlanner:
     """The shipped model as it planned in the campaigns before 2026-11-25's product-rule commit
     (39c5542): the same weights, its product-path features on every candidate of the path's model
     (nets.PRODUCT_RULES "candidate"). Their "dreamshard (shipped)" plans are this planner's."""
-    shipped = DreamShardModel.load()
-    return DreamShardPlanner(replace(shipped, kernel=replace(shipped.kernel, product_rule="candidate")))
+    return DreamShardPlanner(with_product_rule(DreamShardModel.load(), "candidate"))
 
 
 def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | None = None, pool_tables: int = 300, seed_offset: int = 0):

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks.gpu_heldout_planners import SETTINGS, setting_name, shipped_before_kernel_rule  # noqa: E402
+from benchmarks.gpu_heldout_planners import SETTINGS, setting_name, shipped_before_kernel_rule, with_product_rule  # noqa: E402
 from dreamshard.families import FAMILIES, synth_family  # noqa: E402
 from dreamshard.learned.nets import DreamShardModel  # noqa: E402
 from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     shipped = DreamShardModel.load()  # the same weights before and since 39c5542, which shipped the variant
-    variant = replace(shipped, kernel=replace(shipped.kernel, product_rule="kernel"),
+    variant = replace(with_product_rule(shipped, "kernel"),
                       meta={**shipped.meta, "product_rule": "the shipped model's weights; product-path features as the kernel chooses (benchmarks/kernel_rule_prepare.py)"})
     path = os.path.join(args.out, "dreamshard_h200_kernel.pt")
     variant.save(path)
