@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| setting | best table-wise | best measured | even spread | even spread of the column plan | even spread with the row exchange | best measured vs table-wise | 30% below table-wise |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for setting, plans in by_setting.items():
-        tw, rows = plans.get("table_wise"), plans.get("rows")
+        tw = plans.get("table_wise")
         if tw is None:
             continue
         d = tw["devices"]
