@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from benchmarks.rowwise_sim import device_work  # noqa: E402  (the simulator's even spread, the same formula)
+
 SUMMARY = Path(__file__).resolve().parent / "results" / "gpu_rowwise" / "summary.json"
-
-
-def device_work(record: dict) -> tuple[float, float]:
-    """(compute summed over devices, the cheapest device's comm), ms, of one measured plan."""
-    devices = record["devices_ms"]
-    return (sum(d["fwd_comp_ms"] + d["bwd_comp_ms"] for d in devices),
-            min(d["fwd_comm_ms"] + d["bwd_comm_ms"] for d in devices))
 
 
 def pct(x: float, base: float) -> str:
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         if tw is None:
             continue
         d = tw["devices"]
-        tw_compute, tw_comm = device_work(tw)
+        tw_compute, tw_comm = device_work(tw["devices_ms"])
         spread = tw_compute / d + tw_comm
         best = min(p["measured_ms"] for p in plans.values())
         cells = []
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             if kind not in plans:
                 cells.append("—")
                 continue
-            compute, comm = device_work(plans[kind])
+            compute, comm = device_work(plans[kind]["devices_ms"])
             if kind == "rows":
                 compute = min(tw_compute, compute)
             cells.append(f"{compute / d + comm:.3f} ({pct(compute / d + comm, tw['measured_ms'])})")

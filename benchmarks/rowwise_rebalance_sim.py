@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -42,7 +43,8 @@ def by_cost_net(model: DreamShardModel, plan: Plan):
     scorer = PieceScorer(model, plan.task)
 
     def price(p: Plan) -> tuple[float, list[float]]:
-        state = scorer.state(list(p.shards), np.array([s.device for s in p.shards]))
+        # pieces by what they hold, not where: the scorer measures each piece once, not once per device
+        state = scorer.state([replace(s, device=0) for s in p.shards], np.array([s.device for s in p.shards]))
         devices = scorer.device_costs(state).sum(-1) + scorer.collective(state)
         return float(scorer.score(state)), sorted(devices.tolist(), reverse=True)
     return price
@@ -64,10 +66,8 @@ def rebalance(sim: SimBackend, plan: Plan, price=None) -> tuple[Plan, int]:
                     continue
                 cand = Plan(plan.task, shards[:i] + [Shard(s.table, d, s.start, s.stop, s.row_start, s.row_stop)] + shards[i + 1:], plan.planner)
                 try:
-                    cand.check()
+                    cand.check()  # its memory too
                 except PlanError:
-                    continue
-                if max(cand.device_bytes()) > plan.task.max_memory_bytes:
                     continue
                 c = price(cand)
                 if (round(c[0], 6), [round(x, 6) for x in c[1]]) < (round(best[0], 6), [round(x, 6) for x in best[1]]):

@@ -88,10 +88,17 @@ def price(sim: SimBackend, plan) -> float:
     return float(sim.evaluate(plan.device_tables(), plan.workload).overall_ms)
 
 
+def device_work(devices: list[dict]) -> tuple[float, float]:
+    """(compute summed over the devices, the cheapest device's comm), ms, of per-device costs
+    (a cost report's devices as dicts: fwd_comp_ms, bwd_comp_ms, fwd_comm_ms, bwd_comm_ms)."""
+    return (sum(d["fwd_comp_ms"] + d["bwd_comp_ms"] for d in devices), min(d["fwd_comm_ms"] + d["bwd_comm_ms"] for d in devices))
+
+
 def even_spread(sim: SimBackend, plan) -> float:
     """A plan's compute spread evenly over its devices, plus its cheapest device's comm (the docstring)."""
     devices = sim.evaluate(plan.device_tables(), plan.workload).devices
-    return sum(d.fwd_comp_ms + d.bwd_comp_ms for d in devices) / len(devices) + min(d.fwd_comm_ms + d.bwd_comm_ms for d in devices)
+    compute, comm = device_work([d.__dict__ for d in devices])
+    return compute / len(devices) + comm
 
 
 def run_group(sim, task, group: dict, rows: bool | None) -> dict:
