@@ -10,16 +10,17 @@
 #                                                 # on the grid's tables of <= 8,192 rows and on mixed shards
 #   bash benchmarks/gpu_kernels_check.sh state    # today's kernel as it stands (no torch timings, no v4 on the grid):
 #                                                 # every gpu test, the grid with a cold, a warm and two hot entries
-#                                                 # profiled per kernel, the mixed shards against v4; all in $OUT/state.tgz
+#                                                 # profiled per kernel, the mixed shards against v4, the backward's
+#                                                 # variants (kernels_gpu.BWD_VARIANTS) on five entries and three shards; all in $OUT/state.tgz
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 if [ "${1:-}" = state ]; then
   W=$(mktemp -d)  # the device tool returns at most 8 files: everything goes back as one archive
   timeout 270 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -15 | tee "$W/gpu_tests.log"
-  timeout 190 python3 benchmarks/kernels_grid.py --out "$W" --quick --no-torch --profile 5,6,24,26 > "$W/kernels_grid.log" 2>&1
-  tail -8 "$W/kernels_grid.log"
-  timeout 90 python3 benchmarks/kernels_gpu.py --out "$W" --baseline --quick > "$W/kernels_gpu.log" 2>&1
-  grep -E "speedup|bwd" "$W/kernels_gpu.log" | tail -8
+  timeout 190 python3 benchmarks/kernels_grid.py --out "$W" --quick --no-torch --profile 5,6,24,26 --sweep 2,5,6,24,26 > "$W/kernels_grid.log" 2>&1
+  grep -E "^sweep" "$W/kernels_grid.log"; tail -8 "$W/kernels_grid.log"
+  timeout 150 python3 benchmarks/kernels_gpu.py --out "$W" --baseline --quick --sweep --sweep-bwd "10t-mixed,50t-mixed,25t-dim>=32" > "$W/kernels_gpu.log" 2>&1
+  grep -E "speedup|bwd" "$W/kernels_gpu.log" | tail -20
   tar czf "$OUT/state.tgz" -C "$W" .
   exit 0
 fi

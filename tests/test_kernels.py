@@ -252,6 +252,10 @@ def test_triton_interpreter(precision, optimizer):
     stats = check_kernel("triton", precision, optimizer, seed=7, max_tables=4, max_rows=10, batch=16, bwd_dense=0,
                          bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16, bwd_max_tw=16)
     assert stats["crossing_rows"] > 0
+    # ... and with int64 offsets in the tiles (int32 wherever they fit, as here)
+    stats = check_kernel("triton", precision, optimizer, seed=7, max_tables=4, max_rows=10, batch=16, bwd_dense=0,
+                         bwd_lanes=16, bwd_pmax=16, bwd_up_lanes=16, bwd_max_tw=16, bwd_i32=False)
+    assert stats["crossing_rows"] > 0
     # the product path for every table, then beside the sorted path in one backward (tables of up to
     # 30 rows counted, the others sorted: the sorted path's lookups packed)
     stats = check_kernel("triton", precision, optimizer, seed=8, max_tables=4, max_rows=60, batch=70, bwd_dense=float("inf"))

@@ -134,6 +134,26 @@ def test_triton_product_path_in_rounds():
     check_product_rounds("cuda")
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_triton_int32_offsets_match_int64(optimizer):
+    """The tiles' int32 addressing (where every offset fits) sums in the same order as int64: the
+    same weights, bit for bit, on tables of every regime and a masked dim."""
+    from dreamshard.costs.kernels.triton_tbe import TritonTBE
+
+    rng = np.random.default_rng(4)
+    rows, dims = [500_000, 20_000, 50, 3], [128, 12, 64, 320]
+    indices, offsets = random_batch(rng, rows, 2048, "cuda", empty_table=None)
+    grad = torch.randn(2048, sum(dims), device="cuda").half()
+    results = []
+    for i32 in (True, False):
+        tbe = TritonTBE(rows, dims, optimizer=optimizer, device="cuda", seed=1, bwd_dense=0, bwd_i32=i32)
+        tbe.forward(indices, offsets)
+        tbe.backward(grad)
+        results.append([tbe.weights(t).clone() for t in range(4)])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dense", [0, float("inf")])
 def test_triton_is_deterministic(dense):
     from dreamshard.costs.kernels.triton_tbe import TritonTBE
