@@ -17,7 +17,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 if [ "${1:-}" = state ]; then
   W=$(mktemp -d)  # the device tool returns at most 8 files: everything goes back as one archive
   timeout 270 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider 2>&1 | tail -15 | tee "$W/gpu_tests.log"
-  timeout 190 python3 benchmarks/kernels_grid.py --out "$W" --quick --no-torch --profile 5,6,24,26 --sweep 2,5,6,24,26 > "$W/kernels_grid.log" 2>&1
+  timeout 190 python3 benchmarks/kernels_grid.py --out "$W" --quick --no-torch --profile 5,6,24,26 --sweep 2,5,6,13,24,26,43 > "$W/kernels_grid.log" 2>&1
   grep -E "^sweep" "$W/kernels_grid.log"; tail -8 "$W/kernels_grid.log"
   timeout 150 python3 benchmarks/kernels_gpu.py --out "$W" --baseline --quick --sweep --sweep-bwd "10t-mixed,50t-mixed,25t-dim>=32" > "$W/kernels_gpu.log" 2>&1
   grep -E "speedup|bwd" "$W/kernels_gpu.log" | tail -20

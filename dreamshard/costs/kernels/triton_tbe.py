@@ -71,6 +71,14 @@ BWD_UP_LANES = 2048  # elements (fp32 partial sums) of one tile of the levels ab
 BWD_PMAX = 64  # the [P, P] 'same row' matrix: 64 x 64 at most
 BWD_MAX_TW = 256  # widest column block of an SGD backward (wider dims are cut into blocks)
 BWD_WARPS = 4
+# Column blocks of at most BWD_NARROW_TW columns: level-0 tiles of at most BWD_NARROW_PMAX lookups, one
+# warp each. The tiles are bound by instruction issue, and a program repeats its scalar work (metadata,
+# neighbours, entries) in every warp: 32 x 16 tiles in one warp issue half the instructions per lookup
+# of 64 x 16 tiles in four (21 against 42 warp-instructions at dim 12) and fit 32 programs per SM
+# (H200, dim 12: 2.06 -> 1.61 ms; benchmarks/results/kernels_state/)
+BWD_NARROW_TW = 32
+BWD_NARROW_PMAX = 32
+BWD_NARROW_WARPS = 1
 KEYS_BLOCK = 1024  # lookups per program of the key-building launch
 # The warp's lanes holding equal count addresses (PTX match.any): the lowest of them gets their
 # number, the others 0. Not in the Triton interpreter (CPU), which adds 1 per lookup instead.
@@ -582,12 +590,13 @@ class TritonTBE(TBE):
                  bwd_lanes: int = BWD_LANES, bwd_pmax: int = BWD_PMAX, bwd_warps: int = BWD_WARPS,
                  bwd_max_tw: int = BWD_MAX_TW, bwd_up_lanes: int = BWD_UP_LANES, bwd_dense: float = BWD_DENSE,
                  bwd_dense_rows: int = BWD_DENSE_ROWS, bwd_dense_elems: int = BWD_DENSE_ELEMS, bwd_dense_min_us: float = DENSE_TABLE_US,
-                 bwd_i32: bool = True) -> None:
+                 bwd_i32: bool = True, bwd_narrow_pmax: int = BWD_NARROW_PMAX, bwd_narrow_warps: int = BWD_NARROW_WARPS) -> None:
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
         self.bwd_lanes, self.bwd_pmax, self.bwd_warps = int(bwd_lanes), int(bwd_pmax), int(bwd_warps)
         self.bwd_max_tw, self.bwd_up_lanes = int(bwd_max_tw), int(bwd_up_lanes)
-        for name in ("fwd_lanes", "bwd_lanes", "bwd_pmax", "bwd_max_tw", "bwd_up_lanes"):
+        self.bwd_narrow_pmax, self.bwd_narrow_warps = int(bwd_narrow_pmax), int(bwd_narrow_warps)
+        for name in ("fwd_lanes", "bwd_lanes", "bwd_pmax", "bwd_max_tw", "bwd_up_lanes", "bwd_narrow_pmax", "bwd_warps", "bwd_narrow_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two, got {v}")
@@ -640,7 +649,11 @@ class TritonTBE(TBE):
         # tile lengths per tile class: level 0 (gradient rows; fp32 ones cost twice the lanes) and the
         # levels above (fp32 partial sums)
         lanes0 = self.bwd_lanes // (2 if self.dtype == torch.float32 else 1)
-        self._pcls0 = [_chunk(16 << (c % NUM_TW), lanes0, self.bwd_pmax) for c in range(2 * NUM_TW)]
+        self._pcls0 = [_chunk(tw, lanes0, min(self.bwd_pmax, self.bwd_narrow_pmax) if tw <= BWD_NARROW_TW else self.bwd_pmax)
+                       for tw in (16 << (c % NUM_TW) for c in range(2 * NUM_TW))]
+        # level-0 warps per tile class: narrow column blocks in shorter tiles of fewer warps (see BWD_NARROW_TW)
+        self._wcls0 = [self.bwd_narrow_warps if tw <= BWD_NARROW_TW else self.bwd_warps if tw <= 256 else 8
+                       for tw in (16 << (c % NUM_TW) for c in range(2 * NUM_TW))]
         self._pcls1 = [_chunk(16 << (c % NUM_TW), self.bwd_up_lanes, self.bwd_pmax) for c in range(2 * NUM_TW)]
         self._p0 = [self._pcls0[c] for c in self._bcls]
         self._p1 = [self._pcls1[c] for c in self._bcls]
@@ -927,7 +940,7 @@ class TritonTBE(TBE):
                     pfirst, sg0, sg1, T, nseg, batch, self.total_dim, self.lr, self.eps,
                     CLS=cls, LEVEL0=level == 0, P=(self._pcls0 if level == 0 else self._pcls1)[cls],
                     ADAGRAD=adagrad, VEC=self._vec, I32=i32, MV=_aligned(self.dims[t] for t in tables),
-                    GA=_aligned([self.total_dim] + [self.col_offsets[t] for t in tables]), num_warps=self.bwd_warps if tw <= 256 else 8,
+                    GA=_aligned([self.total_dim] + [self.col_offsets[t] for t in tables]), num_warps=self._wcls0[cls] if level == 0 else self.bwd_warps if tw <= 256 else 8,
                 )
             tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)
             levels = 1 + max(lv for lv, *_ in launches)
