@@ -12,7 +12,8 @@ of the default tunables). Pointer arguments are
 compiled as 16-byte aligned (``tt.divisibility`` 16), as the JIT does for the tensors the real
 launches pass; without it Triton picks scalar loads and several times the registers, so counts taken
 that way overstate what the GPU runs. ``--regs`` prints each working-tree variant's registers and
-spill (``cuobjdump -res-usage``). A kernel or signature absent from the revision counts as differing.
+spill (``cuobjdump -res-usage``), its SASS instructions and, for level-0 tiles, the
+warp-instructions per lookup. A kernel or signature absent from the revision counts as differing.
 """
 
 from __future__ import annotations
@@ -58,13 +59,20 @@ def ptx(cc) -> str:
     return "\n".join(line for line in code.splitlines() if not line.strip().startswith(("//", ".file", ".loc")) and "L__tmp" not in line)
 
 
-def regs(cc) -> str:
+def regs(cc, warps: int, lookups: int | None) -> str:
+    """Registers, spill and shared memory per thread, and the SASS instructions per thread (the
+    kernels have no loops but short searches, so about what each thread issues); for a level-0 tile
+    also the warp-instructions per lookup (instructions x warps / P): its cost, the tiles being bound
+    by instruction issue (docs/kernels.md)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cc.asm["cubin"])
         f.flush()
         out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", out)
-    return f"REG {m.group(1)} STACK {m.group(2)} SHARED {m.group(3)}" if m else out.strip()[-200:]
+    n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+    res = f"REG {m.group(1)} STACK {m.group(2)} SHARED {m.group(3)}" if m else out.strip()[-200:]
+    return res + f" INSTR {n}" + (f" ({n * warps / lookups:.1f} warp-instructions per lookup)" if lookups else "")
 
 
 def variants():
@@ -96,12 +104,17 @@ def variants():
             if not adagrad and tw > 256:  # SGD cuts dims into blocks of at most 256 columns
                 continue
             lanes0 = 4096 // (2 if dt == "fp32" else 1)
-            p0, p1 = min(max(lanes0 // tw, 16), 64), min(max(2048 // tw, 16), 64)
+            pmax = 32 if tw <= 32 else 64  # the default tunables' tiles (TritonTBE: BWD_NARROW_*)
+            p0, p1 = min(max(lanes0 // tw, 16), pmax), min(max(2048 // tw, 16), pmax)
+            w = 1 if tw <= 32 else 4 if tw <= 256 else 8
             sig = {"keys_ptr": "*i16", "segs_ptr": "*i32", "grad_ptr": f"*{dt}", "vals_ptr": "*fp32", "ekeys_ptr": "*i16", "eflags_ptr": "*i8",
                    "w_ptr": f"*{dt}", "state_ptr": "*fp32", "meta_ptr": "*i64", "segt_ptr": "*i64", "pid_base": "i32", "seg_lo": "i32",
                    "seg_hi": "i32", "T": "i32", "NSEG": "i32", "B": "i32", "sumD": "i32", "lr": "fp32", "eps": "fp32"}
+            # int32 offsets; a masked class over dims that are multiples of 4 (the least a dim may be)
+            # and gradient columns at multiples of 8, as on a single table of a dim that is a multiple of 8
             for level0, p in ((True, p0), (False, p1)):
-                yield "_tile_kernel", sig, {"CLS": c, "LEVEL0": level0, "P": p, "ADAGRAD": adagrad, "VEC": 8 if dt == "fp16" else 4}, (4 if tw <= 256 else 8)
+                yield "_tile_kernel", sig, {"CLS": c, "LEVEL0": level0, "P": p, "ADAGRAD": adagrad, "VEC": 8 if dt == "fp16" else 4,
+                                            "I32": True, "MV": 4 if c >= 7 else 8, "GA": 8}, w
 
 
 def main() -> None:
@@ -122,7 +135,8 @@ def main() -> None:
             n += 1
             cc = compile_(getattr(new, name), sig, const, warps)
             if args.regs:
-                print(f"{name} {const} warps={warps}: {regs(cc)}", flush=True)
+                lookups = const["P"] if name == "_tile_kernel" and const["LEVEL0"] else None
+                print(f"{name} {const} warps={warps}: {regs(cc, warps, lookups)}", flush=True)
             try:
                 same = ptx(compile_(getattr(old, name), sig, const, warps)) == ptx(cc)
             except Exception as e:  # absent in the revision, or another signature

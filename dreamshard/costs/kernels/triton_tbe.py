@@ -647,14 +647,14 @@ class TritonTBE(TBE):
         self._bcls = [_bwd_class(d, tw) for d, tw in zip(self.dims, self._tw)]
         self._nblk = [-(-d // tw) for d, tw in zip(self.dims, self._tw)]
         # tile lengths per tile class: level 0 (gradient rows; fp32 ones cost twice the lanes) and the
-        # levels above (fp32 partial sums)
+        # levels above (fp32 partial sums); narrow column blocks in shorter tiles of fewer warps, at
+        # every level (see BWD_NARROW_TW)
         lanes0 = self.bwd_lanes // (2 if self.dtype == torch.float32 else 1)
-        self._pcls0 = [_chunk(tw, lanes0, min(self.bwd_pmax, self.bwd_narrow_pmax) if tw <= BWD_NARROW_TW else self.bwd_pmax)
-                       for tw in (16 << (c % NUM_TW) for c in range(2 * NUM_TW))]
-        # level-0 warps per tile class: narrow column blocks in shorter tiles of fewer warps (see BWD_NARROW_TW)
-        self._wcls0 = [self.bwd_narrow_warps if tw <= BWD_NARROW_TW else self.bwd_warps if tw <= 256 else 8
-                       for tw in (16 << (c % NUM_TW) for c in range(2 * NUM_TW))]
-        self._pcls1 = [_chunk(16 << (c % NUM_TW), self.bwd_up_lanes, self.bwd_pmax) for c in range(2 * NUM_TW)]
+        widths = [16 << (c % NUM_TW) for c in range(2 * NUM_TW)]
+        pmax = [min(self.bwd_pmax, self.bwd_narrow_pmax) if tw <= BWD_NARROW_TW else self.bwd_pmax for tw in widths]
+        self._pcls0 = [_chunk(tw, lanes0, p) for tw, p in zip(widths, pmax)]
+        self._pcls1 = [_chunk(tw, self.bwd_up_lanes, p) for tw, p in zip(widths, pmax)]
+        self._wcls = [self.bwd_narrow_warps if tw <= BWD_NARROW_TW else self.bwd_warps if tw <= 256 else 8 for tw in widths]
         self._p0 = [self._pcls0[c] for c in self._bcls]
         self._p1 = [self._pcls1[c] for c in self._bcls]
         self._bwd_order = sorted(range(T), key=lambda t: (self._bcls[t], t))
@@ -933,14 +933,13 @@ class TritonTBE(TBE):
             i32 = self.bwd_i32 and max(ns, ne, nv, grad.numel(), self._flat.numel()) < 2**31
             # 4. one launch per level and tile class; level k+1 reads what level k wrote (stream order)
             for level, cls, pfirst, count, blocks, sg0, sg1 in launches:
-                tw = TW_CLASSES[cls % NUM_TW]
                 tables = [plan[k][0] for k in range(sg0, sg1)]
                 _tile_kernel[(count, blocks)](
                     keys_sorted, segs, grad, vals, ekeys, eflags, self._flat, state, self._meta, segt,
                     pfirst, sg0, sg1, T, nseg, batch, self.total_dim, self.lr, self.eps,
                     CLS=cls, LEVEL0=level == 0, P=(self._pcls0 if level == 0 else self._pcls1)[cls],
                     ADAGRAD=adagrad, VEC=self._vec, I32=i32, MV=_aligned(self.dims[t] for t in tables),
-                    GA=_aligned([self.total_dim] + [self.col_offsets[t] for t in tables]), num_warps=self._wcls0[cls] if level == 0 else self.bwd_warps if tw <= 256 else 8,
+                    GA=_aligned([self.total_dim] + [self.col_offsets[t] for t in tables]), num_warps=self._wcls[cls],
                 )
             tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)
             levels = 1 + max(lv for lv, *_ in launches)
