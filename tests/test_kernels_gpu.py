@@ -134,6 +134,14 @@ def test_triton_product_path_in_rounds():
     check_product_rounds("cuda")
 
 
+@pytest.mark.parametrize("narrow", [(64, 4), (16, 2)])
+def test_triton_narrow_tile_shapes(narrow):
+    """Column blocks of <= 32 columns in tiles of other lengths and warps than the default 32 and 1."""
+    for seed, (precision, optimizer) in enumerate([("fp16", "sgd"), ("fp32", "rowwise_adagrad")]):
+        check_kernel("triton", precision, optimizer, seed=90 + seed, device="cuda", max_rows=3000, batch=256, bwd_dense=0,
+                     bwd_narrow_pmax=narrow[0], bwd_narrow_warps=narrow[1])
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 def test_triton_int32_offsets_match_int64(optimizer):
     """The tiles' int32 addressing (where every offset fits) sums in the same order as int64: the

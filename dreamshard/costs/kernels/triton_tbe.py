@@ -415,8 +415,8 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
         # rows updated here: their last element is in the tile and none of them lies outside it
         ours = (key >= 0) & (key != key_next) & ((key != kfirst) | (head_x == 0)) & ((key != klast) | (tail_x == 0))
         # their current values, loaded beside the gather (both wait only on the keys)
-        key64 = _ix(key, I32)
-        local = key64 - row_start
+        rowkey = _ix(key, I32)
+        local = rowkey - row_start
         if EXACT:
             waddr = tl.multiple_of(w_off + local * D + c0, VEC)[:, None] + col[None, :]
             wmask = tl.broadcast_to(ours[:, None], (P, TW))
@@ -425,7 +425,7 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
             wmask = ours[:, None] & cmask[None, :]
         w = tl.load(w_ptr + waddr, mask=wmask, other=0.0)
         if ADAGRAD:
-            st = tl.load(state_ptr + key64, mask=ours, other=0.0)
+            st = tl.load(state_ptr + rowkey, mask=ours, other=0.0)
         else:
             st = tl.zeros((P,), dtype=tl.float32)
         if LEVEL0:
@@ -452,7 +452,7 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
             acc = tl.dot(same.to(tl.float16), g, out_dtype=tl.float32)
         else:
             acc = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
-        _apply_rows(w_ptr, state_ptr, key64, waddr, w, st, acc, wmask, ours, D, lr, eps, ADAGRAD)
+        _apply_rows(w_ptr, state_ptr, rowkey, waddr, w, st, acc, wmask, ours, D, lr, eps, ADAGRAD)
         # the partial sums of rows that cross the tile's ends: entry 2j (the first row) and 2j+1 (the
         # last row) of the next level; a tile of one row that crosses keeps its sum in entry 2j
         head_o = head_x | (tail_x & single)
