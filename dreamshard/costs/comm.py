@@ -142,16 +142,25 @@ def rowwise_ms(comm: dict, rowwise_dim: int, batch_size: int, elt: int, devices:
     return collective_ms(comm, "reduce_scatter", n, devices), collective_ms(comm, "all_gather", n, devices)
 
 
+def comm_params_problem(params) -> str | None:
+    """What is wrong with a collective model's parameters ({latency_ms, bandwidth_GBps,
+    serial_fraction (optional, 0)}), or None. The one check of them: the comm model, a calibration's
+    copy and a trained model's each raise it as their own error."""
+    if not isinstance(params, dict):
+        return "expected an object with latency_ms and bandwidth_GBps"
+    for key, ok, want in (("latency_ms", lambda v: v >= 0, "a finite number >= 0"),
+                          ("bandwidth_GBps", lambda v: v > 0, "a finite number > 0"),
+                          ("serial_fraction", lambda v: 0 <= v <= 1, "a number in [0, 1]")):
+        v = params.get(key, 0.0 if key == "serial_fraction" else None)
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
+            return f"{key} must be {want}, got {v!r:.40}"
+    return None
+
+
 def check_collective_fit(fit, what: str) -> None:
-    if fit is None:
-        return
-    if not isinstance(fit, dict):
-        raise ValueError(f"{what} must be an object with latency_ms and bandwidth_GBps")
-    lat, bw = fit.get("latency_ms"), fit.get("bandwidth_GBps")
-    if not (isinstance(lat, (int, float)) and math.isfinite(lat) and lat >= 0):
-        raise ValueError(f"{what} latency_ms must be finite and >= 0, got {lat!r:.40}")
-    if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
-        raise ValueError(f"{what} bandwidth_GBps must be finite and > 0, got {bw!r:.40}")
+    problem = None if fit is None else comm_params_problem(fit)
+    if problem:
+        raise ValueError(f"{what}: {problem}")
 
 
 def fit_collective(points: Iterable[dict], **meta) -> dict:
@@ -193,12 +202,9 @@ class CommModel:
     all_gather: dict | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.latency_ms) and self.latency_ms >= 0):
-            raise ValueError(f"comm model latency must be finite and >= 0 ms, got {self.latency_ms}")
-        if not (math.isfinite(self.bandwidth_GBps) and self.bandwidth_GBps > 0):
-            raise ValueError(f"comm model bandwidth must be finite and > 0 GB/s, got {self.bandwidth_GBps}")
-        if not 0.0 <= self.serial_fraction <= 1.0:
-            raise ValueError(f"comm model serial_fraction must be in [0, 1], got {self.serial_fraction}")
+        problem = comm_params_problem({"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction})
+        if problem:
+            raise ValueError(f"comm model: {problem}")
         for kind in COLLECTIVES:
             check_collective_fit(getattr(self, kind), f"comm model {kind}")
 

@@ -66,7 +66,7 @@ from typing import Sequence
 import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, rowwise_ms
+from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, comm_params_problem, rowwise_ms
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
@@ -74,7 +74,7 @@ from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
-from dreamshard.validation import DataError, one_line, parse_float, parse_int, require_dict, require_keys
+from dreamshard.validation import DataError, one_line, parse_float, parse_int, require_dict
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
 BWD_TERMS = ("launch", "active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
@@ -140,11 +140,9 @@ class Calibration:
                                  for term, v in require_dict(getattr(self, part), where, f"the {part} coefficients", DataError).items()})
         self.batch_size = parse_int(self.batch_size, where, "batch_size", 1, error=DataError)
         self.cache_bytes = parse_float(self.cache_bytes, where, "cache_bytes", 0.0, error=DataError)
-        require_keys(require_dict(self.comm, where, "the all-to-all model 'comm'", DataError), ("latency_ms", "bandwidth_GBps"), where, DataError)
-        parse_float(self.comm["latency_ms"], where, "comm.latency_ms", 0.0, error=DataError)
-        if parse_float(self.comm["bandwidth_GBps"], where, "comm.bandwidth_GBps", 0.0, error=DataError) <= 0:
-            raise DataError(f"{where}, comm.bandwidth_GBps: must be > 0")
-        parse_float(self.comm.get("serial_fraction", 0.0), where, "comm.serial_fraction", 0.0, 1.0, error=DataError)
+        problem = comm_params_problem(require_dict(self.comm, where, "the all-to-all model 'comm'", DataError))
+        if problem:
+            raise DataError(f"{where}, comm: {problem}")
         if not isinstance(self.product_path, bool):
             raise DataError(f"{where}, product_path: {self.product_path!r:.40} is not true or false")
         return self

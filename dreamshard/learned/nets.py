@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dreamshard.bins import BIN_MEAN
-from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms
+from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, comm_params_problem
 from dreamshard.costs.paths import product_us, sparse_us, table_arrays
 from dreamshard.costs.terms import TERMS, WIDE_DIM, table_terms
 from dreamshard.files import load_torch_file
@@ -531,7 +531,7 @@ def _kernel_from_state(d, where: str) -> KernelFeatures | None:
 def _comm_from_state(d, where: str) -> CommFormula | None:
     if d is None:
         return None
-    if not isinstance(d, dict) or not _finite(d.get("latency_ms")) or not _finite(d.get("bandwidth_GBps"), strict=True) \
-            or not (_finite(d.get("serial_fraction")) and d["serial_fraction"] <= 1):
-        raise ModelError(f"{where}, key 'comm': expected latency_ms >= 0, bandwidth_GBps > 0, serial_fraction in [0, 1]")
+    problem = comm_params_problem(d)
+    if problem:
+        raise ModelError(f"{where}, key 'comm': {problem}")
     return CommFormula.of(d, _batch(d, where, "comm"))
