@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu_kernels_check.sh state    # today's kernel as it stands (no torch timings, no v4 on the grid):
 #                                                 # every gpu test, the grid with a cold, a warm and two hot entries
 #                                                 # profiled per kernel, the mixed shards against v4, the backward's
-#                                                 # variants (kernels_gpu.BWD_VARIANTS) on five entries and three shards; all in $OUT/state.tgz
+#                                                 # variants (kernels_gpu.BWD_VARIANTS) on seven entries and three shards; all in $OUT/state.tgz
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 if [ "${1:-}" = state ]; then

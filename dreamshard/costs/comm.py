@@ -142,16 +142,16 @@ def rowwise_ms(comm: dict, rowwise_dim: int, batch_size: int, elt: int, devices:
     return collective_ms(comm, "reduce_scatter", n, devices), collective_ms(comm, "all_gather", n, devices)
 
 
-def comm_params_problem(params) -> str | None:
+def comm_params_problem(params, serial_required: bool = False) -> str | None:
     """What is wrong with a collective model's parameters ({latency_ms, bandwidth_GBps,
-    serial_fraction (optional, 0)}), or None. The one check of them: the comm model, a calibration's
-    copy and a trained model's each raise it as their own error."""
+    serial_fraction (0 where absent, unless `serial_required`)}), or None. The one check of them: the
+    comm model, a calibration's copy and a trained model's each raise it as their own error."""
     if not isinstance(params, dict):
         return "expected an object with latency_ms and bandwidth_GBps"
     for key, ok, want in (("latency_ms", lambda v: v >= 0, "a finite number >= 0"),
                           ("bandwidth_GBps", lambda v: v > 0, "a finite number > 0"),
                           ("serial_fraction", lambda v: 0 <= v <= 1, "a number in [0, 1]")):
-        v = params.get(key, 0.0 if key == "serial_fraction" else None)
+        v = params.get(key, 0.0 if key == "serial_fraction" and not serial_required else None)
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
             return f"{key} must be {want}, got {v!r:.40}"
     return None

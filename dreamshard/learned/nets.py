@@ -531,7 +531,7 @@ def _kernel_from_state(d, where: str) -> KernelFeatures | None:
 def _comm_from_state(d, where: str) -> CommFormula | None:
     if d is None:
         return None
-    problem = comm_params_problem(d)
+    problem = comm_params_problem(d, serial_required=True)  # a model's own params() always write it
     if problem:
         raise ModelError(f"{where}, key 'comm': {problem}")
     return CommFormula.of(d, _batch(d, where, "comm"))
