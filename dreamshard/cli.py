@@ -727,43 +727,68 @@ def _print_validation(result: dict, calibration) -> None:
         console.print(b)
 
 
-@calibrate.command("comm")
-@click.option("--out", required=True, type=OUT_FILE, help="comm model JSON to write")
-@click.option("--devices", default=2, show_default=True, type=click.IntRange(2, limits.MAX_DEVICES), help="processes (CPU) or GPUs taking part")
-@click.option("--sizes", help="bytes each rank sends to each other rank, comma-separated (e.g. 256,4KB,1MB)  [default: 256 B–4 MB on CPU, 1 KB–256 MB on GPUs]")
-@click.option("--iters", default=20, show_default=True, type=ITERS, help="timed all-to-alls per size (median kept)")
-@click.option("--warmup", default=3, show_default=True, type=WARMUP)
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: NCCL when CUDA devices >= --devices, else gloo on CPU")
-@click.option("--timeout", default=300.0, show_default=True, type=TIMEOUT)
-def calibrate_comm(out, devices, sizes, iters, warmup, device, timeout) -> None:
-    """Measure real all-to-alls (gloo on CPU, NCCL on GPUs) and fit latency + bandwidth."""
-    import torch
-
-    from dreamshard.costs.comm import calibrate as run_calibration
-    from dreamshard.costs.comm import parse_sizes
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= devices else "cpu"
-    chunks = parse_sizes(sizes) if sizes else None
-    with err_console.status(f"all-to-alls on {devices} {'GPUs (NCCL)' if device == 'cuda' else 'CPU processes (gloo)'}"):
-        model = run_calibration(devices, chunks, device, iters, warmup, timeout)
-    model.save(out)
-    t = Table(title=f"all-to-all, {devices} ranks: measured vs model (median over ranks and directions)")
-    for col in ("pattern", "max(send, recv)", "measured ms", "model ms"):
-        t.add_column(col, justify="right")
-    groups: dict = {}
-    for p in model.measurements:
-        groups.setdefault((p["pattern"], max(p["send_bytes"], p["recv_bytes"])), []).append(p)
+def _comm_fit_table(model) -> Table:
+    """Measured vs modelled, per collective, set, pattern and size (medians over ranks and directions)."""
     from statistics import median
 
     from dreamshard.packing import format_bytes
 
-    for (pattern, hi), pts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        t.add_row(pattern, format_bytes(hi), f"{median(p['ms'] for p in pts):.4f}", f"{median(model.predict(p['send_bytes'], p['recv_bytes']) for p in pts):.4f}")
-    _wide_console().print(t)
-    fd = model.fit_details
+    t = Table(title=f"collectives, {model.devices} ranks: measured vs model (median over ranks and directions)")
+    for col in ("op", "set", "pattern", "size", "measured ms", "model ms", "error"):
+        t.add_column(col, justify="right")
+    groups: dict = {}
+    for p in model.measurements:
+        op = p.get("op", "all_to_all")
+        size = max(p["chunks_bytes"]) if "chunks_bytes" in p else p.get("buffer_bytes", max(p.get("send_bytes", 0), p.get("recv_bytes", 0)))
+        groups.setdefault((op, p.get("set", "fit"), p.get("pattern", ""), size), []).append(p)
+    for (op, part, pattern, size), pts in sorted(groups.items()):
+        measured, modelled = median(p["ms"] for p in pts), median(model.point_ms(p) for p in pts)
+        t.add_row(op.replace("_", "-"), part, pattern, format_bytes(size), f"{measured:.4f}", f"{modelled:.4f}", f"{modelled / measured - 1:+.1%}")
+    return t
+
+
+@calibrate.command("comm")
+@click.option("--out", required=True, type=OUT_FILE, help="comm model JSON to write")
+@click.option("--devices", default=2, show_default=True, type=click.IntRange(2, limits.MAX_DEVICES), help="processes (CPU) or GPUs taking part")
+@click.option("--sizes", help="all-to-all: bytes each rank sends to each other rank, comma-separated (e.g. 256,4KB,1MB)  [default: 256 B–4 MB on CPU, 16 KB–192 MB on GPUs]")
+@click.option("--buffers", help="reduce-scatter and all-gather: buffer bytes, comma-separated  [default: 4 KB–8 MB on CPU, 256 KB–256 MB on GPUs]")
+@click.option("--iters", default=20, show_default=True, type=ITERS, help="timed collectives per pattern (median kept)")
+@click.option("--warmup", default=3, show_default=True, type=WARMUP)
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: NCCL when CUDA devices >= --devices, else gloo on CPU")
+@click.option("--timeout", default=300.0, show_default=True, type=TIMEOUT)
+@click.option("--refit", "refit_file", type=click.Path(exists=True, dir_okay=False), help="measure nothing: fit again to the measurements of this comm model file")
+def calibrate_comm(out, devices, sizes, buffers, iters, warmup, device, timeout, refit_file) -> None:
+    """Measure every collective the distributed runner issues (the all-to-all over balanced and
+    skewed patterns, the reduce-scatter and all-gather of row-wise tables; gloo on CPU, NCCL on
+    GPUs), fit the comm model, and report its error on held-out patterns."""
+    from dreamshard.costs.comm import CommModel, fit_comm, parse_sizes
+    from dreamshard.costs.comm import calibrate as run_calibration
+
+    if refit_file:
+        old = CommModel.load(refit_file)
+        if not old.measurements or not any("chunks_bytes" in p for p in old.measurements):
+            raise InputError(f"{refit_file}: has no measurements of patterns to fit again (made by `dreamshard calibrate comm`)")
+        model = fit_comm(old.measurements, hardware=old.hardware, date=old.date, versions=old.versions, process_group=old.process_group, devices=old.devices)
+    else:
+        import torch
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= devices else "cpu"
+        chunks = parse_sizes(sizes) if sizes else None
+        sizes_rs = parse_sizes(buffers) if buffers else None
+        with err_console.status(f"collectives on {devices} {'GPUs (NCCL)' if device == 'cuda' else 'CPU processes (gloo)'}"):
+            model = run_calibration(devices, chunks, device, iters, warmup, timeout, sizes_rs)
+    model.save(out)
+    _wide_console().print(_comm_fit_table(model))
     console.print(f"model: {model.describe()}")
-    console.print(f"relative error over {fd['points']} points: median {fd['median_rel_error']:.1%}, max {fd['max_rel_error']:.1%}")
+    for kind in ("reduce_scatter", "all_gather"):
+        fit = getattr(model, kind)
+        if fit:
+            console.print(f"{kind.replace('_', '-')}: {fit['latency_ms'] * 1e3:.1f} µs + ring bytes / {fit['bandwidth_GBps']:.2f} GB/s")
+    fd = model.fit_details
+    console.print(f"all-to-all relative error over its {fd['points']} fitted points: median {fd['median_rel_error']:.1%}, max {fd['max_rel_error']:.1%}")
+    for op, e in fd.get("held_out", {}).items():
+        console.print(f"held-out {op.replace('_', '-')} ({e['points']} points): median {e['median_rel_error']:.1%}, max {e['max_rel_error']:.1%}")
     console.print(f"wrote {out}")
 
 

@@ -76,6 +76,11 @@ def spec_from_dict(d: dict, where: str = "table spec") -> TableSpec:
     return RowShardSpec(**values, parent=parent, row_start=extra["rows"][0], row_stop=extra["rows"][1])
 
 
+def row_dims(shards: Sequence[Sequence[TableSpec]]) -> list[int]:
+    """Each device's columns of row shards (its part of the row-wise exchange's copies)."""
+    return [sum(t.dim for t in s if isinstance(t, RowShardSpec)) for s in shards]
+
+
 def rowwise_tables(specs: Sequence[TableSpec]) -> list[TableSpec]:
     """The whole tables that `specs` holds row shards of, once each, in order of first appearance:
     the layout of the row-wise exchange's [B, Σ dim] buffer (every backend and every rank of the

@@ -62,12 +62,35 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "comm"
 
 # Designed per-destination chunk sizes (bytes a rank sends to each other rank). The low end pins
 # the latency, the high end the bandwidth; geometric spacing weighs every decade alike.
+# The sizes of a DLRM step: at B = 65,536 and fp16 a rank's chunk is B/D · 2 bytes per column of
+# its all-to-all (32 KB per column on 4 GPUs: 256 KB–128 MB for dim sums of 8–4,000), the row-wise
+# buffer B · 2 bytes per column (128 KB per column).
 DEFAULT_CHUNKS = {
     "cpu": [256, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20],
-    "cuda": [1 << 10, 16 << 10, 256 << 10, 4 << 20, 32 << 20, 128 << 20, 256 << 20],
+    "cuda": [16 << 10, 128 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 192 << 20],
+}
+DEFAULT_BUFFERS = {
+    "cpu": [4 << 10, 64 << 10, 1 << 20, 8 << 20],
+    "cuda": [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
+}
+# (all-to-all columns, row-shard columns) of a rank's TBE output whose copies are timed, over
+# RELAYOUT_ROWS samples (the batch of a DLRM step on GPUs)
+RELAYOUT_WIDTHS = [(16, 4), (128, 16), (512, 64), (1024, 512), (3072, 128)]
+HELD_OUT_WIDTHS = [(64, 8), (256, 256), (2048, 32)]
+RELAYOUT_ROWS = {"cpu": 1024, "cuda": 65536}
+# The held-out patterns: the same design between the fitted sizes, with another seed; chosen
+# before any measurement, never fitted
+HELD_OUT_CHUNKS = {
+    "cpu": [1 << 10, 16 << 10, 128 << 10, 2 << 20],
+    "cuda": [48 << 10, 384 << 10, 2 << 20, 8 << 20, 32 << 20, 96 << 20],
+}
+HELD_OUT_BUFFERS = {
+    "cpu": [16 << 10, 256 << 10, 4 << 20],
+    "cuda": [512 << 10, 2 << 20, 8 << 20, 32 << 20, 128 << 20],
 }
 SKEW = 4  # skewed exchange: rank 0's chunks are SKEW × the others'
 COLLECTIVES = ("reduce_scatter", "all_gather")
+RELAYOUT = "relayout"  # the copies around the row-wise collectives: a fit like theirs, of bytes moved
 
 
 def alltoall_bytes_array(dim_sums: np.ndarray, batch_size: int, elt, total=None, devices=None) -> tuple[np.ndarray, np.ndarray]:
@@ -89,15 +112,35 @@ def alltoall_bytes_array(dim_sums: np.ndarray, batch_size: int, elt, total=None,
 
 
 def alltoall_ms(comm: dict, send, recv):
-    """One device's all-to-all ms from a comm model's parameters (``CommModel.params()`` or a
-    calibration's ``comm``): latency + (max + serial_fraction·min)(send, recv) / bandwidth, 0 where
-    nothing moves. Numbers or arrays. The one formula: `CommModel.predict`, the simulator and
-    the learned cost net's `CommFormula` all price the all-to-all through it."""
+    """Every device's all-to-all ms from a comm model's parameters (``CommModel.params()`` or a
+    calibration's ``comm``). `send` and `recv` are arrays [..., D], the last axis the devices of
+    one exchange (numbers: one device seen alone). With a device's load
+
+        load_d = max(send_d, recv_d) + serial_fraction · min(send_d, recv_d)
+
+    t_d = latency + ((1 − coupling) · load_d + coupling · max_j load_j) / bandwidth, 0 where the
+    device moves nothing. ``coupling`` (0 where absent) says how far a device waits for the busiest
+    one: in NCCL's all-to-all every pair exchanges at once, so a device that sends and receives
+    little still waits for its chunk from the busiest peer. The one formula: `CommModel`, the
+    simulator and the learned cost net's `CommFormula` all price the all-to-all through it."""
     send, recv = np.asarray(send, dtype=np.float64), np.asarray(recv, dtype=np.float64)
     hi, lo = np.maximum(send, recv), np.minimum(send, recv)
-    t = comm["latency_ms"] + (hi + comm.get("serial_fraction", 0.0) * lo) / (comm["bandwidth_GBps"] * 1e6)
+    load = hi + comm.get("serial_fraction", 0.0) * lo
+    k = comm.get("coupling", 0.0)
+    if k and load.ndim:
+        load = (1.0 - k) * load + k * load.max(axis=-1, keepdims=True)
+    t = comm["latency_ms"] + load / (comm["bandwidth_GBps"] * 1e6)
     out = np.where(hi > 0, t, 0.0)
     return float(out) if out.ndim == 0 else out
+
+
+def chunks_traffic(chunks_bytes, backward: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(send[..., D], recv[..., D]) bytes of the runner's exchange where rank d sends
+    `chunks_bytes[..., d]` to every other rank (the forward; the backward reverses it)."""
+    c = np.asarray(chunks_bytes, dtype=np.float64)
+    D = c.shape[-1]
+    send, recv = c * (D - 1), c.sum(axis=-1, keepdims=True) - c
+    return (recv, send) if backward else (send, recv)
 
 
 def alltoall_bytes(dim_sums: Sequence[int], batch_size: int, elt: int) -> tuple[list[float], list[float]]:
@@ -142,16 +185,36 @@ def rowwise_ms(comm: dict, rowwise_dim: int, batch_size: int, elt: int, devices:
     return collective_ms(comm, "reduce_scatter", n, devices), collective_ms(comm, "all_gather", n, devices)
 
 
+def relayout_ms(comm: dict, a2a_dims, row_dims, batch_size: int, elt):
+    """(forward ms[..., D], backward ms[..., D]) of the column copies of a device that holds row
+    shards (`relayout_forward` / `relayout_backward`): its TBE output has its all-to-all columns
+    (`a2a_dims`) and its row shards' columns (`row_dims`) side by side, so both are copied out
+    before the collectives and their gradients copied in after: 2 · B · (a2a + row) · elt bytes
+    read and written each way, at the comm model's fitted ``relayout`` rate. The forward copies come
+    before the all-to-all and the reduce-scatter, which every rank leaves together: every device
+    pays the slowest device's; the backward ones are each device's own. 0 for a device without
+    row shards (its output goes to the all-to-all as it is) or where the model has no fit."""
+    rows = np.asarray(row_dims, dtype=np.float64)
+    fit = comm.get("relayout")
+    if not fit:
+        z = np.zeros_like(rows)
+        return z, z
+    moved = 2.0 * batch_size * (np.asarray(a2a_dims, dtype=np.float64) + rows) * elt
+    own = np.where(rows > 0, fit["latency_ms"] + moved / (fit["bandwidth_GBps"] * 1e6), 0.0)
+    return np.broadcast_to(own.max(axis=-1, keepdims=True), own.shape).copy(), own
+
+
 def comm_params_problem(params, serial_required: bool = False) -> str | None:
     """What is wrong with a collective model's parameters ({latency_ms, bandwidth_GBps,
-    serial_fraction (0 where absent, unless `serial_required`)}), or None. The one check of them: the
+    serial_fraction (0 where absent, unless `serial_required`), coupling (0 where absent)}), or None. The one check of them: the
     comm model, a calibration's copy and a trained model's each raise it as their own error."""
     if not isinstance(params, dict):
         return "expected an object with latency_ms and bandwidth_GBps"
     for key, ok, want in (("latency_ms", lambda v: v >= 0, "a finite number >= 0"),
                           ("bandwidth_GBps", lambda v: v > 0, "a finite number > 0"),
-                          ("serial_fraction", lambda v: 0 <= v <= 1, "a number in [0, 1]")):
-        v = params.get(key, 0.0 if key == "serial_fraction" and not serial_required else None)
+                          ("serial_fraction", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+                          ("coupling", lambda v: 0 <= v <= 1, "a number in [0, 1]")):
+        v = params.get(key, 0.0 if key == "coupling" or (key == "serial_fraction" and not serial_required) else None)
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
             return f"{key} must be {want}, got {v!r:.40}"
     return None
@@ -165,11 +228,12 @@ def check_collective_fit(fit, what: str) -> None:
 
 def fit_collective(points: Iterable[dict], **meta) -> dict:
     """(latency, bandwidth) of one collective from points {"buffer_bytes", "devices", "ms"}: the
-    least-squares fit of relative error of t = latency + ring_bytes / bandwidth."""
+    least-squares fit of relative error of t = latency + ring_bytes / bandwidth. Relayout points
+    ({"bytes", "ms"}: bytes read and written) fit t = latency + bytes / bandwidth alike."""
     pts = list(points)
     if len(pts) < 2:
         raise ValueError(f"fitting a collective needs at least 2 measurements, got {len(pts)}")
-    x = np.array([float(ring_bytes(p["buffer_bytes"], p["devices"])) for p in pts])
+    x = np.array([float(p["bytes"]) if "bytes" in p else float(ring_bytes(p["buffer_bytes"], p["devices"])) for p in pts])
     t = np.array([float(p["ms"]) for p in pts])
     if np.any(t <= 0) or not np.all(np.isfinite(t)):
         raise ValueError("collective measurements must have finite times > 0 ms")
@@ -183,11 +247,14 @@ def fit_collective(points: Iterable[dict], **meta) -> dict:
 
 @dataclass
 class CommModel:
-    """t_d = latency_ms + (max(send, recv) + serial_fraction·min(send, recv)) / bandwidth."""
+    """The all-to-all (`alltoall_ms`: latency, bandwidth, serial_fraction, coupling) and the
+    row-wise collectives (`collective_ms`: each its latency and bandwidth) of one interconnect at
+    one device count."""
 
     latency_ms: float
     bandwidth_GBps: float  # 1 GB = 1e9 bytes
     serial_fraction: float = 0.0  # 0: directions overlap (full duplex); 1: they add up
+    coupling: float = 0.0  # 0: a device's own traffic; 1: the busiest device's (alltoall_ms)
     hardware: str = "?"
     date: str = ""
     versions: dict = field(default_factory=dict)
@@ -200,18 +267,20 @@ class CommModel:
     # from the all-to-all fit (module docstring)
     reduce_scatter: dict | None = None
     all_gather: dict | None = None
+    relayout: dict | None = None  # the column copies of a device with row shards (`relayout_ms`); None: not priced
 
     def __post_init__(self) -> None:
-        problem = comm_params_problem({"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction})
+        problem = comm_params_problem({"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction,
+                                       "coupling": self.coupling})
         if problem:
             raise ValueError(f"comm model: {problem}")
-        for kind in COLLECTIVES:
+        for kind in (*COLLECTIVES, RELAYOUT):
             check_collective_fit(getattr(self, kind), f"comm model {kind}")
 
     def params(self) -> dict:
-        """The parameters `collective_ms` reads (as a simulator calibration's ``comm`` holds them)."""
+        """The parameters `alltoall_ms` and `collective_ms` read (as a simulator calibration's ``comm`` holds them)."""
         return {"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction,
-                "reduce_scatter": self.reduce_scatter, "all_gather": self.all_gather}
+                "coupling": self.coupling, "reduce_scatter": self.reduce_scatter, "all_gather": self.all_gather, "relayout": self.relayout}
 
     def rowwise_ms(self, rowwise_dim: int, batch_size: int, elt: int, devices: int) -> tuple[float, float]:
         """(reduce-scatter ms, all-gather ms) of the row-wise tables' exchange (module docstring)."""
@@ -219,10 +288,14 @@ class CommModel:
 
     # ------------------------------------------------------------------ predict
     def predict(self, send_bytes, recv_bytes):
-        """Milliseconds for one device's all-to-all; numbers or equal-length sequences."""
+        """Milliseconds of the all-to-all: a number for one device seen alone, or a list for the
+        devices of one exchange (equal-length sequences, one entry per device)."""
         if isinstance(send_bytes, (int, float)) and isinstance(recv_bytes, (int, float)):
             return alltoall_ms(self.params(), send_bytes, recv_bytes)
-        return [self.predict(float(s), float(r)) for s, r in zip(send_bytes, recv_bytes, strict=True)]
+        send, recv = np.asarray(send_bytes, dtype=np.float64), np.asarray(recv_bytes, dtype=np.float64)
+        if send.shape != recv.shape:
+            raise ValueError(f"send and recv must have one entry per device, got {send.shape} and {recv.shape}")
+        return alltoall_ms(self.params(), send, recv).tolist()
 
     def placement_ms(self, dim_sums: Sequence[int], batch_size: int, elt: int) -> tuple[list[float], list[float]]:
         """(forward ms[D], backward ms[D]) of a placement's two all-to-alls; zeros for D = 1."""
@@ -231,55 +304,66 @@ class CommModel:
         send, recv = alltoall_bytes(dim_sums, batch_size, elt)
         return self.predict(send, recv), self.predict(recv, send)
 
+    def point_ms(self, point: dict) -> float:
+        """The model's ms for one calibration point of ``measure_comm`` (its op, rank and pattern)."""
+        return point_ms(self.params(), point)
+
+    def errors(self, points: Sequence[dict]) -> dict:
+        """{op: {points, median_rel_error, max_rel_error}} of the model on calibration points."""
+        return point_errors(self.params(), points)
+
     # ------------------------------------------------------------------ fit
     @classmethod
     def fit(cls, points: Iterable, **meta) -> "CommModel":
-        """Fit latency, bandwidth and serial_fraction to points ``(send_bytes, recv_bytes, ms)``
-        (tuples or dicts).
+        """Fit the all-to-all's latency, bandwidth, serial_fraction and coupling to points: dicts of
+        ``measure_comm`` (with the pattern's ``chunks_bytes``, ``rank`` and ``direction``), or
+        ``(send_bytes, recv_bytes, ms)`` of one device seen alone (coupling stays 0).
 
         Minimises Σ ((pred − t)/t)²: a weighted linear least-squares fit of (latency, 1/bandwidth)
-        for each serial_fraction on a grid of 0, 0.05, …, 1, keeping the best; latency is clamped
-        at 0. ``meta`` goes to the constructor (hardware, date, versions, process_group, devices).
+        for each (serial_fraction, coupling) on a grid of 0, 0.05, …, 1, keeping the best; latency
+        is clamped at 0. ``meta`` goes to the constructor (hardware, date, versions, process_group,
+        devices, the collectives' fits).
         """
         points = list(points)
-        pts = [_point(m) for m in points]
-        if len(pts) < 2:
-            raise ValueError(f"fitting a comm model needs at least 2 measurements, got {len(pts)}")
-        s, r, t = (np.array(c, dtype=np.float64) for c in zip(*pts))
+        if len(points) < 2:
+            raise ValueError(f"fitting a comm model needs at least 2 measurements, got {len(points)}")
+        own, peak, t = _fit_loads(points)
         if np.any(t <= 0) or not np.all(np.isfinite(t)):
             raise ValueError("comm measurements must have finite times > 0 ms")
-        hi, lo = np.maximum(s, r), np.minimum(s, r)
+        grid = np.round(np.linspace(0.0, 1.0, 21), 2)
+        couplings = grid if peak is not None else np.zeros(1)
         fits = {}
-        for gamma in np.linspace(0.0, 1.0, 21):
-            a, b = _fit_line(hi + gamma * lo, t)
-            err = (a + b * (hi + gamma * lo) - t) / t
-            fits[float(gamma)] = (float((err * err).sum()), a, b, np.abs(err))
-        gamma = min(fits, key=lambda g: fits[g][0])
-        _, latency, slope, rel = fits[gamma]
+        for gamma in grid:
+            for k in couplings:
+                x = own[gamma] if peak is None else (1 - k) * own[gamma] + k * peak[gamma]
+                a, b = _fit_line(x, t)
+                err = (a + b * x - t) / t
+                fits[(float(gamma), float(k))] = (float((err * err).sum()), a, b, np.abs(err))
+        best = min(fits, key=lambda g: fits[g][0])
+        _, latency, slope, rel = fits[best]
         if slope <= 0:
             raise ValueError("cannot fit a bandwidth: the all-to-all time does not grow with the bytes sent; measure larger sizes")
-        model = cls(latency_ms=float(latency), bandwidth_GBps=float(1e-6 / slope), serial_fraction=round(gamma, 2), **meta)
+        model = cls(latency_ms=float(latency), bandwidth_GBps=float(1e-6 / slope), serial_fraction=best[0], coupling=best[1], **meta)
 
-        def summary(g: float) -> dict:
-            _, a, b, e = fits[g]
+        def summary(key: tuple) -> dict:
+            _, a, b, e = fits[key]
             return {"latency_ms": a, "bandwidth_GBps": 1e-6 / b if b > 0 else None, "median_rel_error": float(np.median(e)), "max_rel_error": float(e.max())}
 
-        model.fit_details = {
-            "points": len(pts),
-            "objective": "least squares of relative error",
-            "median_rel_error": float(np.median(rel)),
-            "max_rel_error": float(rel.max()),
-            "alternatives": {"max(send, recv) [serial_fraction 0]": summary(0.0), "send + recv [serial_fraction 1]": summary(1.0)},
-        }
+        alternatives = {"max(send, recv) [serial_fraction 0, coupling 0]": summary((0.0, 0.0)),
+                        "send + recv [serial_fraction 1, coupling 0]": summary((1.0, 0.0))}
+        if peak is not None:
+            alternatives[f"own load only [serial_fraction {best[0]:g}, coupling 0]"] = summary((best[0], 0.0))
+        model.fit_details = {"points": len(points), "objective": "least squares of relative error", "median_rel_error": float(np.median(rel)),
+                             "max_rel_error": float(rel.max()), "alternatives": alternatives}
         if not model.measurements:
-            model.measurements = [m if isinstance(m, dict) else {"send_bytes": a, "recv_bytes": b, "ms": c} for m, (a, b, c) in zip(points, pts)]
+            model.measurements = [m if isinstance(m, dict) else {"send_bytes": m[0], "recv_bytes": m[1], "ms": m[2]} for m in points]
         return model
 
     # ------------------------------------------------------------------ files
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("path")
-        for kind in COLLECTIVES:  # absent, not null: files of models without them stay as they were
+        for kind in (*COLLECTIVES, RELAYOUT):  # absent, not null: files of models without them stay as they were
             if d[kind] is None:
                 d.pop(kind)
         return {"format": FORMAT, **d}
@@ -301,7 +385,7 @@ class CommModel:
             raise DataError(f"{path}: invalid JSON ({getattr(e, 'msg', e)})") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise DataError(f"{path}: not a {FORMAT} file (make one with `dreamshard calibrate comm --out FILE`)")
-        known = {k: d[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction", "hardware", "date", "versions", "process_group", "devices", "fit_details", "measurements", *COLLECTIVES) if k in d}
+        known = {k: d[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction", "coupling", "hardware", "date", "versions", "process_group", "devices", "fit_details", "measurements", *COLLECTIVES, RELAYOUT) if k in d}
         try:
             return cls(**known, path=str(path))
         except (TypeError, ValueError) as e:
@@ -309,14 +393,55 @@ class CommModel:
 
     def describe(self) -> str:
         bytes_ = "max(send, recv)" if self.serial_fraction == 0 else ("send + recv" if self.serial_fraction == 1 else f"(max + {self.serial_fraction:g}·min)(send, recv)")
-        return f"{self.latency_ms * 1e3:.1f} µs + {bytes_} / {self.bandwidth_GBps:.2f} GB/s ({self.process_group}, {self.hardware}, {self.date})"
+        coupled = f", coupling {self.coupling:g}" if self.coupling else ""
+        return f"{self.latency_ms * 1e3:.1f} µs + {bytes_} / {self.bandwidth_GBps:.2f} GB/s{coupled} ({self.process_group}, {self.hardware}, {self.date})"
 
 
-def _point(m) -> tuple[float, float, float]:
-    if isinstance(m, dict):
-        return float(m["send_bytes"]), float(m["recv_bytes"]), float(m["ms"])
-    s, r, t = m
-    return float(s), float(r), float(t)
+def _point_traffic(p: dict) -> tuple[np.ndarray, np.ndarray, int]:
+    """(send[D], recv[D], rank) of a calibration point with its pattern; one device alone otherwise."""
+    if "chunks_bytes" in p:
+        send, recv = chunks_traffic(p["chunks_bytes"], backward=p.get("direction") == "bwd")
+        return send, recv, int(p["rank"])
+    return np.array([float(p["send_bytes"])]), np.array([float(p["recv_bytes"])]), 0
+
+
+def point_ms(comm: dict, p: dict) -> float:
+    """The model's ms for one calibration point: an all-to-all (with its pattern, or one device
+    alone) or a reduce-scatter / all-gather of its buffer."""
+    op = p.get("op", "all_to_all")
+    if op in COLLECTIVES:
+        return float(collective_ms(comm, op, p["buffer_bytes"], p["devices"]))
+    if op == RELAYOUT:
+        fit = comm[RELAYOUT]
+        return float(fit["latency_ms"] + p["bytes"] / (fit["bandwidth_GBps"] * 1e6))
+    send, recv, rank = _point_traffic(p)
+    return float(np.atleast_1d(alltoall_ms(comm, send, recv))[rank])
+
+
+def point_errors(comm: dict, points: Sequence[dict]) -> dict:
+    """{op: {points, median_rel_error, max_rel_error}} of parameters `comm` on calibration points."""
+    out = {}
+    for op in sorted({p.get("op", "all_to_all") for p in points}):
+        pts = [p for p in points if p.get("op", "all_to_all") == op]
+        rel = np.array([abs(point_ms(comm, p) / float(p["ms"]) - 1.0) for p in pts])
+        out[op] = {"points": len(pts), "median_rel_error": float(np.median(rel)), "max_rel_error": float(rel.max())}
+    return out
+
+
+def _fit_loads(points: list) -> tuple[dict, dict | None, np.ndarray]:
+    """For every serial_fraction γ of the fit's grid: each point's own load max + γ·min and, where
+    every point has its pattern, the busiest device's (None otherwise); and the times."""
+    rows = [m if isinstance(m, dict) else {"send_bytes": m[0], "recv_bytes": m[1], "ms": m[2]} for m in points]
+    traffic = [_point_traffic(p) for p in rows]
+    t = np.array([float(p["ms"]) for p in rows])
+    patterned = all("chunks_bytes" in p for p in rows)
+    own, peak = {}, {} if patterned else None
+    for gamma in np.round(np.linspace(0.0, 1.0, 21), 2):
+        loads = [np.maximum(s, r) + gamma * np.minimum(s, r) for s, r, _ in traffic]
+        own[float(gamma)] = np.array([load[rank] for load, (_, _, rank) in zip(loads, traffic)])
+        if patterned:
+            peak[float(gamma)] = np.array([load.max() for load in loads])
+    return own, peak, t
 
 
 def _fit_line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -357,19 +482,40 @@ def load_comm_model(model: "CommModel | str | Path | None", device_type: str = "
 # --------------------------------------------------------------------------------------------
 
 
-def design_patterns(devices: int, chunk_bytes: Sequence[int], elt: int = 2) -> list[list[int]]:
-    """Per-rank chunk sizes (elements each rank sends to every rank) of the calibration runs.
+def design_patterns(devices: int, chunk_bytes: Sequence[int], elt: int = 2, seed: int = 0) -> list[tuple[str, list[int]]]:
+    """(shape, per-rank chunk sizes) of the calibration runs: rank d sends chunks[d] elements to
+    every rank, as in the runner's exchange, where rank d's chunk is B/D · (its all-to-all dim sum).
 
-    For every size: a balanced exchange (every rank sends the same) and a skewed one (rank 0
-    sends SKEW × what the others send), so that send ≠ recv appears in the data.
+    For every size n, the shapes plans produce: ``balanced`` (every rank n), ``heavy`` (rank 0 sends
+    SKEW × n), ``light`` (the last rank n / SKEW), ``ramp`` (n to SKEW·n over the ranks), ``idle``
+    (the last rank sends nothing: all its tables are row-wise) and ``random`` (lognormal around n,
+    from `seed`). With 2 devices ``light`` and ``ramp`` repeat ``heavy`` and are left out. A
+    held-out set is the same design at other sizes and another seed.
     """
+    rng = np.random.default_rng(seed)
     patterns = []
     for b in chunk_bytes:
         n = max(1, int(b) // elt)
-        patterns.append([n] * devices)
+        shapes = {"balanced": [n] * devices}
         if devices > 1:
-            patterns.append([n] + [max(1, n // SKEW)] * (devices - 1))
+            shapes["heavy"] = [n * SKEW] + [n] * (devices - 1)
+            if devices > 2:
+                shapes["light"] = [n] * (devices - 1) + [max(1, n // SKEW)]
+                shapes["ramp"] = [max(1, round(n * (1 + (SKEW - 1) * d / (devices - 1)))) for d in range(devices)]
+            shapes["idle"] = [n] * (devices - 1) + [0]
+            shapes["random"] = [max(1, int(n * x)) for x in rng.lognormal(0.0, 0.8, devices)]
+        patterns += [(shape, [_aligned(c, elt) for c in chunks]) for shape, chunks in shapes.items()]
     return patterns
+
+
+ALIGN_BYTES = 512  # the runner's chunks are B/D · dim sum · elt bytes: multiples of this at any usual batch
+
+
+def _aligned(elements: int, elt: int) -> int:
+    """`elements` rounded to whole ALIGN_BYTES (at least one) where it is that large: NCCL moves an
+    unaligned chunk markedly slower (4 × H100: up to 1.9× at 69 MB), and the runner never sends one."""
+    per = ALIGN_BYTES // elt
+    return elements if elements < per else max(per, round(elements / per) * per)
 
 
 def alltoall_worker(job: dict, rank: int, world: int, device, clock, barrier) -> dict:
@@ -380,7 +526,7 @@ def alltoall_worker(job: dict, rank: int, world: int, device, clock, barrier) ->
     dtype = torch.float16
     elt = 2
     points = []
-    for chunks in job["patterns"]:
+    for shape, chunks in job["patterns"]:
         # forward: rank d sends chunks[d] elements to every rank; backward: the reverse
         for direction in ("fwd", "bwd"):
             if direction == "fwd":
@@ -392,7 +538,7 @@ def alltoall_worker(job: dict, rank: int, world: int, device, clock, barrier) ->
             times = []
             for i in range(job["warmup"] + job["iters"]):
                 barrier()
-                a = clock.mark()
+                a = clock.start_together()  # as the runner times its comm phases
                 dist.all_to_all_single(recv, send, out_splits, in_splits)
                 b = clock.mark()
                 clock.sync()
@@ -401,7 +547,8 @@ def alltoall_worker(job: dict, rank: int, world: int, device, clock, barrier) ->
             own_in, own_out = in_splits[rank], out_splits[rank]
             points.append({
                 "direction": direction,
-                "pattern": "balanced" if len(set(chunks)) == 1 else "skewed",
+                "pattern": shape,
+                "chunks_bytes": [c * elt for c in chunks],
                 "send_bytes": (sum(in_splits) - own_in) * elt,
                 "recv_bytes": (sum(out_splits) - own_out) * elt,
                 "ms": median(times),
@@ -451,7 +598,7 @@ def collectives_worker(job: dict, rank: int, world: int, device, clock, barrier)
             times = []
             for i in range(job["warmup"] + job["iters"]):
                 barrier()
-                a = clock.mark()
+                a = clock.start_together()
                 ops[op](dst, src)
                 b = clock.mark()
                 clock.sync()
@@ -482,6 +629,23 @@ def all_gather_fn(output, input) -> None:
     (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(output, input)
 
 
+def relayout_forward(out, a2a_cols: int, cols, rs_in):
+    """The forward copies of a rank with row shards: its all-to-all columns of the TBE output
+    `out` made contiguous (returned, flat), its row shards' columns copied into the reduce-scatter
+    buffer `rs_in` at `cols` (one indexed copy, whatever the number of tables)."""
+    rs_in.index_copy_(1, cols, out[:, a2a_cols:])
+    return out[:, :a2a_cols].contiguous().view(-1)
+
+
+def relayout_backward(grad_full, a2a_grad, ag_out, cols) -> None:
+    """The backward copies of a rank with row shards: the all-to-all's gradient (`a2a_grad`,
+    [B, a2a columns]) and its row shards' columns of the all-gather's output into the TBE's
+    output gradient `grad_full`."""
+    a = a2a_grad.shape[1]
+    grad_full[:, :a] = a2a_grad
+    grad_full[:, a:] = ag_out.index_select(1, cols)
+
+
 def all_to_all_fn(output, input) -> None:
     """Balanced all-to-all of a buffer (1/D of it to every rank)."""
     import torch.distributed as dist
@@ -502,20 +666,94 @@ def measure_collectives(devices: int, sizes: Sequence[int], device_type: str = "
     return [p for r in results for p in r["points"]], info
 
 
+def relayout_points(job: dict, rank: int, device, clock) -> list[dict]:
+    """The runner's column copies (`relayout_forward` and `relayout_backward`) of a rank whose TBE
+    output has `a` all-to-all columns and `r` row-shard columns (`job["widths"]`), over
+    `job["rows"]` samples, each timed on its own (medians); a point per width, direction."""
+    import torch
+
+    dtype, elt, B = torch.float16, 2, job["rows"]
+    points = []
+    for a, r in job["widths"]:
+        out = torch.rand(B, a + r, device=device).to(dtype)
+        cols = torch.arange(r, device=device) * 2  # every other column of a buffer twice as wide, as tables without shards here leave gaps
+        rs_in = torch.zeros(B, 2 * r, dtype=dtype, device=device)
+        grad_full, a2a_grad, ag_out = torch.empty_like(out), torch.rand(B, a, device=device).to(dtype), torch.rand(B, 2 * r, device=device).to(dtype)
+        for direction, op in (("fwd", lambda: relayout_forward(out, a, cols, rs_in)), ("bwd", lambda: relayout_backward(grad_full, a2a_grad, ag_out, cols))):
+            times = []
+            for i in range(job["warmup"] + job["iters"]):
+                clock.sync()
+                t0 = clock.start()
+                op()
+                t1 = clock.mark()
+                clock.sync()
+                if i >= job["warmup"]:
+                    times.append(clock.ms(t0, t1))
+            points.append({"op": RELAYOUT, "direction": direction, "a2a_cols": a, "row_cols": r, "rows": B, "bytes": 2 * B * (a + r) * elt,
+                           "ms": median(times), "rank": rank})
+        del out, rs_in, grad_full, a2a_grad, ag_out
+    return points
+
+
+def calibration_worker(job: dict, rank: int, world: int, device, clock, barrier) -> dict:
+    """One rank of ``measure_comm``: for each set (fitted, held out) the all-to-all patterns, the
+    reduce-scatters and all-gathers, and the column copies; every point tagged with its set."""
+    points = []
+    for name, part in job["sets"].items():
+        common = {"iters": job["iters"], "warmup": job["warmup"]}
+        a2a = alltoall_worker({**common, "patterns": part["patterns"]}, rank, world, device, clock, barrier)["points"]
+        coll = collectives_worker({**common, "sizes": part["sizes"], "ops": list(COLLECTIVES)}, rank, world, device, clock, barrier)["points"]
+        copies = relayout_points({**common, "widths": part["widths"], "rows": job["relayout_rows"]}, rank, device, clock)
+        points += [{**p, "op": "all_to_all", "set": name} for p in a2a] + [{**p, "set": name} for p in coll + copies]
+    return {"points": points}
+
+
+def measure_comm(devices: int = 2, device_type: str = "cpu", iters: int = 10, warmup: int = 3, timeout_s: float = 300.0,
+                 chunk_bytes: Sequence[int] | None = None, buffer_bytes: Sequence[int] | None = None) -> tuple[list[dict], dict]:
+    """Every collective the runner issues, measured as it issues them, one process per device: the
+    all-to-all over `design_patterns` of `chunk_bytes`, the reduce-scatter and all-gather of
+    `buffer_bytes` buffers (the "fit" set), and the held-out set (HELD_OUT_CHUNKS/BUFFERS, another
+    pattern seed). (points, info); a point per rank, pattern or size, direction and set."""
+    from dreamshard.costs.runners.launch import launch  # see measure_alltoall
+
+    if devices < 2:
+        raise OptionError("calibrating the collectives needs --devices 2 or more")
+    sets = {"fit": (list(chunk_bytes or DEFAULT_CHUNKS[device_type]), list(buffer_bytes or DEFAULT_BUFFERS[device_type]), RELAYOUT_WIDTHS, 0),
+            "held_out": (HELD_OUT_CHUNKS[device_type], HELD_OUT_BUFFERS[device_type], HELD_OUT_WIDTHS, 1)}
+    job = {"iters": iters, "warmup": warmup, "relayout_rows": RELAYOUT_ROWS[device_type],
+           "sets": {name: {"patterns": design_patterns(devices, chunks, seed=seed), "sizes": sizes, "widths": widths}
+                    for name, (chunks, sizes, widths, seed) in sets.items()}}
+    results, info = launch(f"{__name__}:calibration_worker", job, devices, device_type, timeout_s)
+    return [p for r in results for p in r["points"]], info
+
+
 def calibrate(devices: int = 2, chunk_bytes: Sequence[int] | None = None, device_type: str = "cpu",
-              iters: int = 10, warmup: int = 3, timeout_s: float = 300.0) -> CommModel:
-    """Measure real all-to-alls here and fit the model (with hardware, date and versions)."""
+              iters: int = 10, warmup: int = 3, timeout_s: float = 300.0, buffer_bytes: Sequence[int] | None = None) -> CommModel:
+    """Measure the runner's collectives here and fit the model (with hardware, date and versions)."""
     from dreamshard.costs.hardware import describe_hardware, software_versions
 
-    points, info = measure_alltoall(devices, chunk_bytes, device_type, iters, warmup, timeout_s)
-    return CommModel.fit(
-        points,
-        hardware=describe_hardware(device_type, devices),
-        date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        versions=software_versions(),
-        process_group=info["process_group"],
-        devices=devices,
-    )
+    points, info = measure_comm(devices, device_type, iters, warmup, timeout_s, chunk_bytes, buffer_bytes)
+    return fit_comm(points, hardware=describe_hardware(device_type, devices), date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    versions=software_versions(), process_group=info["process_group"], devices=devices)
+
+
+def fit_comm(points: Sequence[dict], **meta) -> CommModel:
+    """A CommModel fitted to the "fit" points of ``measure_comm`` (all-to-all and both collectives),
+    with its errors on the "held_out" points in ``fit_details["held_out"]``; every point kept in
+    ``measurements``."""
+    points = list(points)
+    # chunks the runner never sends (not whole ALIGN_BYTES: measured by an older design) are kept, not fitted
+    runner_like = [p for p in points if all(c % ALIGN_BYTES == 0 or c < ALIGN_BYTES for c in p.get("chunks_bytes", ()))]
+    fit = [p for p in runner_like if p.get("set", "fit") == "fit"]
+    held = [p for p in runner_like if p.get("set") == "held_out"]
+    a2a = [p for p in fit if p.get("op", "all_to_all") == "all_to_all"]
+    collectives = {kind: fit_collective([p for p in fit if p.get("op") == kind]) for kind in (*COLLECTIVES, RELAYOUT) if any(p.get("op") == kind for p in fit)}
+    model = CommModel.fit(a2a, measurements=points, **collectives, **meta)
+    if held:
+        model.fit_details["held_out"] = model.errors(held)
+    if len(runner_like) < len(points):
+        model.fit_details["not_fitted"] = f"{len(points) - len(runner_like)} points of unaligned chunks (not whole {ALIGN_BYTES} bytes), which the runner never sends"
+    return model
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -66,7 +66,7 @@ from typing import Sequence
 import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, comm_params_problem, rowwise_ms
+from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, comm_params_problem, relayout_ms, rowwise_ms
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
@@ -260,8 +260,10 @@ class SimBackend(CostBackend):
             if len(cand):
                 bwd += np.bincount(flat.reshape(N, T)[:, cand].ravel(), weights=np.tile(delta, N), minlength=N * devices)
         rw_dim = sum(t.dim for t in rowwise_tables(tables))
+        is_row = np.array([isinstance(t, RowShardSpec) for t in tables], dtype=bool)
         if rw_dim:  # row shards are not in the all-to-all
-            dims[[isinstance(t, RowShardSpec) for t in tables]] = 0.0
+            row_cols = np.bincount(flat, weights=np.broadcast_to(np.where(is_row, dims, 0.0), (N, T)).ravel(), minlength=N * devices).reshape(N, devices)
+            dims[is_row] = 0.0
         dim_sums = np.bincount(flat, weights=np.broadcast_to(dims, (N, T)).ravel(), minlength=N * devices).reshape(N, devices)
         sent, recv = alltoall_bytes_array(dim_sums, workload.batch_size, workload.elt_bytes)
         out = np.empty((N, devices, 4))
@@ -271,8 +273,9 @@ class SimBackend(CostBackend):
         out[..., 3] = bwd.reshape(N, devices)
         if rw_dim:
             rs, ag = rowwise_ms(self.calibration.comm, rw_dim, workload.batch_size, workload.elt_bytes, devices)
-            out[..., 1] += rs
-            out[..., 2] += ag
+            copy_f, copy_b = relayout_ms(self.calibration.comm, dim_sums, row_cols, workload.batch_size, workload.elt_bytes)
+            out[..., 1] += rs + copy_f
+            out[..., 2] += ag + copy_b
         return out
 
     def _costs_of_shards(self, shards: Sequence[Sequence[TableSpec]], workload: Workload) -> np.ndarray:

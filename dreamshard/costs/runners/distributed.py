@@ -1,27 +1,38 @@
-"""The distributed runner: one process per device, real all-to-alls (DESIGN.md §1, §4).
+"""The distributed runner: one process per device, real collectives (DESIGN.md §1, §4).
 
 ``measure_distributed(plan, kernel, batch_size)`` starts one worker process per device, joined in a
 ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA; ``launch.py`` starts, joins and
-watches them), and runs ``measure_worker`` on every rank:
+watches them), and runs ``measure_worker`` on every rank; ``DistributedRunner.evaluate_many``
+measures many placements of one device count in one start of the processes.
 
-  per step: forward compute (the shard's TBE over the whole global batch B) → forward all-to-all
-  of the pooled outputs (rank d keeps B/D samples of every table) → backward all-to-all of their
+One step, as TorchRec runs it:
+
+  forward compute (the shard's fused TBE over the whole global batch B) → forward comm: **one**
+  all-to-all of the pooled outputs of every whole table and column shard (rank d keeps B/D samples
+  of every table), then **one** reduce-scatter of all row-wise tables together → backward comm:
+  the reverse all-to-all of their gradients, then **one** all-gather of the row-wise tables'
   gradients → backward compute (the TBE backward, optimizer fused).
 
 Row shards (plan.py) are in the same fused TBE, after the device's other tables; their partial
-pooled outputs are summed by a reduce-scatter of one [B, Σ dim of the row-wise tables] buffer over
-all ranks (a rank writes its shards' columns, zeros elsewhere), run right after the all-to-all in
-the forward comm phase; the backward comm phase runs the all-gather of their gradients after the
-reverse all-to-all (costs/comm.py: the collectives, natively on gloo in torch 2.13 and on NCCL).
-The column copies in and out of the buffer are part of those phases.
+pooled outputs are summed by the reduce-scatter of one [B, Σ dim of the row-wise tables] buffer
+over all ranks (a rank writes its shards' columns, zeros elsewhere: one indexed copy, whatever the
+number of tables), and the all-gather spreads their gradients back (one indexed copy out). Those
+copies are part of the comm phases (costs/comm.py: the collectives, natively on gloo in torch 2.13
+and on NCCL).
 
-Two kinds of timed steps alternate:
+Three kinds of timed steps alternate:
 
-- *phased*: a barrier before each phase, so every component is timed on its own (CUDA events on
-  GPU, ``perf_counter`` on CPU, where ops are synchronous). These give the four components; the
-  compute phases time the GPU's work, not the host's launch overhead (``_Clock.start``);
-- *end-to-end*: one barrier, then the four phases back to back; the step latency is the max over
-  ranks of each rank's start-to-end time (ranks wait for each other inside the all-to-alls).
+- *phased*: a barrier before each phase, so every component is timed on its own. Each phase starts
+  behind ``_Clock.start``'s sleep kernel: the interval is the GPU's work, not the host's launch of
+  it (CUDA events on GPU; ``perf_counter`` on CPU, where ops are synchronous); the comm phases
+  start on all ranks at once (``_Clock.start_together``). These give the four components
+  (``CostReport.devices``);
+- *end-to-end* (``e2e_ms``): one barrier, then the four phases back to back from one aligned
+  start; the step is the max over ranks of each rank's start-to-end time. It exceeds the phased
+  overall (max over devices of the four components' sum) by the waits the collectives impose: a
+  rank whose compute is short waits inside the all-to-all for the slowest one;
+- *end-to-end with launch* (``details["e2e_launch_ms"]``): the same, started without the sleep
+  kernel, so the host's launch of every op is paid where the GPU waits for it (small steps).
 
 Warm-ups first, then ``iters`` timed steps of each kind; reported numbers are medians. Inputs are
 ``input_sets`` (≥ 2) distinct batches, ``shard_batch(..., step=i)``, used in turn so the caches do
@@ -35,7 +46,7 @@ from statistics import median
 from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import all_gather_fn, reduce_scatter_fn
+from dreamshard.costs.comm import all_gather_fn, reduce_scatter_fn, relayout_backward, relayout_forward
 # FAULT_ENV, failure_message: tests import them from here, as runners/sequential.py does _Clock
 from dreamshard.costs.runners.launch import DEFAULT_TIMEOUT_S, FAULT_ENV, _Clock, failure_message, launch  # noqa: F401
 from dreamshard.rowshard import RowShardSpec, exchange_dims, rowwise_tables, spec_from_dict
@@ -45,14 +56,26 @@ from dreamshard.validation import MeasurementError, OptionError
 
 
 def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barrier) -> dict:
-    """One rank of a measurement (the launcher's worker, see ``launch``)."""
+    """One rank of a measurement (the launcher's worker, see ``launch``): every placement of
+    ``job["placements"]`` in turn, so that many placements pay one start of the processes."""
+    out = []
+    for shards in job["placements"]:
+        out.append(measure_placement(job, [[spec_from_dict(t) for t in shard] for shard in shards], rank, world, device, clock, barrier))
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()  # the next placement's tables, not this one's, fill the device
+    return {"placements": out}
+
+
+def measure_placement(job: dict, shards: list[list[TableSpec]], rank: int, world: int, device, clock: _Clock, barrier) -> dict:
+    """One rank's measurement of one placement (``shards``: every device's, in `exchange_order`)."""
     import torch
     import torch.distributed as dist
 
     from dreamshard.streams import shard_batch
 
     B = job["batch_size"]
-    shards = [[spec_from_dict(t) for t in shard] for shard in job["shards"]]
     tables = shards[rank]  # its whole tables and column shards, then its row shards (`exchange_order`)
     dim_sums, rw_dim = exchange_dims(shards)  # all-to-all dims per rank; the row-wise buffer's dim
     mine = dim_sums[rank]
@@ -76,10 +99,10 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
         slot, at = {}, 0  # each row-wise table's first column in the buffer
         for t in rowwise_tables([t for s in shards for t in s]):
             slot[t.name], at = at, at + t.dim
-        cols, at = [], mine  # (column in this rank's TBE output, column in the buffer, width) of its row shards
-        for r in rows_mine:
-            cols.append((at, slot[r.parent.name], r.dim))
-            at += r.dim
+        # the buffer's column of each column of this rank's row shards (they follow its all-to-all
+        # columns in the TBE output): the copies in and out of the buffer are one indexed op each,
+        # whatever the number of row-wise tables (costs/comm.py `relayout_forward`)
+        cols = torch.tensor([slot[r.parent.name] + j for r in rows_mine for j in range(r.dim)], dtype=torch.long, device=device)
         rs_in = torch.zeros(B, rw_dim, dtype=dtype, device=device)  # columns of tables with no shard here stay 0
         rs_out = torch.empty(B // world, rw_dim, dtype=dtype, device=device)
         ag_in = (torch.rand(B // world, rw_dim, generator=g, device=device, dtype=torch.float32) * 2e-3 - 1e-3).to(dtype)
@@ -94,11 +117,10 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
         return tbe.forward(ix, off)
 
     def fwd_comm(out: torch.Tensor) -> None:
+        send = relayout_forward(out, mine, cols, rs_in) if rows_mine else out.view(-1)
         if comm:
-            dist.all_to_all_single(recv, (out[:, :mine] if rows_mine else out).contiguous().view(-1), fwd_out, fwd_in)
+            dist.all_to_all_single(recv, send, fwd_out, fwd_in)
         if rw_comm:
-            for a, b, w in cols:
-                rs_in[:, b:b + w] = out[:, a:a + w]
             reduce_scatter_fn(rs_out, rs_in)
 
     def bwd_comm() -> None:
@@ -107,25 +129,27 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
         if rw_comm:
             all_gather_fn(ag_out, ag_in)
             if rows_mine:
-                grad_full[:, :mine] = grad_back.view(B, mine) if comm else 0
-                for a, b, w in cols:
-                    grad_full[:, a:a + w] = ag_out[:, b:b + w]
+                relayout_backward(grad_full, grad_back.view(B, mine), ag_out, cols)
 
     def bwd_comp() -> None:
         if tbe is not None:
             tbe.backward(grad_full if rows_mine else grad_back.view(B, mine))
 
     def phased() -> list[float]:
+        # every phase starts behind the clock's sleep kernel: the interval is the GPU's work (and,
+        # in the collectives, the wait for the other ranks), not the host's launch of it, as in a
+        # training step where the host runs ahead of the GPU; the comm phases start on every rank
+        # at once (`start_together`), so none times another's late start
         barrier()
         a = clock.start()
         out = fwd_comp()
         b = clock.mark()
         barrier()
-        c = clock.mark()
+        c = clock.start_together()
         fwd_comm(out)
         d = clock.mark()
         barrier()
-        e = clock.mark()
+        e = clock.start_together()
         bwd_comm()
         f = clock.mark()
         barrier()
@@ -136,9 +160,9 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
         step[0] += 1
         return [clock.ms(a, b), clock.ms(c, d), clock.ms(e, f), clock.ms(h, k)]
 
-    def end_to_end() -> float:
+    def end_to_end(hide_launch: bool) -> float:
         barrier()
-        a = clock.mark()
+        a = clock.start_together() if hide_launch else clock.mark()
         out = fwd_comp()
         fwd_comm(out)
         bwd_comm()
@@ -156,17 +180,20 @@ def measure_worker(job: dict, rank: int, world: int, device, clock: _Clock, barr
                  "all_gather_in": ag_in.double().tolist(), "all_gather_out": ag_out.double().tolist()}
     for _ in range(job["warmup"]):
         phased()
-        end_to_end()
-    phases, e2e = [], []
+        end_to_end(True)
+        end_to_end(False)
+    phases, e2e, e2e_launch = [], [], []
     for _ in range(job["iters"]):
         phases.append(phased())
-        e2e.append(end_to_end())
+        e2e.append(end_to_end(True))
+        e2e_launch.append(end_to_end(False))
     series = list(zip(*phases))
-    out = {"fwd_comp": list(series[0]), "fwd_comm": list(series[1]), "bwd_comm": list(series[2]), "bwd_comp": list(series[3]), "e2e": e2e,
-           "tables": len(tables), "dim_sum": mine}
+    result = {"fwd_comp": list(series[0]), "fwd_comm": list(series[1]), "bwd_comm": list(series[2]), "bwd_comp": list(series[3]), "e2e": e2e,
+              "e2e_launch": e2e_launch, "tables": len(tables), "dim_sum": mine}
     if check is not None:
-        out["rowwise_check"] = check
-    return out
+        result["rowwise_check"] = check
+    del tbe, inputs
+    return result
 
 
 def exchange_order(shards: Sequence[Sequence[TableSpec]]) -> list[list[TableSpec]]:
@@ -207,12 +234,13 @@ def torch_device_type(device) -> str:
 
 
 def summarize(rank_results: list[dict]) -> tuple[list[DeviceCost], float, dict]:
-    """Medians per device, the end-to-end step (median over iterations of the max over ranks)."""
+    """Medians per device, the end-to-end steps (median over iterations of the max over ranks)."""
     devices = [DeviceCost(median(r["fwd_comp"]), median(r["fwd_comm"]), median(r["bwd_comm"]), median(r["bwd_comp"])) for r in rank_results]
     steps = [max(vals) for vals in zip(*(r["e2e"] for r in rank_results))]
+    launch_steps = [max(vals) for vals in zip(*(r["e2e_launch"] for r in rank_results))]
     e2e = median(steps)
     qs = sorted(steps)
-    spread = {"e2e_min_ms": qs[0], "e2e_max_ms": qs[-1],
+    spread = {"e2e_min_ms": qs[0], "e2e_max_ms": qs[-1], "e2e_launch_ms": median(launch_steps),
               "per_device_total_min_max_ms": [[min(map(sum, zip(r["fwd_comp"], r["fwd_comm"], r["bwd_comm"], r["bwd_comp"]))),
                                                max(map(sum, zip(r["fwd_comp"], r["fwd_comm"], r["bwd_comm"], r["bwd_comp"])))] for r in rank_results]}
     return devices, e2e, spread
@@ -240,33 +268,48 @@ class DistributedRunner(CostBackend):
         return cache_bytes(self.device_type)  # the workers' devices are alike: device 0's
 
     def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
+        return self.evaluate_many([shards], workload)[0]
+
+    def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], workload: Workload = Workload()) -> list[CostReport]:
+        """Every placement measured in turn by one set of worker processes (one start, not one per
+        placement); placements of one device count."""
         from dreamshard.costs.hardware import describe_hardware, software_versions
 
-        D = len(shards)
+        if not placements:
+            return []
+        D = len(placements[0])
         if D < 1:
             raise ValueError("a placement needs at least one device")
+        if any(len(p) != D for p in placements):
+            raise ValueError(f"one launch measures placements of one device count, got {sorted({len(p) for p in placements})}")
         workload.validate("workload", OptionError)
         batch_size, precision, optimizer = workload.batch_size, workload.precision, workload.optimizer
         if batch_size % D:
             raise OptionError(f"batch size {batch_size} must be a positive multiple of the {D} devices (each gets B/D samples)")
-        job = {"shards": [[t.to_dict() for t in s] for s in exchange_order(shards)], "kernel": self.kernel, "batch_size": batch_size,
-               "precision": precision, "optimizer": optimizer, "warmup": self.warmup, "iters": self.iters, "input_sets": self.input_sets,
-               "seed": self.seed, "check_outputs": self.check_outputs}
-        results, info = launch(f"{__name__}:measure_worker", job, D, self.device_type, self.timeout_s)
-        devices, e2e, spread = summarize(results)
-        details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": "CUDA events; each op enqueued behind a sleep kernel, so host launch time is excluded unless the op syncs" if self.device_type == "cuda" else "perf_counter",
-                   "process_group": info["process_group"], "threads_per_rank": info["threads_per_rank"], "wall_s": info["wall_s"],
-                   "dim_sums": [r["dim_sum"] for r in results], "tables_per_device": [r["tables"] for r in results],
-                   "statistic": "median over timed iterations; e2e = median over iterations of the max over ranks",
-                   "versions": software_versions(), **spread}
-        rw_dim = exchange_dims(shards)[1]
-        if rw_dim:
-            details["rowwise_dim"] = rw_dim
-            details["rowwise_exchange"] = "reduce-scatter forward, all-gather backward, over all devices, after the all-to-all in the same phase"
-        if self.check_outputs:
-            details["rowwise_check"] = [r.get("rowwise_check") for r in results]
-        return CostReport(devices=devices, backend=self.kernel, runner="distributed", hardware=describe_hardware(self.device_type, D),
-                          batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=e2e, comm_modelled=False, details=details)
+        job = {"placements": [[[t.to_dict() for t in s] for s in exchange_order(p)] for p in placements], "kernel": self.kernel,
+               "batch_size": batch_size, "precision": precision, "optimizer": optimizer, "warmup": self.warmup, "iters": self.iters,
+               "input_sets": self.input_sets, "seed": self.seed, "check_outputs": self.check_outputs}
+        results, info = launch(f"{__name__}:measure_worker", job, D, self.device_type, self.timeout_s * len(placements))
+        timing = ("CUDA events; each op enqueued behind a sleep kernel, so host launch time is excluded unless the op syncs"
+                  if self.device_type == "cuda" else "perf_counter")
+        reports = []
+        for i, shards in enumerate(placements):
+            ranks = [r["placements"][i] for r in results]
+            devices, e2e, spread = summarize(ranks)
+            details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": timing,
+                       "process_group": info["process_group"], "threads_per_rank": info["threads_per_rank"], "wall_s": round(info["wall_s"] / len(placements), 2),
+                       "dim_sums": [r["dim_sum"] for r in ranks], "tables_per_device": [r["tables"] for r in ranks],
+                       "statistic": "median over timed iterations; e2e = median over iterations of the max over ranks",
+                       "versions": software_versions(), **spread}
+            rw_dim = exchange_dims(shards)[1]
+            if rw_dim:
+                details["rowwise_dim"] = rw_dim
+                details["rowwise_exchange"] = "one reduce-scatter forward, one all-gather backward, over all devices, after the all-to-all in the same phase"
+            if self.check_outputs:
+                details["rowwise_check"] = [r.get("rowwise_check") for r in ranks]
+            reports.append(CostReport(devices=devices, backend=self.kernel, runner="distributed", hardware=describe_hardware(self.device_type, D),
+                                      batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=e2e, comm_modelled=False, details=details))
+        return reports
 
 
 def measure_distributed(plan, kernel: str, batch_size: int | None = None, warmup: int = 3, iters: int = 10, timeout_s: float = DEFAULT_TIMEOUT_S,

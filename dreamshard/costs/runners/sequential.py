@@ -22,8 +22,8 @@ from statistics import median
 from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import CommModel, load_comm_model
-from dreamshard.rowshard import exchange_dims
+from dreamshard.costs.comm import CommModel, load_comm_model, relayout_ms
+from dreamshard.rowshard import exchange_dims, row_dims
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 from dreamshard.validation import OptionError
@@ -111,28 +111,40 @@ class SequentialRunner(CostBackend):
                 comp.append((median(fwd), median(bwd)))
         finally:
             torch.set_num_threads(threads_before)
-        dim_sums, rw_dim = exchange_dims(shards)
-        rw_info = {}
         if D > 1:
-            m = self.comm_model
-            fwd_comm, bwd_comm = m.placement_ms(dim_sums, batch_size, workload.elt_bytes)
-            comm_info = {"comm_model": m.path or "(in memory)", "comm_model_fit": m.describe()}
-            if rw_dim:
-                rs, ag = m.rowwise_ms(rw_dim, batch_size, workload.elt_bytes, D)
-                fwd_comm, bwd_comm = [t + rs for t in fwd_comm], [t + ag for t in bwd_comm]
-                rw_info = {"rowwise_dim": rw_dim, "rowwise_comm_ms": [rs, ag],
-                           "rowwise_comm_model": {k: (getattr(m, k) or "derived from the all-to-all fit (not fitted)") for k in ("reduce_scatter", "all_gather")}}
+            fwd_comm, bwd_comm, comm_info = modelled_comm(self.comm_model, shards, workload)
         else:
             fwd_comm = bwd_comm = [0.0]
             comm_info = {"comm_model": "none: one device, no all-to-all"}
+        dim_sums = exchange_dims(shards)[0]
         devices = [DeviceCost(f, fc, bc, b) for (f, b), fc, bc in zip(comp, fwd_comm, bwd_comm)]
         details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets,
                    "timing": "CUDA events; each op enqueued behind a sleep kernel, so host launch time is excluded unless the op syncs" if self.device.type == "cuda" else "perf_counter", "device": str(self.device),
                    "threads": threads, "wall_s": round(time.monotonic() - start, 2), "dim_sums": dim_sums,
                    "tables_per_device": [len(s) for s in shards], "statistic": "median over timed iterations",
-                   **comm_info, **rw_info, "versions": software_versions()}
+                   **comm_info, "versions": software_versions()}
         return CostReport(devices=devices, backend=self.kernel, runner="sequential", hardware=describe_hardware(self.device.type, 1),
                           batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=None, comm_modelled=True, details=details)
+
+
+def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workload: Workload) -> tuple[list[float], list[float], dict]:
+    """(forward comm ms[D], backward comm ms[D], what priced them) of a placement from a comm model:
+    the all-to-all of the whole tables and column shards (`CommModel.placement_ms`), then the
+    reduce-scatter / all-gather of the row-wise tables (`CommModel.rowwise_ms`) on every device.
+    The sequential runner's comm, and what a campaign re-prices measured compute with."""
+    D = len(shards)
+    dim_sums, rw_dim = exchange_dims(shards)
+    B, elt = workload.batch_size, workload.elt_bytes
+    fwd, bwd = model.placement_ms(dim_sums, B, elt)
+    info = {"comm_model": model.path or "(in memory)", "comm_model_fit": model.describe()}
+    if rw_dim:
+        rs, ag = model.rowwise_ms(rw_dim, B, elt, D)
+        copy_f, copy_b = relayout_ms(model.params(), dim_sums, row_dims(shards), B, elt)
+        fwd, bwd = [t + rs + c for t, c in zip(fwd, copy_f)], [t + ag + c for t, c in zip(bwd, copy_b)]
+        info |= {"rowwise_dim": rw_dim, "rowwise_comm_ms": [rs, ag],
+                 "rowwise_comm_model": {k: (getattr(model, k) or "not fitted: " + ("derived from the all-to-all fit" if k != "relayout" else "not priced"))
+                                        for k in ("reduce_scatter", "all_gather", "relayout")}}
+    return fwd, bwd, info
 
 
 def time_steps(tbe, tables: Sequence[TableSpec], batch_size: int, device, input_sets: int, warmup: int, iters: int) -> tuple[list[float], list[float]]:
