@@ -1,14 +1,14 @@
 """The tables of docs/comm.md from the multi-GPU comm campaign (benchmarks/gpu_comm.py), on the CPU.
 
-    .venv/bin/python benchmarks/comm_report.py DIR [DIR ...] [--out docs/comm_results.md]
+    .venv/bin/python benchmarks/comm_report.py DIR [DIR ...] [--sequential DIR] [--out FILE]
 
 Each DIR holds one call's files (campaign_<gpu>.json and its <gpu>_nccl_<D>gpu.json models). For
 every GPU and device count: the comm model (refitted to the call's measurements by `fit_comm`, as
 `dreamshard calibrate comm --refit` does) and its error on the held-out patterns; then every plan
 of the campaign re-priced as the sequential runner prices it (its measured compute, comm from that
 model: `runners.sequential.modelled_comm`) beside the distributed runner's measurement, by plan
-kind; the end-to-end step beside the phased overall; and, on H200, the simulator (the default
-calibration with the shipped comm model of that device count) on the plans of the held-out family.
+kind; and the end-to-end step beside the phased overall. ``--sequential DIR``: a call of
+`gpu_comm.py --sequential-only` whose compute replaces the campaign's for the plans it measured.
 """
 
 from __future__ import annotations
@@ -49,8 +49,13 @@ def table(headers, rows) -> list[str]:
     return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
 
 
-def report(dirs: list[Path], sim_calibration: str | None) -> str:
+def report(dirs: list[Path], sequential: Path | None = None) -> str:
     lines = []
+    again = {}
+    if sequential:
+        redo = json.loads(next(sequential.glob("campaign_*.json")).read_text())
+        again = {(p["devices"], p["index"]): p["sequential"] for p in redo["plans"]}
+        lines += [f"Sequential compute of {len(again)} plans re-measured on {redo['hardware']} (`{redo['command']}`).", ""]
     for d in dirs:
         campaign = json.loads(next(d.glob("campaign_*.json")).read_text())
         gpu = campaign["gpu"]
@@ -76,7 +81,7 @@ def report(dirs: list[Path], sim_calibration: str | None) -> str:
         for p in campaign["plans"]:
             D = p["devices"]
             plan = plans[D][p["index"]]
-            dist, seq = CostReport.from_json(p["distributed"]), CostReport.from_json(p["sequential"])
+            dist, seq = CostReport.from_json(p["distributed"]), CostReport.from_json(again.get((D, p["index"]), p["sequential"]))
             od, oe = overall(dist.devices), dist.e2e_ms
             os_ = repriced(seq, plan, models[D])
             kind = p["notes"][-1].removeprefix("kind ")
@@ -106,9 +111,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--sim", help="simulator calibration for the held-out family's plans (H200 campaigns)")
+    ap.add_argument("--sequential", type=Path, help="a --sequential-only call whose compute replaces the campaign's where it measured")
     args = ap.parse_args()
-    text = report(args.dirs, args.sim)
+    text = report(args.dirs, args.sequential)
     if args.out:
         args.out.write_text(text)
     print(text)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dreamshard.costs import comm  # noqa: E402
-from dreamshard.costs.hardware import describe_hardware, software_versions  # noqa: E402
+from dreamshard.costs.hardware import describe_hardware, gpu_slug, software_versions  # noqa: E402
 from dreamshard.costs.runners import DistributedRunner, SequentialRunner  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.plan import load_plans  # noqa: E402
@@ -46,17 +45,6 @@ T0 = time.monotonic()
 
 def log(*a) -> None:
     print(f"[{time.monotonic() - T0:6.1f}s]", *a, flush=True)
-
-
-def gpu_slug(device_type: str) -> str:
-    """h100, h200, ... from the CUDA device's name; cpu on CPU."""
-    import torch
-
-    if device_type != "cuda":
-        return "cpu"
-    name = torch.cuda.get_device_name(0)
-    m = re.search(r"\b([A-Z]\d{2,4})\b", name)
-    return (m.group(1) if m else re.sub(r"\W+", "_", name)).lower()
 
 
 def shrunk(plan, rows: int = 4096):
@@ -82,6 +70,7 @@ def main() -> None:
     ap.add_argument("--devices", default="4,2", help="device counts, in order (the largest first: a cut run keeps it)")
     ap.add_argument("--batch", type=int, default=8, help="plans per start of the distributed runner's processes")
     ap.add_argument("--no-plans", action="store_true", help="fit the comm models only")
+    ap.add_argument("--sequential-only", metavar="KIND", help="no collectives: the sequential runner's compute of the plans whose notes end in 'kind KIND...'")
     args = ap.parse_args()
     import torch
 
@@ -90,8 +79,9 @@ def main() -> None:
     device_type = "cpu" if args.cpu else "cuda"
     kernel = "torch" if args.cpu else "triton"
     visible = torch.cuda.device_count() if device_type == "cuda" else 4
-    gpu = gpu_slug(device_type)
-    counts = [d for d in map(int, args.devices.split(",")) if d <= visible]
+    gpu = gpu_slug() if device_type == "cuda" else "cpu"
+    # the sequential runner needs one device whatever the plan's count; the collectives need them all
+    counts = [d for d in map(int, args.devices.split(",")) if d <= visible or args.sequential_only]
     log(f"{describe_hardware(device_type, visible)}; {software_versions()}; device counts {counts}")
     result = {"hardware": describe_hardware(device_type, visible), "versions": software_versions(), "kernel": kernel, "gpu": gpu,
               "command": " ".join(sys.argv), "models": {}, "plans": []}
@@ -100,6 +90,16 @@ def main() -> None:
     def save() -> None:
         atomic_write(path, json.dumps(result, indent=1))
 
+    if args.sequential_only:
+        seq = SequentialRunner(kernel, comm.CommModel(0.01, 100.0), device_type)  # comm: any; the compute is what is kept
+        for D in counts:
+            for i, plan in enumerate(load_plans(PLANS / f"plans_{D}.jsonl")):
+                if plan.notes[-1].startswith(f"kind {args.sequential_only}"):
+                    s = seq.evaluate(plan.device_tables(), plan.workload)
+                    result["plans"].append({"devices": D, "index": i, "planner": plan.planner, "notes": plan.notes, "sequential": s.to_json()})
+                    log(f"{D} devices, plan {i}: compute {[(round(d.fwd_comp_ms, 3), round(d.bwd_comp_ms, 3)) for d in s.devices]}")
+        save()
+        return
     quick = {"chunk_bytes": [4 << 10, 1 << 20], "buffer_bytes": [64 << 10, 4 << 20]} if args.quick else {}
     models = {}
     for D in counts:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dreamshard.costs.comm import CommModel, collective_ms, fit_collective, measure_collectives, ring_bytes
+from dreamshard.costs.comm import CommModel, collective_ms, relayout_ms, fit_collective, measure_collectives, ring_bytes
 from dreamshard.costs.sim import SimBackend
 from dreamshard.plan import Plan, Shard, load_plans, row_cuts, save_plans
 from dreamshard.rowshard import RowShardSpec, exchange_dims, spec_from_dict
@@ -198,10 +198,13 @@ def test_simulator_prices_row_shards_and_their_comm_grows_with_dim():
         costs[dim] = sim.evaluate_plan(plan).devices
         specs = plan.device_tables()
         assert exchange_dims(specs) == ([0, 16], dim)  # the row shards leave the all-to-all
-        rs, ag = (collective_ms(sim.calibration.comm, k, 65536 * dim * 2, 2) for k in ("reduce_scatter", "all_gather"))
+        comm = sim.comm_for(2)  # the shipped model of the calibration's GPU at 2 devices
+        rs, ag = (collective_ms(comm, k, 65536 * dim * 2, 2) for k in ("reduce_scatter", "all_gather"))
+        copy_f, copy_b = relayout_ms(comm, [0, 16], [dim, dim], 65536, 2)  # both devices hold a row shard
         a2a = sim.evaluate([[], [N]]).devices  # the same all-to-all without the row-wise table
         for d in range(2):
-            assert costs[dim][d].fwd_comm_ms == pytest.approx(a2a[d].fwd_comm_ms + rs) and costs[dim][d].bwd_comm_ms == pytest.approx(a2a[d].bwd_comm_ms + ag)
+            assert costs[dim][d].fwd_comm_ms == pytest.approx(a2a[d].fwd_comm_ms + rs + copy_f[d])
+            assert costs[dim][d].bwd_comm_ms == pytest.approx(a2a[d].bwd_comm_ms + ag + copy_b[d])
         # each shard's compute is that of a table of its rows and measured lookups
         alone = sim.shard_compute([[specs[0][0]]])[0]
         assert costs[dim][0].fwd_comp_ms == pytest.approx(alone[0]) and costs[dim][0].bwd_comp_ms == pytest.approx(alone[1])
@@ -231,7 +234,7 @@ def test_distributed_runner_reduce_scatters_row_shards_for_real():
     gradient slice in order."""
     from dreamshard.costs.kernels import make_tbe
     from dreamshard.costs.runners import DistributedRunner
-    from dreamshard.costs.runners.distributed import exchange_order
+    from dreamshard.rowshard import exchange_order
     from dreamshard.streams import shard_batch
 
     B = 16

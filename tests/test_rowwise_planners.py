@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dreamshard import torchrec_io as tio
-from dreamshard.costs.comm import load_comm_model, rowwise_ms
+from dreamshard.costs.comm import load_comm_model, relayout_ms, rowwise_ms
 from dreamshard.packing import InfeasibleError
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import dreamshard as dreamshard_planner
@@ -93,13 +93,14 @@ def test_no_row_split_where_the_exchange_costs_more(planners, monkeypatch):
     """With collectives 1,000 times slower no row split pays: both searches return exactly the
     plan they return without row moves (column and table-wise results unchanged)."""
     task = hot_task(4)
-    slow = dict(load_comm_model(None, "cuda").params(), latency_ms=1000.0)
+    comm = load_comm_model(None, "cuda", 4).params()
+    slow = {**comm, **{k: {**comm[k], "latency_ms": 1000.0} for k in ("reduce_scatter", "all_gather")}}
     for name, planner in planners.items():
-        planner.comm = slow
+        shipped, planner.comm = planner.comm, slow
         try:
             plan = planner.plan(task)
         finally:
-            planner.comm = load_comm_model(None, "cuda").params()
+            planner.comm = shipped
         with monkeypatch.context() as m:
             m.setattr(PieceScorer, "row_candidates", lambda self, pieces, among, top: [])
             columns = planner.plan(task)
@@ -108,18 +109,23 @@ def test_no_row_split_where_the_exchange_costs_more(planners, monkeypatch):
 
 def test_the_scorer_prices_the_exchange_as_the_simulator_does(planners):
     """A row piece leaves its device's comm head (the device's comm is what its other pieces
-    alone predict) and the reduce-scatter + all-gather of comm.rowwise_ms is added to every device."""
+    alone predict) and the reduce-scatter + all-gather of comm.rowwise_ms is added to every device,
+    with the copies of comm.relayout_ms of each device that holds a row piece."""
     task = hot_task(4)
     scorer = PieceScorer(planners["neuroshard"].model, task)
     pieces = splits.row_split(task, 0, 4) + splits.whole(task)[1:]
     devices = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0])
     pred = scorer.predicted(pieces, devices, "test")
-    comm = load_comm_model(None, "cuda").params()
-    rs, ag = rowwise_ms(comm, HOT.dim, task.workload.batch_size, task.workload.elt_bytes, 4)
+    comm = load_comm_model(None, "cuda", 4).params()  # the shipped model of the task's device count
+    w = task.workload
+    rs, ag = rowwise_ms(comm, HOT.dim, w.batch_size, w.elt_bytes, 4)
     assert pred["rowwise_comm_ms"] == pytest.approx(rs + ag, rel=1e-6)
     others = scorer.state(pieces[4:], devices[4:])
     alone_comm = scorer.device_costs(others)[:, COMM] * scorer.net.scale  # the comm head's, or the comm model's all-to-all
-    assert [d["comm_ms"] for d in pred["devices"]] == pytest.approx(list(alone_comm + rs + ag), rel=1e-5)
+    a2a = np.bincount(devices[4:], weights=[p.width for p in pieces[4:]], minlength=4)
+    copy_f, copy_b = relayout_ms(comm, a2a, [HOT.dim] * 4, w.batch_size, w.elt_bytes)
+    assert copy_f.min() > 0 and copy_b.min() > 0
+    assert [d["comm_ms"] for d in pred["devices"]] == pytest.approx(list(alone_comm + rs + ag + copy_f + copy_b), rel=1e-5)
     assert pred["max_device_ms"] == pytest.approx(float(scorer.score(scorer.state(pieces, devices))) * scorer.net.scale, rel=1e-5)
 
 

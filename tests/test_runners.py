@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dreamshard.costs.base import CostReport
-from dreamshard.costs.comm import CommModel, alltoall_bytes, design_patterns, parse_sizes
+from dreamshard.costs.comm import KNEES, CommModel, alltoall_bytes, design_patterns, parse_sizes
 from dreamshard.costs.kernels import available_kernels
 from dreamshard.costs.runners import measure_distributed, measure_sequential
 from dreamshard.costs.runners.launch import FAULT_ENV
@@ -162,7 +162,7 @@ def test_comm_fit_recovers_known_model(serial):
     truth = CommModel(latency_ms=0.03, bandwidth_GBps=150.0, serial_fraction=serial)
     rng = np.random.default_rng(0)
     pts = []
-    for chunks in design_patterns(4, [2**k for k in range(10, 28, 2)]):
+    for _, chunks in design_patterns(4, [2**k for k in range(10, 28, 2)]):
         for d in range(4):
             s = chunks[d] * 3 * 2  # to each of the 3 others, 2-byte elements
             r = (sum(chunks) - chunks[d]) * 2
@@ -175,6 +175,25 @@ def test_comm_fit_recovers_known_model(serial):
     assert noisy.latency_ms == pytest.approx(0.03, rel=0.1)
     assert noisy.bandwidth_GBps == pytest.approx(150.0, rel=0.1)
     assert noisy.fit_details["median_rel_error"] < 0.05
+
+
+def test_comm_fit_recovers_coupling_and_knee():
+    """Points with their patterns (as `measure_comm` records them): a model whose devices wait for
+    the busiest one, with a slower rate below a knee, is fitted back from its own predictions."""
+    truth = CommModel(latency_ms=0.01, bandwidth_GBps=350.0, serial_fraction=0.25, coupling=0.9, knee_bytes=float(KNEES[12]), knee_bandwidth_GBps=200.0)
+    pts = []
+    for shape, chunks in design_patterns(4, [2**k for k in range(14, 29, 2)]):
+        for direction in ("fwd", "bwd"):
+            for rank in range(4):
+                p = {"op": "all_to_all", "pattern": shape, "chunks_bytes": [c * 2 for c in chunks], "direction": direction, "rank": rank}
+                pts.append({**p, "ms": truth.point_ms(p)})
+    fit = CommModel.fit(pts)
+    assert (fit.serial_fraction, fit.coupling) == (0.25, 0.9) and fit.knee_bytes == truth.knee_bytes
+    assert fit.latency_ms == pytest.approx(0.01, rel=1e-6) and fit.bandwidth_GBps == pytest.approx(350.0, rel=1e-6)
+    assert fit.knee_bandwidth_GBps == pytest.approx(200.0, rel=1e-6) and fit.fit_details["max_rel_error"] < 1e-9
+    # the busiest device sets everyone's time: in a heavy pattern the light ranks take as long
+    heavy = [p for p in pts if p["pattern"] == "heavy" and p["direction"] == "fwd" and max(p["chunks_bytes"]) == 2**28]
+    assert max(p["ms"] for p in heavy) / min(p["ms"] for p in heavy) < 1.1
 
 
 def test_comm_model_files(tmp_path):
@@ -243,4 +262,9 @@ def test_calibrate_comm_cli(tmp_path):
     assert r.exit_code == 0, r.output
     m = CommModel.load(tmp_path / "c.json")
     assert m.bandwidth_GBps > 0 and m.latency_ms >= 0 and m.process_group == "gloo" and m.devices == 2
-    assert len(m.measurements) == 3 * 2 * 2 * 2  # sizes × (balanced, skewed) × (fwd, bwd) × ranks
+    a2a = [p for p in m.measurements if p["op"] == "all_to_all" and p["set"] == "fit"]
+    assert len(a2a) == 3 * 4 * 2 * 2  # sizes × (balanced, heavy, idle, random: 2 ranks) × (fwd, bwd) × ranks
+    assert {p["op"] for p in m.measurements} == {"all_to_all", "reduce_scatter", "all_gather", "relayout"}
+    assert set(m.fit_details["held_out"]) == {"all_to_all", "reduce_scatter", "all_gather", "relayout"}
+    assert m.reduce_scatter and m.all_gather and m.relayout
+    assert "held-out all-to-all" in r.output

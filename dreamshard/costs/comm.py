@@ -111,6 +111,19 @@ def alltoall_bytes_array(dim_sums: np.ndarray, batch_size: int, elt, total=None,
     return send, recv
 
 
+def bytes_ms(fit: dict, moved):
+    """latency + moved / bandwidth, or, with a knee (``knee_bytes`` > 0), the bytes up to the knee
+    at ``knee_bandwidth_GBps`` and the rest at ``bandwidth_GBps``: the time of moving `moved` bytes
+    (numbers or arrays) by one fitted collective. The one form of every fit here."""
+    moved = np.asarray(moved, dtype=np.float64)
+    k = fit.get("knee_bytes") or 0.0
+    if k:
+        t = fit["latency_ms"] + np.minimum(moved, k) / (fit["knee_bandwidth_GBps"] * 1e6) + np.maximum(moved - k, 0.0) / (fit["bandwidth_GBps"] * 1e6)
+    else:
+        t = fit["latency_ms"] + moved / (fit["bandwidth_GBps"] * 1e6)
+    return t
+
+
 def alltoall_ms(comm: dict, send, recv):
     """Every device's all-to-all ms from a comm model's parameters (``CommModel.params()`` or a
     calibration's ``comm``). `send` and `recv` are arrays [..., D], the last axis the devices of
@@ -118,8 +131,8 @@ def alltoall_ms(comm: dict, send, recv):
 
         load_d = max(send_d, recv_d) + serial_fraction · min(send_d, recv_d)
 
-    t_d = latency + ((1 − coupling) · load_d + coupling · max_j load_j) / bandwidth, 0 where the
-    device moves nothing. ``coupling`` (0 where absent) says how far a device waits for the busiest
+    t_d = `bytes_ms` of (1 − coupling) · load_d + coupling · max_j load_j (latency + load / bandwidth,
+    with a knee where the model has one), 0 where the device moves nothing. ``coupling`` (0 where absent) says how far a device waits for the busiest
     one: in NCCL's all-to-all every pair exchanges at once, so a device that sends and receives
     little still waits for its chunk from the busiest peer. The one formula: `CommModel`, the
     simulator and the learned cost net's `CommFormula` all price the all-to-all through it."""
@@ -129,8 +142,7 @@ def alltoall_ms(comm: dict, send, recv):
     k = comm.get("coupling", 0.0)
     if k and load.ndim:
         load = (1.0 - k) * load + k * load.max(axis=-1, keepdims=True)
-    t = comm["latency_ms"] + load / (comm["bandwidth_GBps"] * 1e6)
-    out = np.where(hi > 0, t, 0.0)
+    out = np.where(hi > 0, bytes_ms(comm, load), 0.0)
     return float(out) if out.ndim == 0 else out
 
 
@@ -171,7 +183,7 @@ def collective_ms(comm: dict, kind: str, buffer_bytes, devices: int):
     moved = ring_bytes(buffer_bytes, devices)
     fit = comm.get(kind)
     if fit:
-        t = fit["latency_ms"] + moved / (fit["bandwidth_GBps"] * 1e6)
+        t = bytes_ms(fit, moved)
     else:
         t = comm["latency_ms"] + (1.0 + comm.get("serial_fraction", 0.0)) * moved / (comm["bandwidth_GBps"] * 1e6)
     out = np.where(moved > 0, t, 0.0)
@@ -200,7 +212,7 @@ def relayout_ms(comm: dict, a2a_dims, row_dims, batch_size: int, elt):
         z = np.zeros_like(rows)
         return z, z
     moved = 2.0 * batch_size * (np.asarray(a2a_dims, dtype=np.float64) + rows) * elt
-    own = np.where(rows > 0, fit["latency_ms"] + moved / (fit["bandwidth_GBps"] * 1e6), 0.0)
+    own = np.where(rows > 0, bytes_ms(fit, moved), 0.0)
     return np.broadcast_to(own.max(axis=-1, keepdims=True), own.shape).copy(), own
 
 
@@ -213,10 +225,15 @@ def comm_params_problem(params, serial_required: bool = False) -> str | None:
     for key, ok, want in (("latency_ms", lambda v: v >= 0, "a finite number >= 0"),
                           ("bandwidth_GBps", lambda v: v > 0, "a finite number > 0"),
                           ("serial_fraction", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-                          ("coupling", lambda v: 0 <= v <= 1, "a number in [0, 1]")):
-        v = params.get(key, 0.0 if key == "coupling" or (key == "serial_fraction" and not serial_required) else None)
+                          ("coupling", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+                          ("knee_bytes", lambda v: v >= 0, "a finite number >= 0")):
+        v = params.get(key, 0.0 if key in ("coupling", "knee_bytes") or (key == "serial_fraction" and not serial_required) else None)
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
             return f"{key} must be {want}, got {v!r:.40}"
+    if params.get("knee_bytes"):
+        v = params.get("knee_bandwidth_GBps")
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+            return f"knee_bandwidth_GBps must be a finite number > 0 where knee_bytes is set, got {v!r:.40}"
     return None
 
 
@@ -227,9 +244,10 @@ def check_collective_fit(fit, what: str) -> None:
 
 
 def fit_collective(points: Iterable[dict], **meta) -> dict:
-    """(latency, bandwidth) of one collective from points {"buffer_bytes", "devices", "ms"}: the
-    least-squares fit of relative error of t = latency + ring_bytes / bandwidth. Relayout points
-    ({"bytes", "ms"}: bytes read and written) fit t = latency + bytes / bandwidth alike."""
+    """The `bytes_ms` fit of one collective from points {"buffer_bytes", "devices", "ms"}: the
+    least-squares fit of relative error of t = latency + ring_bytes / bandwidth (`_fit_bytes`: with
+    a knee where that fits better). Relayout points ({"bytes", "ms"}: bytes read and written) fit
+    t = latency + bytes / bandwidth alike."""
     pts = list(points)
     if len(pts) < 2:
         raise ValueError(f"fitting a collective needs at least 2 measurements, got {len(pts)}")
@@ -237,12 +255,11 @@ def fit_collective(points: Iterable[dict], **meta) -> dict:
     t = np.array([float(p["ms"]) for p in pts])
     if np.any(t <= 0) or not np.all(np.isfinite(t)):
         raise ValueError("collective measurements must have finite times > 0 ms")
-    a, b = _fit_line(x, t)
-    if b <= 0:
+    _, fit = _fit_bytes(x, t)
+    if fit["bandwidth_GBps"] <= 0:
         raise ValueError("cannot fit a bandwidth: the time does not grow with the bytes; measure larger sizes")
-    rel = np.abs((a + b * x - t) / t)
-    return {"latency_ms": a, "bandwidth_GBps": 1e-6 / b, "points": len(pts), "median_rel_error": float(np.median(rel)),
-            "max_rel_error": float(rel.max()), **meta}
+    rel = np.abs(bytes_ms(fit, x) / t - 1.0)
+    return {**fit, "points": len(pts), "median_rel_error": float(np.median(rel)), "max_rel_error": float(rel.max()), **meta}
 
 
 @dataclass
@@ -255,6 +272,8 @@ class CommModel:
     bandwidth_GBps: float  # 1 GB = 1e9 bytes
     serial_fraction: float = 0.0  # 0: directions overlap (full duplex); 1: they add up
     coupling: float = 0.0  # 0: a device's own traffic; 1: the busiest device's (alltoall_ms)
+    knee_bytes: float = 0.0  # 0: one bandwidth; else the bytes up to here move at knee_bandwidth_GBps (bytes_ms)
+    knee_bandwidth_GBps: float = 0.0
     hardware: str = "?"
     date: str = ""
     versions: dict = field(default_factory=dict)
@@ -271,7 +290,7 @@ class CommModel:
 
     def __post_init__(self) -> None:
         problem = comm_params_problem({"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction,
-                                       "coupling": self.coupling})
+                                       "coupling": self.coupling, "knee_bytes": self.knee_bytes, "knee_bandwidth_GBps": self.knee_bandwidth_GBps})
         if problem:
             raise ValueError(f"comm model: {problem}")
         for kind in (*COLLECTIVES, RELAYOUT):
@@ -280,7 +299,8 @@ class CommModel:
     def params(self) -> dict:
         """The parameters `alltoall_ms` and `collective_ms` read (as a simulator calibration's ``comm`` holds them)."""
         return {"latency_ms": self.latency_ms, "bandwidth_GBps": self.bandwidth_GBps, "serial_fraction": self.serial_fraction,
-                "coupling": self.coupling, "reduce_scatter": self.reduce_scatter, "all_gather": self.all_gather, "relayout": self.relayout}
+                "coupling": self.coupling, "knee_bytes": self.knee_bytes, "knee_bandwidth_GBps": self.knee_bandwidth_GBps,
+                "reduce_scatter": self.reduce_scatter, "all_gather": self.all_gather, "relayout": self.relayout}
 
     def rowwise_ms(self, rowwise_dim: int, batch_size: int, elt: int, devices: int) -> tuple[float, float]:
         """(reduce-scatter ms, all-gather ms) of the row-wise tables' exchange (module docstring)."""
@@ -319,9 +339,9 @@ class CommModel:
         ``measure_comm`` (with the pattern's ``chunks_bytes``, ``rank`` and ``direction``), or
         ``(send_bytes, recv_bytes, ms)`` of one device seen alone (coupling stays 0).
 
-        Minimises Σ ((pred − t)/t)²: a weighted linear least-squares fit of (latency, 1/bandwidth)
-        for each (serial_fraction, coupling) on a grid of 0, 0.05, …, 1, keeping the best; latency
-        is clamped at 0. ``meta`` goes to the constructor (hardware, date, versions, process_group,
+        Minimises Σ ((pred − t)/t)²: for each (serial_fraction, coupling) on a grid of 0, 0.05, …, 1,
+        the `_fit_bytes` fit of the loads (latency and bandwidth, with a knee where it fits better),
+        keeping the best; latency is clamped at 0. ``meta`` goes to the constructor (hardware, date, versions, process_group,
         devices, the collectives' fits).
         """
         points = list(points)
@@ -336,18 +356,18 @@ class CommModel:
         for gamma in grid:
             for k in couplings:
                 x = own[gamma] if peak is None else (1 - k) * own[gamma] + k * peak[gamma]
-                a, b = _fit_line(x, t)
-                err = (a + b * x - t) / t
-                fits[(float(gamma), float(k))] = (float((err * err).sum()), a, b, np.abs(err))
+                sse, fit = _fit_bytes(x, t)
+                fits[(float(gamma), float(k))] = (sse, fit, np.abs(bytes_ms(fit, x) / t - 1.0))
         best = min(fits, key=lambda g: fits[g][0])
-        _, latency, slope, rel = fits[best]
-        if slope <= 0:
+        _, fit, rel = fits[best]
+        if fit["bandwidth_GBps"] <= 0:
             raise ValueError("cannot fit a bandwidth: the all-to-all time does not grow with the bytes sent; measure larger sizes")
-        model = cls(latency_ms=float(latency), bandwidth_GBps=float(1e-6 / slope), serial_fraction=best[0], coupling=best[1], **meta)
+        model = cls(latency_ms=fit["latency_ms"], bandwidth_GBps=fit["bandwidth_GBps"], serial_fraction=best[0], coupling=best[1],
+                    knee_bytes=fit.get("knee_bytes", 0.0), knee_bandwidth_GBps=fit.get("knee_bandwidth_GBps", 0.0), **meta)
 
         def summary(key: tuple) -> dict:
-            _, a, b, e = fits[key]
-            return {"latency_ms": a, "bandwidth_GBps": 1e-6 / b if b > 0 else None, "median_rel_error": float(np.median(e)), "max_rel_error": float(e.max())}
+            _, f, e = fits[key]
+            return {**f, "median_rel_error": float(np.median(e)), "max_rel_error": float(e.max())}
 
         alternatives = {"max(send, recv) [serial_fraction 0, coupling 0]": summary((0.0, 0.0)),
                         "send + recv [serial_fraction 1, coupling 0]": summary((1.0, 0.0))}
@@ -385,7 +405,7 @@ class CommModel:
             raise DataError(f"{path}: invalid JSON ({getattr(e, 'msg', e)})") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise DataError(f"{path}: not a {FORMAT} file (make one with `dreamshard calibrate comm --out FILE`)")
-        known = {k: d[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction", "coupling", "hardware", "date", "versions", "process_group", "devices", "fit_details", "measurements", *COLLECTIVES, RELAYOUT) if k in d}
+        known = {k: d[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction", "coupling", "knee_bytes", "knee_bandwidth_GBps", "hardware", "date", "versions", "process_group", "devices", "fit_details", "measurements", *COLLECTIVES, RELAYOUT) if k in d}
         try:
             return cls(**known, path=str(path))
         except (TypeError, ValueError) as e:
@@ -394,7 +414,9 @@ class CommModel:
     def describe(self) -> str:
         bytes_ = "max(send, recv)" if self.serial_fraction == 0 else ("send + recv" if self.serial_fraction == 1 else f"(max + {self.serial_fraction:g}·min)(send, recv)")
         coupled = f", coupling {self.coupling:g}" if self.coupling else ""
-        return f"{self.latency_ms * 1e3:.1f} µs + {bytes_} / {self.bandwidth_GBps:.2f} GB/s{coupled} ({self.process_group}, {self.hardware}, {self.date})"
+        rate = (f"{self.bandwidth_GBps:.1f} GB/s" if not self.knee_bytes else
+                f"{self.knee_bandwidth_GBps:.1f} GB/s up to {self.knee_bytes / 1e6:.3g} MB, {self.bandwidth_GBps:.1f} GB/s beyond")
+        return f"{self.latency_ms * 1e3:.1f} µs + {bytes_} / {rate}{coupled} ({self.process_group}, {self.hardware}, {self.date})"
 
 
 def _point_traffic(p: dict) -> tuple[np.ndarray, np.ndarray, int]:
@@ -412,8 +434,7 @@ def point_ms(comm: dict, p: dict) -> float:
     if op in COLLECTIVES:
         return float(collective_ms(comm, op, p["buffer_bytes"], p["devices"]))
     if op == RELAYOUT:
-        fit = comm[RELAYOUT]
-        return float(fit["latency_ms"] + p["bytes"] / (fit["bandwidth_GBps"] * 1e6))
+        return float(bytes_ms(comm[RELAYOUT], p["bytes"]))
     send, recv, rank = _point_traffic(p)
     return float(np.atleast_1d(alltoall_ms(comm, send, recv))[rank])
 
@@ -454,27 +475,97 @@ def _fit_line(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def default_model_path(device_type: str) -> Path:
-    """The shipped model for this kind of device: data/comm/cpu_gloo.json, or a *nccl*.json."""
+KNEES = np.geomspace(64 << 10, 1 << 30, 29)  # where a fit may put its knee (bytes)
+
+
+def _fit_bytes(x: np.ndarray, t: np.ndarray) -> tuple[float, dict]:
+    """The `bytes_ms` fit of times `t` to byte counts `x`, minimising Σ ((pred − t)/t)²: the
+    straight line, or, where it fits better, two lines joined at a knee from KNEES (a weighted
+    linear least-squares fit of (latency, 1/knee bandwidth, 1/bandwidth) for each knee with ≥ 3
+    points on either side, kept where the information criterion says it pays; the bandwidth above
+    the knee must be the higher: NCCL's protocols move small messages at a lower rate than large
+    ones). (sum of squared relative errors, parameters)."""
+    a, b = _fit_line(x, t)
+    e = (a + b * x - t) / t
+    line = best = (float(e @ e), {"latency_ms": a, "bandwidth_GBps": 1e-6 / b if b > 0 else -1.0})
+    for k in KNEES if line[0] > 0 else ():
+        below = int((x <= k).sum())
+        if below < 3 or len(x) - below < 3:
+            continue
+        A = np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0)], axis=1) / t[:, None]
+        (a, s1, s2), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+        if a < 0 or s2 <= 0 or s1 < s2:
+            continue
+        e = A @ np.array([a, s1, s2]) - 1.0
+        # a knee is two more parameters (where, and the second rate): it must pay for them by the
+        # Bayesian information criterion, or noise about one line would bend it
+        if float(e @ e) < best[0] and len(x) * math.log(max(float(e @ e), 1e-300) / line[0]) + 2 * math.log(len(x)) < 0:
+            best = (float(e @ e), {"latency_ms": float(a), "bandwidth_GBps": float(1e-6 / s2), "knee_bytes": float(k), "knee_bandwidth_GBps": float(1e-6 / s1)})
+    return best
+
+
+DEFAULT_GPU = "h200"  # the GPU of the shipped simulator calibration and cost net: planning on a CPU prices its NVLink
+
+
+def shipped_models() -> dict[tuple[str, int], Path]:
+    """(GPU, device count) → the shipped NCCL comm model file (data/comm/<gpu>_nccl_<D>gpu.json)."""
+    out = {}
+    for path in DATA_DIR.glob("*_nccl_*gpu.json"):
+        gpu, _, count = path.stem.rpartition("_nccl_")
+        if count[:-3].isdigit():
+            out[(gpu, int(count[:-3]))] = path
+    return out
+
+
+def default_model_path(device_type: str, devices: int = 2, gpu: str | None = None) -> Path:
+    """The shipped model for `devices` devices of this kind: data/comm/cpu_gloo.json on CPU; on
+    CUDA the model of `gpu` (default: the GPU visible here, else DEFAULT_GPU) fitted on `devices`
+    devices, else on the nearest count fitted (the larger on a tie: a model fitted on more devices
+    has seen more contention), else the nearest count of another GPU. `describe_choice` says which."""
     if device_type == "cpu":
         path = DATA_DIR / "cpu_gloo.json"
         if path.is_file():
             return path
     else:
-        found = sorted(DATA_DIR.glob("*nccl*.json"))
-        if found:
-            return found[0]
+        models = shipped_models()
+        if models:
+            gpu = gpu or local_gpu() or DEFAULT_GPU
+            pool = [k for k in models if k[0] == gpu] or list(models)
+            key = min(pool, key=lambda k: (abs(k[1] - devices), -k[1], k[0] != DEFAULT_GPU, k[0]))
+            return models[key]
     raise OptionError(
         f"no comm model shipped for {device_type} devices: run `dreamshard calibrate comm --out FILE` "
         f"on a machine with 2 or more of them and pass --comm-model FILE"
     )
 
 
-def load_comm_model(model: "CommModel | str | Path | None", device_type: str = "cpu") -> CommModel:
-    """A CommModel from an instance, a file, or (None) the default shipped for ``device_type``."""
+def local_gpu() -> str | None:
+    """This machine's GPU as the shipped models name it (h100, h200, ...), None without CUDA."""
+    from dreamshard.costs.hardware import gpu_slug
+
+    return gpu_slug()
+
+
+def describe_choice(path: Path, devices: int, gpu: str | None = None) -> str:
+    """What a report says of a shipped model used for `devices` devices of `gpu` where it was fitted
+    on another device count or GPU ("" where it was fitted for them, or is not a shipped file)."""
+    if Path(path).resolve().parent != DATA_DIR:
+        return ""
+    fitted_gpu, _, count = Path(path).stem.rpartition("_nccl_")
+    notes = []
+    if count.endswith("gpu") and count[:-3].isdigit() and int(count[:-3]) != devices:
+        notes.append(f"fitted on {count[:-3]} devices, the nearest count shipped to {devices}")
+    if gpu and fitted_gpu and fitted_gpu != gpu:
+        notes.append(f"fitted on {fitted_gpu.upper()}, none shipped for {gpu.upper()}")
+    return "; ".join(notes)
+
+
+def load_comm_model(model: "CommModel | str | Path | None", device_type: str = "cpu", devices: int = 2, gpu: str | None = None) -> CommModel:
+    """A CommModel from an instance, a file, or (None) the default shipped for `devices` devices
+    of ``device_type`` (`default_model_path`)."""
     if isinstance(model, CommModel):
         return model
-    return CommModel.load(model if model is not None else default_model_path(device_type))
+    return CommModel.load(model if model is not None else default_model_path(device_type, devices, gpu))
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,6 +44,21 @@ def describe_hardware(device_type: str = "cpu", devices: int | None = None) -> s
     return f"CPU: {cpu_model()}, {cpu_cores()} cores"
 
 
+def gpu_slug(name: str | None = None) -> str | None:
+    """A GPU's model in lower case, as files name it (``NVIDIA H100 80GB HBM3`` → ``h100``): of
+    `name`, or of the visible CUDA GPU (None without CUDA)."""
+    import re
+
+    if name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name(0)
+    m = re.search(r"\b([A-Z]\d{2,4})\b", name)
+    return (m.group(1) if m else re.sub(r"\W+", "_", name)).lower()
+
+
 def cache_bytes(device) -> float:
     """The L2 size of a CUDA device (H200: 60 MiB), 0 for any other: the cache the simulator prices
     repeated row gathers against (costs/terms.py `cache_hits`)."""

@@ -37,8 +37,10 @@ tile geometry (KERNEL_TERMS; the geometry is mirrored below and a test checks it
     of the level below until one tile is left; tables of one class share a level's launch), each a
     short serial step; the sort and key building stay per lookup (`lookups`), the row updates per
     distinct row (`update_bytes`); reuse does not add work (rows are summed in-tile by a matrix
-    product), so the backward has no warm/hot terms. The all-to-all is the comm model's (costs/comm.py):
-t = latency + (max + s·min)(sent, received) / bandwidth per device, fitted to real all-to-alls.
+    product), so the backward has no warm/hot terms. The collectives are priced by the comm model
+(costs/comm.py) the runners use: for a GPU calibration, the NCCL model shipped for that GPU and the
+plan's device count (`SimBackend.comm_for`), fitted to real collectives as the distributed runner
+issues them.
 
 The kernel's backward takes a second path for hot small tables (a count matrix times the gradient,
 costs/paths.py), chosen per table (paths.product_tables). A calibration marked `product_path`
@@ -49,9 +51,8 @@ the path, and fits the backward's terms to what those tables leave (`product_pat
 A row shard (rowshard.py) is priced as the table it is: its rows, its measured lookups (its
 pooling factor is its measured share of the table's) and its measured reuse bins. It leaves the
 all-to-all: its table's partial outputs are summed by the reduce-scatter of the row-wise tables
-over all devices, and their gradients all-gathered back — the same time on every device,
-comm.collective_ms with the calibration's ``comm`` (derived from its all-to-all fit until that
-holds a fitted ``reduce_scatter`` / ``all_gather``).
+over all devices, and their gradients all-gathered back — the same time on every device
+(comm.collective_ms) — and the copies of its device's columns around them (comm.relayout_ms).
 """
 
 from __future__ import annotations
@@ -222,6 +223,7 @@ class SimBackend(CostBackend):
         self.product_path = self.calibration.product_path if product_path is None else bool(product_path)
         self.name = self.calibration.label
         self._fwd, self._bwd = _coef(self.calibration)
+        self._shipped: dict[int, dict] = {}  # device count → the shipped comm model's parameters (comm_for)
         self._product_cache: tuple | None = None  # (terms, workload, product_candidates): a search passes one terms array each call
         # only the terms this calibration prices (a search costs thousands of placements)
         self._columns = [j for j in range(len(TERMS)) if self._fwd[j] or self._bwd[j]]
@@ -230,8 +232,22 @@ class SimBackend(CostBackend):
         """terms.table_terms with this calibration's cache: what `costs_batch(terms=)` reuses."""
         return table_terms(tables, workload, self.calibration.cache_bytes)
 
-    def _comm(self, sent: np.ndarray, recv: np.ndarray) -> np.ndarray:
-        return alltoall_ms(self.calibration.comm, sent, recv)
+    def comm_for(self, devices: int) -> dict:
+        """The collectives' parameters for `devices` devices: for a calibration of a GPU (NCCL), the
+        comm model shipped for that GPU and device count (`comm.default_model_path`: the runners'
+        price); else (gloo, or a model given in the calibration file alone) the calibration's own."""
+        comm = self.calibration.comm
+        if devices < 2 or "nccl" not in str(comm.get("source", "")):
+            return comm
+        if devices not in self._shipped:
+            from dreamshard.costs.comm import default_model_path, describe_choice, load_comm_model
+            from dreamshard.costs.hardware import gpu_slug
+
+            gpu = gpu_slug(self.calibration.hardware)
+            path = default_model_path("cuda", devices, gpu)
+            note = describe_choice(path, devices, gpu)
+            self._shipped[devices] = {**load_comm_model(path).params(), "source": path.name + (f" ({note})" if note else "")}
+        return self._shipped[devices]
 
     def comm_params(self) -> dict:
         return self.calibration.comm
@@ -268,12 +284,13 @@ class SimBackend(CostBackend):
         sent, recv = alltoall_bytes_array(dim_sums, workload.batch_size, workload.elt_bytes)
         out = np.empty((N, devices, 4))
         out[..., 0] = fwd.reshape(N, devices)
-        out[..., 1] = self._comm(sent, recv)
-        out[..., 2] = self._comm(recv, sent)
+        comm = self.comm_for(devices)
+        out[..., 1] = alltoall_ms(comm, sent, recv)
+        out[..., 2] = alltoall_ms(comm, recv, sent)
         out[..., 3] = bwd.reshape(N, devices)
         if rw_dim:
-            rs, ag = rowwise_ms(self.calibration.comm, rw_dim, workload.batch_size, workload.elt_bytes, devices)
-            copy_f, copy_b = relayout_ms(self.calibration.comm, dim_sums, row_cols, workload.batch_size, workload.elt_bytes)
+            rs, ag = rowwise_ms(comm, rw_dim, workload.batch_size, workload.elt_bytes, devices)
+            copy_f, copy_b = relayout_ms(comm, dim_sums, row_cols, workload.batch_size, workload.elt_bytes)
             out[..., 1] += rs + copy_f
             out[..., 2] += ag + copy_b
         return out

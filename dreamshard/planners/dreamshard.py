@@ -165,7 +165,7 @@ class DreamShardPlanner(LearnedPlanner):
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
         policy alone; the heuristics only when every episode runs out of memory)."""
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
-        self.comm = comm_params(comm_model) if split else None
+        self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
         self.label = "shipped H200 model" if model is None else "trained model" if isinstance(model, DreamShardModel) else str(model)
         self.best_of = int(best_of) if best_of is not None else self.model.best_of
         if self.best_of < 1:

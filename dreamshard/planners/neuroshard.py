@@ -69,7 +69,7 @@ class NeuroShardPlanner(Planner):
         if min(beam, top, caps) < 1 or depth < 0:
             raise ValueError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
         self.model = DreamShardModel.load(model)
-        self.comm = comm_params(comm_model)
+        self.comm = comm_params(comm_model) if comm_model is not None else None  # None: the shipped model of each task's device count
         self.label = "shipped H200 model" if model is None else str(model)
         self.beam, self.depth, self.top = beam, depth, top
         self.caps = np.linspace(1.0, 1.5, caps)

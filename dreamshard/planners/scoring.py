@@ -12,7 +12,9 @@ arithmetic on a comm model's parameters — not a cost backend):
     zero in its state row), so the comm head sees only the device's all-to-all tables;
   - a state row carries one more column, the piece's share of its table's dim (dim × its rows /
     the table's rows); summed over the devices it is the dim of the row-wise buffer, and
-    `collective_ms` of it — reduce-scatter plus all-gather — is added to every device's comm.
+    `collective_ms` of it — reduce-scatter plus all-gather — is added to every device's comm;
+  - and one more, a row piece's columns in its device's TBE output: with the all-to-all widths it
+    prices the copies around the exchange (`comm.relayout_ms`), added to each device's comm.
 
 Under the `max_device` score (max over devices of fwd + bwd + comm, the shipped model's) that is
 exact to the simulator's rule.
@@ -25,8 +27,8 @@ part of a row piece taken out of the overall head, so `row_moves` is False for i
 offer no row splits, and a table larger than a device (which only a row split places) is priced
 with the collective added to the overall head.
 
-The comm model's parameters default to the shipped H200 NCCL fit (the shipped cost net's
-hardware): `comm_params`.
+The comm model's parameters default to the shipped NCCL fit for the shipped cost net's GPU at the
+task's device count: `comm_params`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dreamshard.costs.comm import CommModel, load_comm_model, rowwise_ms
+from dreamshard.costs.comm import DEFAULT_GPU, CommModel, load_comm_model, relayout_ms, rowwise_ms
 from dreamshard.learned.mdp import NumpyCostNet
 from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
@@ -46,10 +48,11 @@ from dreamshard.tasks import Task
 COMM = COST_COMPONENTS.index("comm_ms")
 
 
-def comm_params(comm_model: str | Path | CommModel | None) -> dict:
+def comm_params(comm_model: str | Path | CommModel | None, devices: int = 2) -> dict:
     """The collectives' parameters the scorer prices row splits with: a comm model file (or
-    model), or None for the shipped NCCL model of the GPU the shipped cost net was trained for."""
-    return load_comm_model(comm_model, "cuda").params()
+    model), or None for the shipped NCCL model of the GPU the shipped cost net was trained for, at
+    the task's device count (`comm.default_model_path`)."""
+    return load_comm_model(comm_model, "cuda", devices, DEFAULT_GPU).params()
 
 
 def predicted_dict(device_costs: np.ndarray, overall: float, model_label: str) -> dict:
@@ -66,16 +69,17 @@ class PieceScorer:
     def __init__(self, model: DreamShardModel, task: Task, comm: dict | None = None):
         self.model, self.task = model, task
         self.net = NumpyCostNet(model.cost_net)
-        self.comm = comm if comm is not None else comm_params(None)
+        self.comm = comm if comm is not None else comm_params(None, task.devices)
         self.row_moves = model.score == "max_device" and task.devices > 1
         nP = self.net.nP
         self._heads = nP // len(COST_COMPONENTS)
         self._rw = nP + self.net.Wo1.shape[0]  # the column of a piece's share of the row-wise dim
         self._a2a = self._rw + 1  # the column of a piece's all-to-all width
+        self._rc = self._a2a + 1  # the column of a row piece's columns in its device's TBE output (the copies around the exchange)
         self._slot: dict[Shard, int] = {}
         # Indexed by slot, filled up to len(_slot); grown geometrically, so that the searches' many
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
-        self.table = np.zeros((0, self._a2a + 1), np.float32)  # state rows
+        self.table = np.zeros((0, self._rc + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
 
     def slots(self, pieces: list[list[Shard]]) -> np.ndarray:
@@ -96,13 +100,14 @@ class PieceScorer:
         if not new:
             return
         x = self.model.features(splits.specs(self.task, new), self.task.workload)
-        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 2), np.float32)], axis=1)
+        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 3), np.float32)], axis=1)
         for r, p in zip(rows, new):
             if p.is_row_shard:  # not in the all-to-all: its share of the reduce-scatter instead
                 t = self.task.tables[p.table]
                 a, b = p.row_range(t)
                 r[COMM * self._heads : (COMM + 1) * self._heads] = 0.0
                 r[self._rw] = t.dim * (b - a) / t.rows
+                r[self._rc] = t.dim
             else:
                 r[self._a2a] = p.width
         n, k = len(self._slot), len(new)
@@ -132,7 +137,7 @@ class PieceScorer:
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """The state of empty devices, [*shape, R]."""
         state = self.net.empty(shape)
-        return np.concatenate([state, np.zeros((*shape, 2), state.dtype)], axis=-1)
+        return np.concatenate([state, np.zeros((*shape, 3), state.dtype)], axis=-1)
 
     def device_costs(self, state: np.ndarray) -> np.ndarray:
         """[..., D, R] device states of whole plans → [..., D, 3] (fwd, bwd, comm) units: the
@@ -140,9 +145,13 @@ class PieceScorer:
         head's (the row-wise exchange is added by `score` and `predicted`)."""
         costs = self.net.costs(state[..., : self.net.nP])
         comm = self.model.comm
+        w = self.task.workload
         if comm is not None:
             cols = state[..., self._a2a]
-            costs[..., COMM] = comm.units(cols, cols.sum(-1, keepdims=True), self.task.devices, self.task.workload.elt_bytes, self.net.scale)
+            costs[..., COMM] = comm.units(cols, cols.sum(-1, keepdims=True), self.task.devices, w.elt_bytes, self.net.scale)
+        if self.comm.get("relayout"):  # the copies of devices with row pieces, as the simulator prices them
+            fwd, bwd = relayout_ms(self.comm, state[..., self._a2a], state[..., self._rc], w.batch_size, w.elt_bytes)
+            costs[..., COMM] += (fwd + bwd) / self.net.scale
         return costs
 
     def state(self, pieces: list[Shard], devices: np.ndarray) -> np.ndarray:

@@ -49,7 +49,7 @@ from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import all_gather_fn, reduce_scatter_fn, relayout_backward, relayout_forward
 # FAULT_ENV, failure_message: tests import them from here, as runners/sequential.py does _Clock
 from dreamshard.costs.runners.launch import DEFAULT_TIMEOUT_S, FAULT_ENV, _Clock, failure_message, launch  # noqa: F401
-from dreamshard.rowshard import RowShardSpec, exchange_dims, rowwise_tables, spec_from_dict
+from dreamshard.rowshard import RowShardSpec, exchange_dims, exchange_order, rowwise_tables, spec_from_dict
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 from dreamshard.validation import MeasurementError, OptionError
@@ -194,13 +194,6 @@ def measure_placement(job: dict, shards: list[list[TableSpec]], rank: int, world
         result["rowwise_check"] = check
     del tbe, inputs
     return result
-
-
-def exchange_order(shards: Sequence[Sequence[TableSpec]]) -> list[list[TableSpec]]:
-    """Each device's tables in the order its fused TBE holds them: whole tables and column shards
-    (their outputs, leading, are the all-to-all's), then row shards (the reduce-scatter's). The
-    order of a device's tables does not change what it costs."""
-    return [[t for t in s if not isinstance(t, RowShardSpec)] + [t for t in s if isinstance(t, RowShardSpec)] for s in shards]
 
 
 def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, optimizer: str, device, seed: int = 0):

@@ -22,8 +22,8 @@ from statistics import median
 from typing import Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import CommModel, load_comm_model, relayout_ms
-from dreamshard.rowshard import exchange_dims, row_dims
+from dreamshard.costs.comm import CommModel, describe_choice, load_comm_model, local_gpu, relayout_ms
+from dreamshard.rowshard import exchange_dims, exchange_order, row_dims
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 from dreamshard.validation import OptionError
@@ -54,14 +54,13 @@ class SequentialRunner(CostBackend):
         self.warmup, self.iters, self.input_sets, self.seed = warmup, iters, input_sets, seed
         self.name = f"{kernel}/sequential"
 
-    @property
-    def comm_model(self) -> CommModel:
-        if self._comm is None:
-            self._comm = load_comm_model(None, self.device.type)
-        return self._comm
+    def comm_model(self, devices: int = 2) -> CommModel:
+        """The model given, or the one shipped for `devices` devices of this runner's kind
+        (`comm.default_model_path`: this GPU, the nearest device count fitted)."""
+        return self._comm if self._comm is not None else load_comm_model(None, self.device.type, devices)
 
     def comm_params(self) -> dict:
-        return self.comm_model.params()
+        return self.comm_model().params()
 
     def cache_bytes(self) -> float:
         from dreamshard.costs.hardware import cache_bytes
@@ -91,7 +90,7 @@ class SequentialRunner(CostBackend):
         workload.validate("workload", OptionError)
         batch_size, precision, optimizer = workload.batch_size, workload.precision, workload.optimizer
         if D > 1:
-            self.comm_model  # noqa: B018 - no model for this device kind: fail before measuring
+            model = self.comm_model(D)  # no model for this device kind: fail before measuring
         start = time.monotonic()
         threads_before = torch.get_num_threads()
         threads = max(1, cpu_cores() // D) if self.device.type == "cpu" else None
@@ -103,7 +102,7 @@ class SequentialRunner(CostBackend):
             if self.device.type == "cuda" and first and str(self.device) not in _WARMED:
                 self._measure_shard(first, batch_size, precision, optimizer)
                 _WARMED.add(str(self.device))
-            for shard in shards:
+            for shard in exchange_order(shards):  # the distributed runner's TBE, table for table
                 if not shard:
                     comp.append((0.0, 0.0))
                     continue
@@ -112,7 +111,7 @@ class SequentialRunner(CostBackend):
         finally:
             torch.set_num_threads(threads_before)
         if D > 1:
-            fwd_comm, bwd_comm, comm_info = modelled_comm(self.comm_model, shards, workload)
+            fwd_comm, bwd_comm, comm_info = modelled_comm(model, shards, workload)
         else:
             fwd_comm = bwd_comm = [0.0]
             comm_info = {"comm_model": "none: one device, no all-to-all"}
@@ -137,6 +136,9 @@ def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workl
     B, elt = workload.batch_size, workload.elt_bytes
     fwd, bwd = model.placement_ms(dim_sums, B, elt)
     info = {"comm_model": model.path or "(in memory)", "comm_model_fit": model.describe()}
+    note = describe_choice(model.path, D, local_gpu() if model.process_group == "nccl" else None) if model.path else ""
+    if note:
+        info["comm_model_note"] = note
     if rw_dim:
         rs, ag = model.rowwise_ms(rw_dim, B, elt, D)
         copy_f, copy_b = relayout_ms(model.params(), dim_sums, row_dims(shards), B, elt)
