@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dreamshard import validation as limits
-from dreamshard.files import atomic_write, check_out_path
+from dreamshard.files import OutPath, atomic_write, check_out_path
 from dreamshard.validation import InputError, MeasurementError, NoPlanError, OptionError, one_line
 
 console = Console()
@@ -78,20 +78,6 @@ class Memory(click.ParamType):
             return parse_memory(value)
         except InputError as e:
             self.fail(str(e), param, ctx)
-
-
-class OutPath(click.ParamType):
-    """A path to write (a file, or a folder with `directory`), checked before any work is done."""
-
-    def __init__(self, directory: bool = False) -> None:
-        self.directory = directory
-        self.name = "DIR" if directory else "FILE"
-
-    def convert(self, value, param, ctx):
-        try:
-            return str(check_out_path(value, "path", self.directory))
-        except OptionError as e:
-            self.fail(str(e).removeprefix("path "), param, ctx)
 
 
 MEMORY = Memory()
@@ -903,6 +889,60 @@ def exit_on_sigterm() -> None:
 from dreamshard.torchrec_io import export  # noqa: E402
 
 cli.add_command(export)
+
+
+def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
+    """OptionError if a file the command writes (an `OutPath` option) is one of the files it reads
+    (any other path option or argument: the same file, through a link too) or another of its
+    outputs: `plan t.csv --out t.csv` would replace its own input. One check for every command."""
+    import os
+
+    outs, ins = [], []
+    for p in ctx.command.params:
+        values = ctx.params.get(p.name)
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            if v is None:
+                continue
+            if isinstance(p.type, OutPath):
+                if not p.type.directory:
+                    outs.append((p, v))
+            elif isinstance(p.type, click.Path):
+                ins.append((p, v))
+
+    def name(p: click.Parameter) -> str:
+        return max(p.opts, key=len) if isinstance(p, click.Option) else p.human_readable_name
+
+    def same(a: str, b: str) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one does not exist (yet): the same file only by name
+            return os.path.abspath(a) == os.path.abspath(b)
+
+    for i, (p, out) in enumerate(outs):
+        for q, other in ins + outs[:i]:
+            if same(out, other):
+                role = "reads" if (q, other) in ins else "also writes"
+                raise OptionError(f"{name(p)} {out}: the same file as {name(q)} {other}, which this command {role}; give another file to write")
+
+
+def _guard_outputs(command: click.Command) -> None:
+    """Run `refuse_outputs_onto_inputs` before `command` (and each of its subcommands) does any work."""
+    import functools
+
+    callback = command.callback
+    if callback is not None and not getattr(callback, "_outputs_guarded", False):
+        @functools.wraps(callback)
+        def guarded(*args, **kwargs):
+            refuse_outputs_onto_inputs(click.get_current_context())
+            return callback(*args, **kwargs)
+
+        guarded._outputs_guarded = True
+        command.callback = guarded
+    for sub in getattr(command, "commands", {}).values():
+        _guard_outputs(sub)
+
+
+_guard_outputs(cli)
 
 
 def main() -> None:
