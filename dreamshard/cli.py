@@ -420,8 +420,10 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
               prior_plans, kernel_features, comm_source) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.learned.dreamshard import COMM_SOURCES
+    from dreamshard.learned.loop import check_training_tasks
     from dreamshard.planners import PLANNERS
     from dreamshard.tasks import load_tasks
+    from dreamshard.validation import TaskError
 
     learned = sorted(n for n, c in PLANNERS.items() if c.kind == "learned")
     if planner_name not in learned:
@@ -454,11 +456,19 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans,
                              **({"kernel_features": kernel_features, "comm": comm_source} if planner_name == "dreamshard" else {}))
     tasks = load_tasks(tasks_file)
+    try:  # the loop checks this too; here first, naming the file, before anything is printed
+        check_training_tasks(tasks)
+    except TaskError as e:
+        raise TaskError(f"{tasks_file}: {e}") from None
     evals = load_tasks(eval_tasks) if eval_tasks else None
     console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")
     # the simulator prior's plans are priced by the shipped calibration (a learned module imports no backend: it is given one)
     prior = {"prior": _cost_backend("sim", runner, device)[0]} if getattr(cfg, "prior_plans", 0) else {}
     planner = planner_cls.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals, **prior)
+    note = getattr(planner.model, "end_note", None)  # a resumed run that had finished (learned.loop.finished_run)
+    if note:
+        console.print(note, soft_wrap=True)
+        return
     meta = planner.model.meta
     shards = f", {meta['shard_measurements']} shards" if "shard_measurements" in meta else ""
     console.print(f"wrote {out} ({meta['measurements']} measured plans{shards} by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
