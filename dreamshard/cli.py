@@ -639,6 +639,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     from dreamshard.costs.comm import load_comm_model
     from dreamshard.costs.runners import default_device
     from dreamshard.tasks import Workload
+    from dreamshard.validation import DataError
 
     calibration = cal.Calibration.load(validate_file) if validate_file else None
     kernel = kernel or calibration.kernel
@@ -678,7 +679,10 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
         from dreamshard.costs.hardware import cache_bytes
 
         cache_size = cache_bytes(dev)
-    fitted = cal.fit(measured, kernel, comm_info, cache_size or 0.0)
+    try:
+        fitted = cal.fit(measured, kernel, comm_info, cache_size or 0.0)
+    except DataError as e:  # records that cannot be fitted: name the file they came from
+        raise DataError(f"{from_records}: {e}" if from_records else str(e)) from None
     fitted.save(out)
     console.print(f"fitted on {fitted.fit['shards']} shards: forward MAPE {fitted.fit['fwd_mape']:.1f}%, backward {fitted.fit['bwd_mape']:.1f}%, "
                   f"total {fitted.fit['total_mape']:.1f}% (training error; validate with --validate on held-out shards)")
