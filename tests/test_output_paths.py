@@ -83,12 +83,19 @@ def test_out_onto_a_fifo_a_device_a_folder_a_long_name_or_a_trailing_slash(pool,
     fifo = tmp_path / "f"
     os.mkfifo(fifo)
     (tmp_path / "folder").mkdir()
-    for out, needle in ((fifo, "is a FIFO, not a regular file"), ("/dev/null", "is a device node, not a regular file"),
+    # a private device node, never /dev/null itself: a regressed writer run as root would replace it
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        device = fifo  # not root: no device node can be made (nor replaced)
+    for out, needle in ((fifo, "is a FIFO, not a regular file"), (device, "is a device node" if device != fifo else "is a FIFO"),
                         (tmp_path / "folder", "is a folder"), (tmp_path / ("x" * 256), "over the limit of 255 bytes"),
                         (f"{tmp_path}/x.json/", "ends in '/'")):
         line = one_line_error(invoke("plan", pool / "tables.csv", "--devices", 2, "--max-memory", "10TB", "--out", out))
         assert needle in line, line
-    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and not (tmp_path / "x.json").exists()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and (device == fifo or stat.S_ISCHR(os.stat(device).st_mode))
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_a_long_name_that_fits_is_written(pool, tmp_path):

@@ -76,6 +76,8 @@ class ShardRecord:
             times[key] = parse_float(d[key], where, f"key {key!r}", 0.0, None, DataError, text=False)
             if tables and times[key] <= 0:
                 raise DataError(f"{where}, key {key!r}: {times[key]:g} ms; a measured shard takes a positive time")
+            if not tables and times[key] != 0:
+                raise DataError(f"{where}, key {key!r}: {times[key]:g} ms for a device without tables; an empty device takes no time")
         for key, kind in (("hardware", str), ("versions", dict), ("family", str), ("product_path", bool)):
             if d.get(key) is not None and not isinstance(d[key], kind):
                 raise DataError(f"{where}, key {key!r}: {d[key]!r:.40} is not a {kind.__name__}")
