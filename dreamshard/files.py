@@ -154,6 +154,17 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[BinaryIO], None
         raise
 
 
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line to a log (a training run's JSONL log grows by a line an iteration; rewriting
+    it whole each time would cost its size squared). A failed write is the atomic writer's one
+    line; the lines before it stay."""
+    try:
+        with open(path, "a") as f:
+            f.write(line if line.endswith("\n") else line + "\n")
+    except OSError as e:
+        raise OptionError(f"{path}: cannot write ({one_line(e.strerror or e)})") from None
+
+
 def _unlink(p: Path) -> None:
     try:
         p.unlink()

@@ -156,3 +156,23 @@ def test_subprocess_fifo_acceptance(pool, tmp_path):
                        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and "is a FIFO" in p.stderr, p.stderr
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_training_log_that_cannot_grow_is_one_line(tmp_path, monkeypatch):
+    """The log grows by a line an iteration (appended, not rewritten): a full disk there is the
+    same one-line error, and the lines before it stay."""
+    from dreamshard.learned.loop import RunLog
+
+    log = RunLog(tmp_path / "run.jsonl", resume=False, start=0)
+    log.write({"iteration": 0})
+    real_open = open
+
+    def full(p, mode="r", *args, **kwargs):
+        if "a" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(p, mode, *args, **kwargs)
+
+    monkeypatch.setattr(files, "open", full, raising=False)
+    with pytest.raises(OptionError, match=r"run\.jsonl: cannot write \(No space left on device\)"):
+        log.write({"iteration": 1})
+    assert (tmp_path / "run.jsonl").read_text() == '{"iteration": 0}\n'

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import torch
 
-from dreamshard.files import atomic_write, load_torch_file
+from dreamshard.files import append_line, atomic_write, load_torch_file
 from dreamshard.packing import infeasible_error, pack
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task, Workload
@@ -325,7 +325,6 @@ class RunLog:
         self.path = Path(path) if path else None
         if not self.path:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         old = self.path.read_text(errors="replace").splitlines() if (resume and self.path.is_file()) else []
         kept = []
         for i, line in enumerate(old, 1):
@@ -342,8 +341,7 @@ class RunLog:
 
     def write(self, row: dict) -> None:
         if self.path:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_line(self.path, json.dumps(row))
 
 
 class Progress:
