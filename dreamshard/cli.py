@@ -423,7 +423,6 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     from dreamshard.learned.loop import check_training_tasks
     from dreamshard.planners import PLANNERS
     from dreamshard.tasks import load_tasks
-    from dreamshard.validation import TaskError
 
     learned = sorted(n for n, c in PLANNERS.items() if c.kind == "learned")
     if planner_name not in learned:
@@ -456,11 +455,8 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans,
                              **({"kernel_features": kernel_features, "comm": comm_source} if planner_name == "dreamshard" else {}))
     tasks = load_tasks(tasks_file)
-    try:  # the loop checks this too; here first, naming the file, before anything is printed
-        check_training_tasks(tasks)
-    except TaskError as e:
-        raise TaskError(f"{tasks_file}: {e}") from None
     evals = load_tasks(eval_tasks) if eval_tasks else None
+    check_training_tasks(tasks, evals, tasks_file, eval_tasks)  # the loop checks them too; here first, naming the files, before anything is printed
     console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")
     # the simulator prior's plans are priced by the shipped calibration (a learned module imports no backend: it is given one)
     prior = {"prior": _cost_backend("sim", runner, device)[0]} if getattr(cfg, "prior_plans", 0) else {}

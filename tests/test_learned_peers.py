@@ -287,3 +287,19 @@ def test_cli_resume_of_a_finished_run_and_the_refusals_up_front(tmp_path):
         r = runner.invoke(cli, ["train", "--planner", name, "--tasks", str(tight), "--out", str(tmp_path / "tight.pt")])
         assert r.exit_code == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
         assert f"{tight}: no training task can be placed" in r.stderr and not (tmp_path / "tight.pt").exists()
+
+
+def test_eval_tasks_that_cannot_be_placed_are_refused_before_training(tmp_path):
+    """Each eval task is placed and measured after every iteration: one that fits nowhere is
+    refused up front, naming its file and place, not after the first iteration's work."""
+    runner = CliRunner()
+    for args in (["data", "synth", "--tables", "40", "--out", str(tmp_path / "pool")],
+                 ["data", "tasks", "--pool", str(tmp_path / "pool"), "--tables", "4", "--devices", "2", "--max-memory", "5GB", "--num-train", "3", "--num-test", "2", "--out", str(tmp_path)]):
+        assert runner.invoke(cli, args).exit_code == 0
+    lines = (tmp_path / "test.jsonl").read_text().splitlines()
+    (tmp_path / "eval.jsonl").write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "max_memory_bytes": 1000}) + "\n")
+    for name in ("rnn", "autoshard"):
+        r = runner.invoke(cli, ["train", "--planner", name, "--tasks", str(tmp_path / "train.jsonl"), "--eval-tasks", str(tmp_path / "eval.jsonl"),
+                                "--iterations", "1", "--budget", "2", "--out", str(tmp_path / "m.pt")])
+        assert r.exit_code == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
+        assert f"{tmp_path / 'eval.jsonl'}: eval task 2 of 2 cannot be placed" in r.stderr and not (tmp_path / "m.pt").exists()

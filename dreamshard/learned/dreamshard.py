@@ -311,7 +311,7 @@ def train(
     (`SimBackend()`, as `dreamshard train --prior-plans` gives it) for training on real hardware.
     """
     cfg.validate()
-    check_training_tasks(tasks)
+    check_training_tasks(tasks, eval_tasks)
     if prior is not None and not cfg.prior_plans:
         raise OptionError("a prior backend is given but prior_plans is 0; set prior_plans >= 1")
     if cfg.prior_plans and prior is None:

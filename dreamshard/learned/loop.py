@@ -103,18 +103,23 @@ def measure(backend: CostBackend, tasks: Sequence[Task], placements: Sequence[Se
     return reports
 
 
-def check_training_tasks(tasks: Sequence[Task]) -> None:
-    """TaskError before any training unless some task can be placed within its devices' memory:
-    a run on tasks none of which fits would measure nothing and write a model trained on nothing."""
+def check_training_tasks(tasks: Sequence[Task], eval_tasks: Sequence[Task] | None = None, where: str = "", eval_where: str = "") -> None:
+    """TaskError before any training unless some training task can be placed within its devices'
+    memory (a run on tasks none of which fits would measure nothing and write a model trained on
+    nothing), and every eval task can (each is placed and measured after every iteration).
+    `where`, `eval_where`: the files the tasks came from, to name in the error."""
+    where, eval_where = (f"{w}: " if w else "" for w in (where, eval_where))
     if not tasks:
-        raise TaskError("no training tasks")
-    first = None
-    for task in tasks:
-        if pack(task.sizes(), task.max_memory_bytes, task.devices) is not None:
-            return
-        first = first or task
-    reason = infeasible_error([t.name for t in first.tables], first.sizes(), first.max_memory_bytes, first.devices)
-    raise TaskError(f"no training task can be placed within its devices' memory, so there is nothing to measure (task 1 of {len(tasks)}: {reason})")
+        raise TaskError(f"{where}no training tasks")
+
+    def reason(task: Task) -> str:
+        return str(infeasible_error([t.name for t in task.tables], task.sizes(), task.max_memory_bytes, task.devices))
+
+    if all(pack(task.sizes(), task.max_memory_bytes, task.devices) is None for task in tasks):
+        raise TaskError(f"{where}no training task can be placed within its devices' memory, so there is nothing to measure (task 1 of {len(tasks)}: {reason(tasks[0])})")
+    for i, task in enumerate(eval_tasks or []):
+        if pack(task.sizes(), task.max_memory_bytes, task.devices) is None:
+            raise TaskError(f"{eval_where}eval task {i + 1} of {len(eval_tasks)} cannot be placed within its devices' memory, so it cannot be measured: {reason(task)}")
 
 
 def complete(task: Task, placement: np.ndarray | None, stuck: bool) -> np.ndarray:

@@ -172,7 +172,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     """Train the RNN placer on `tasks` against `backend`; the model goes to `out`, the full state
     of the run to `out`.ckpt after every iteration (`resume` continues it exactly)."""
     cfg.validate()
-    check_training_tasks(tasks)
+    check_training_tasks(tasks, eval_tasks)
     prepared = [prepare(t) for t in tasks]
     task_ids = [[t.name for t in task.tables] for task in tasks]
     checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE)
