@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dreamshard import validation as limits
-from dreamshard.files import atomic_write, check_out_path
+from dreamshard.files import OutPath, atomic_write, check_out_path
 from dreamshard.validation import InputError, MeasurementError, NoPlanError, OptionError, one_line
 
 console = Console()
@@ -78,20 +78,6 @@ class Memory(click.ParamType):
             return parse_memory(value)
         except InputError as e:
             self.fail(str(e), param, ctx)
-
-
-class OutPath(click.ParamType):
-    """A path to write (a file, or a folder with `directory`), checked before any work is done."""
-
-    def __init__(self, directory: bool = False) -> None:
-        self.directory = directory
-        self.name = "DIR" if directory else "FILE"
-
-    def convert(self, value, param, ctx):
-        try:
-            return str(check_out_path(value, "path", self.directory))
-        except OptionError as e:
-            self.fail(str(e).removeprefix("path "), param, ctx)
 
 
 MEMORY = Memory()
@@ -434,6 +420,7 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
               prior_plans, kernel_features, comm_source) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.learned.dreamshard import COMM_SOURCES
+    from dreamshard.learned.loop import check_training_tasks
     from dreamshard.planners import PLANNERS
     from dreamshard.tasks import load_tasks
 
@@ -469,10 +456,15 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
                              **({"kernel_features": kernel_features, "comm": comm_source} if planner_name == "dreamshard" else {}))
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
+    check_training_tasks(tasks, evals, tasks_file, eval_tasks)  # the loop checks them too; here first, naming the files, before anything is printed
     console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")
     # the simulator prior's plans are priced by the shipped calibration (a learned module imports no backend: it is given one)
     prior = {"prior": _cost_backend("sim", runner, device)[0]} if getattr(cfg, "prior_plans", 0) else {}
     planner = planner_cls.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals, **prior)
+    note = getattr(planner.model, "end_note", None)  # a resumed run that had finished (learned.loop.finished_run)
+    if note:
+        console.print(note, soft_wrap=True)
+        return
     meta = planner.model.meta
     shards = f", {meta['shard_measurements']} shards" if "shard_measurements" in meta else ""
     console.print(f"wrote {out} ({meta['measurements']} measured plans{shards} by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
@@ -643,6 +635,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     from dreamshard.costs.comm import load_comm_model
     from dreamshard.costs.runners import default_device
     from dreamshard.tasks import Workload
+    from dreamshard.validation import DataError
 
     calibration = cal.Calibration.load(validate_file) if validate_file else None
     kernel = kernel or calibration.kernel
@@ -682,7 +675,10 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
         from dreamshard.costs.hardware import cache_bytes
 
         cache_size = cache_bytes(dev)
-    fitted = cal.fit(measured, kernel, comm_info, cache_size or 0.0)
+    try:
+        fitted = cal.fit(measured, kernel, comm_info, cache_size or 0.0)
+    except DataError as e:  # records that cannot be fitted: name the file they came from
+        raise DataError(f"{from_records}: {e}" if from_records else str(e)) from None
     fitted.save(out)
     console.print(f"fitted on {fitted.fit['shards']} shards: forward MAPE {fitted.fit['fwd_mape']:.1f}%, backward {fitted.fit['bwd_mape']:.1f}%, "
                   f"total {fitted.fit['total_mape']:.1f}% (training error; validate with --validate on held-out shards)")
@@ -928,6 +924,60 @@ def exit_on_sigterm() -> None:
 from dreamshard.torchrec_io import export  # noqa: E402
 
 cli.add_command(export)
+
+
+def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
+    """OptionError if a file the command writes (an `OutPath` option) is one of the files it reads
+    (any other path option or argument: the same file, through a link too) or another of its
+    outputs: `plan t.csv --out t.csv` would replace its own input. One check for every command."""
+    import os
+
+    outs, ins = [], []
+    for p in ctx.command.params:
+        values = ctx.params.get(p.name)
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            if v is None:
+                continue
+            if isinstance(p.type, OutPath):
+                if not p.type.directory:
+                    outs.append((p, v))
+            elif isinstance(p.type, click.Path):
+                ins.append((p, v))
+
+    def name(p: click.Parameter) -> str:
+        return max(p.opts, key=len) if isinstance(p, click.Option) else p.human_readable_name
+
+    def same(a: str, b: str) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one does not exist (yet): the same file only by name
+            return os.path.abspath(a) == os.path.abspath(b)
+
+    for i, (p, out) in enumerate(outs):
+        for q, other in ins + outs[:i]:
+            if same(out, other):
+                role = "reads" if (q, other) in ins else "also writes"
+                raise OptionError(f"{name(p)} {out}: the same file as {name(q)} {other}, which this command {role}; give another file to write")
+
+
+def _guard_outputs(command: click.Command) -> None:
+    """Run `refuse_outputs_onto_inputs` before `command` (and each of its subcommands) does any work."""
+    import functools
+
+    callback = command.callback
+    if callback is not None and not getattr(callback, "_outputs_guarded", False):
+        @functools.wraps(callback)
+        def guarded(*args, **kwargs):
+            refuse_outputs_onto_inputs(click.get_current_context())
+            return callback(*args, **kwargs)
+
+        guarded._outputs_guarded = True
+        command.callback = guarded
+    for sub in getattr(command, "commands", {}).values():
+        _guard_outputs(sub)
+
+
+_guard_outputs(cli)
 
 
 def main() -> None:

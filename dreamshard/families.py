@@ -203,9 +203,8 @@ def synth_family(name: str = DEFAULT_FAMILY, tables: int | None = None, seed: in
     n = family.default_tables if tables is None else tables
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_TABLES:
         raise OptionError(f"--tables {n!r}: must be an integer in 1..{MAX_TABLES:,}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED // 100_003 - 1:
-        # synth_pool's stream seeds are seed · 100,003 + i, which must stay a valid seed
-        raise OptionError(f"--seed {seed!r}: must be an integer in 0..{MAX_SEED // 100_003 - 1:,}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise OptionError(f"--seed {seed!r}: must be an integer in 0..2^63 - 1")
     return family.generate(int(n), int(seed))
 
 

@@ -300,8 +300,8 @@ class Plan:
         if version not in READS:
             raise PlanError(f"{where}: not a {ROW_FORMAT} (or /2, /1) file (format={version!r:.40})")
         require_keys(d, ("devices", "max_memory_bytes", "tables"), where, PlanError)
-        devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, PlanError)
-        cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, PlanError)
+        devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, PlanError, text=False)
+        cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, PlanError, text=False)
         entries = require_list(d["tables"], where, "key 'tables'", PlanError, MAX_TABLES)
         specs, shards = [], []
         for i, e in enumerate(entries):
@@ -314,7 +314,7 @@ class Plan:
                 raise PlanError(str(err)) from None
             specs.append(spec)
             if version == READS[0]:
-                shards.append(Shard(i, parse_int(e["device"], at, "key 'device'", 0, devices - 1, PlanError), 0, spec.dim))
+                shards.append(Shard(i, parse_int(e["device"], at, "key 'device'", 0, devices - 1, PlanError, text=False), 0, spec.dim))
                 continue
             for k, s in enumerate(require_list(e["shards"], at, "key 'shards'", PlanError, max(spec.dim // DIM_MULTIPLE, devices))):
                 sat = f"{at}, shard {k}"
@@ -323,16 +323,16 @@ class Plan:
                 cols = require_list(s["columns"], sat, "key 'columns'", PlanError, 2)
                 if len(cols) != 2:
                     raise PlanError(f"{sat}, key 'columns': expected [start, stop]")
-                start = parse_int(cols[0], sat, "key 'columns' start", 0, spec.dim, PlanError)
-                stop = parse_int(cols[1], sat, "key 'columns' stop", 0, spec.dim, PlanError)
+                start = parse_int(cols[0], sat, "key 'columns' start", 0, spec.dim, PlanError, text=False)
+                stop = parse_int(cols[1], sat, "key 'columns' stop", 0, spec.dim, PlanError, text=False)
                 row_start, row_stop = 0, None
                 if "rows" in s:
                     rows = require_list(s["rows"], sat, "key 'rows'", PlanError, 2)
                     if len(rows) != 2:
                         raise PlanError(f"{sat}, key 'rows': expected [start, stop]")
-                    row_start = parse_int(rows[0], sat, "key 'rows' start", 0, spec.rows, PlanError)
-                    row_stop = parse_int(rows[1], sat, "key 'rows' stop", 0, spec.rows, PlanError)
-                shards.append(Shard(i, parse_int(s["device"], sat, "key 'device'", 0, devices - 1, PlanError), start, stop, row_start, row_stop))
+                    row_start = parse_int(rows[0], sat, "key 'rows' start", 0, spec.rows, PlanError, text=False)
+                    row_stop = parse_int(rows[1], sat, "key 'rows' stop", 0, spec.rows, PlanError, text=False)
+                shards.append(Shard(i, parse_int(s["device"], sat, "key 'device'", 0, devices - 1, PlanError, text=False), start, stop, row_start, row_stop))
         planner = d.get("planner", "?")
         if not isinstance(planner, str):
             raise PlanError(f"{where}, key 'planner': {planner!r:.40} must be a string")

@@ -3,7 +3,7 @@ backend, and tabulate (the CLI's `demo` and `compare`, and the benchmarks).
 
 `evaluate(planners, tasks, backend)` gives `Results`: one `Row` per (task, planner) — the plan, its
 CostReport, the planning and pricing wall times, the tables it split, its notes, or the
-`InfeasibleError` that the planner raised — and a `PlannerSummary` per planner. Every table and
+`NoPlanError` that the planner raised — and a `PlannerSummary` per planner. Every table and
 file the results make says which backend produced the costs (`CostReport.source`), so a simulated
 number is never read as a measured one.
 """
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport
 from dreamshard.files import atomic_write
-from dreamshard.packing import InfeasibleError
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
+from dreamshard.validation import NoPlanError
 
 if TYPE_CHECKING:  # the registry imports torch; Results alone does not need it
     from rich.table import Table
@@ -37,7 +37,7 @@ TIE = 1e-9  # relative: costs this close to a task's best count as wins (identic
 
 @dataclass
 class Row:
-    """One planner on one task: its plan and cost, or the InfeasibleError it raised (`error`)."""
+    """One planner on one task: its plan and cost, or the NoPlanError it raised (`error`)."""
 
     task: int  # index in the evaluated task list
     planner: str
@@ -82,7 +82,7 @@ class PlannerSummary:
 
     planner: str
     tasks: int
-    failures: int  # tasks on which it raised InfeasibleError
+    failures: int  # tasks on which it raised NoPlanError
     mean_ms: float  # nan when it placed no task
     median_ms: float
     mean_ratio_to_best: float  # mean of cost / the lowest cost any planner reached on that task
@@ -301,8 +301,9 @@ def evaluate(
     progress: Callable[[Row], None] | None = None,
 ) -> Results:
     """Plan every task with every planner and price each plan with `backend` (at each task's own
-    batch size, or at `batch_size`). A planner raising InfeasibleError on a task is recorded in that
-    row; any other exception is a bug and propagates. `progress` is called with each finished row."""
+    batch size, or at `batch_size`). A planner having no plan for a task (NoPlanError: none within
+    memory, a sharding our plans cannot express, a peer failing on it) is recorded in that row;
+    any other exception is a bug and propagates. `progress` is called with each finished row."""
     chosen = resolve(planners)
     rows = []
     for i, task in enumerate(tasks):
@@ -310,7 +311,7 @@ def evaluate(
             t0 = time.perf_counter()
             try:
                 plan = planner.plan(task)
-            except InfeasibleError as e:
+            except NoPlanError as e:  # no plan for this task (within memory, expressible, or a peer's failure on it)
                 row = Row(i, name, None, None, (time.perf_counter() - t0) * 1000, error=str(e))
             else:
                 planning_ms = (time.perf_counter() - t0) * 1000

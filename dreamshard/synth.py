@@ -20,6 +20,7 @@ import numpy as np
 from dreamshard.bins import REFERENCE_BATCH, reuse_bins_many, reuse_stats_many
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec, load_tables, save_tables
+from dreamshard.validation import MAX_SEED
 
 DIMS = (4, 8, 16, 32, 64, 128)
 STATS_FILES = {
@@ -77,7 +78,9 @@ def synth_pool(config: PoolConfig = PoolConfig(), progress: Callable[[int], None
     rows = np.maximum(np.round(10**log_rows), 10).astype(np.int64)
     dims = rng.choice(DIMS, size=n)
     dists = [f"zipf:{a:.4f}" for a in alphas]
-    seeds = [config.seed * 100_003 + i for i in range(n)]
+    # modulo 2^63: every pool seed the docs allow (0..MAX_SEED) gives valid stream seeds; below
+    # MAX_SEED // 100,003 (every pool made before) the seeds are unchanged
+    seeds = [(config.seed * 100_003 + i) % (MAX_SEED + 1) for i in range(n)]
     return table_specs([f"t{i}" for i in range(n)], rows, dims, pf, dists, seeds, progress)
 
 

@@ -198,14 +198,16 @@ def table_from_record(rec: dict, where: str, label: str = "column", derive_bins:
     def at(col: str) -> str:
         return f"{label} {col!r}"
 
-    rows = parse_int(rec["rows"], where, at("rows"), 1, MAX_ROWS, TableError)
-    dim = parse_int(rec["dim"], where, at("dim"), 1, MAX_DIM, TableError)
+    text = label != "key"  # a CSV cell is text; a JSON value must be a number where a number belongs
+
+    rows = parse_int(rec["rows"], where, at("rows"), 1, MAX_ROWS, TableError, text=text)
+    dim = parse_int(rec["dim"], where, at("dim"), 1, MAX_DIM, TableError, text=text)
     if dim % DIM_MULTIPLE:
         raise TableError(f"{where}, {at('dim')}: {dim} is not a positive multiple of {DIM_MULTIPLE}")
-    pf = parse_float(rec["pooling_factor"], where, at("pooling_factor"), 0.0, MAX_POOLING_FACTOR, TableError)
+    pf = parse_float(rec["pooling_factor"], where, at("pooling_factor"), 0.0, MAX_POOLING_FACTOR, TableError, text=text)
     if 0 < pf < MIN_POOLING_FACTOR:
         raise TableError(f"{where}, {at('pooling_factor')}: {pf:g} is below {MIN_POOLING_FACTOR:g} (the limit); give 0 for a table that is never looked up")
-    seed = parse_int(rec.get("seed") if rec.get("seed") not in (None, "") else 0, where, at("seed"), 0, MAX_SEED, TableError)
+    seed = parse_int(rec.get("seed") if rec.get("seed") not in (None, "") else 0, where, at("seed"), 0, MAX_SEED, TableError, text=text)
     distribution = rec.get("distribution")
     if distribution in (None, ""):
         distribution = None
@@ -223,7 +225,7 @@ def table_from_record(rec: dict, where: str, label: str = "column", derive_bins:
         if not all(given):
             missing = next(c for c, g in zip(BIN_COLUMNS, given) if not g)
             raise TableError(f"{where}: missing value in {at(missing)} (give all of bin_0..bin_16 or none)")
-        bins = tuple(parse_float(v, where, at(c), 0.0, MAX_BIN, TableError) for v, c in zip(bin_values, BIN_COLUMNS))
+        bins = tuple(parse_float(v, where, at(c), 0.0, MAX_BIN, TableError, text=text) for v, c in zip(bin_values, BIN_COLUMNS))
         total = sum(bins)
         if pf > 0 and abs(total - 1.0) > 1e-3:
             raise TableError(f"{where}: bin_0..bin_16 sum to {total:.4f}, expected 1")
@@ -269,6 +271,9 @@ def load_tables(path: str | Path) -> list[TableSpec]:
         reader = csv.DictReader(io.StringIO(text, newline=""))
         try:
             header = reader.fieldnames or []
+            twice = next((c for i, c in enumerate(header) if c in header[:i]), None)
+            if twice is not None:  # csv.DictReader would keep the last of the two silently
+                raise TableError(f"{path}: line 1: column {twice!r:.60} is in the header twice")
             missing = [c for c in REQUIRED_COLUMNS if c not in header]
             if missing:
                 raise TableError(f"{path}: line 1: missing column {missing[0]!r} (header needs {','.join(REQUIRED_COLUMNS)})")

@@ -78,7 +78,7 @@ class Workload:
     def from_json(d: dict, where: str, error: type[InputError] = TaskError) -> "Workload":
         """From a task or plan object's keys; a missing key takes its default."""
         return Workload(
-            parse_int(d.get("batch_size", REFERENCE_BATCH), where, "key 'batch_size'", 1, MAX_BATCH_SIZE, error),
+            parse_int(d.get("batch_size", REFERENCE_BATCH), where, "key 'batch_size'", 1, MAX_BATCH_SIZE, error, text=False),
             parse_choice(d.get("precision", "fp16"), where, "key 'precision'", PRECISION_BYTES, error),
             parse_choice(d.get("optimizer", "sgd"), where, "key 'optimizer'", OPTIMIZERS, error),
         )
@@ -125,6 +125,16 @@ class Task:
 TASK_KEYS = ("tables", "devices", "max_memory_bytes")
 
 
+def _json_lines_hint(text: str) -> str:
+    """What to say after 'invalid JSON' in a task file: a JSON document written over several lines
+    (a pretty-printed task or plan) parses as a whole, but a task file holds one task a line."""
+    try:
+        json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return "; a task file is JSON lines, one task object a line"
+    return "; this file is one JSON document over several lines, but a task file is JSON lines: one task object a line"
+
+
 def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> list[Task]:
     """Read a task file; table names resolve in `tables` or in each line's pool. Raises TaskError
     naming the file, line and key (TableError for a pool's table file)."""
@@ -147,16 +157,18 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
         try:
             d = json.loads(line)
         except json.JSONDecodeError as e:
-            raise TaskError(f"{where}: invalid JSON ({e.msg})") from None
+            raise TaskError(f"{where}: invalid JSON ({e.msg}){_json_lines_hint(text)}") from None
         except RecursionError:
             raise TaskError(f"{where}: JSON nested too deeply") from None
+        if isinstance(d, dict) and str(d.get("format", "")).startswith("dreamshard.plan"):
+            raise TaskError(f"{where}: this is a plan, not a task; a task file (from `dreamshard data tasks`) is JSON lines of tasks")
         require_dict(d, where, "a task", TaskError)
         require_keys(d, TASK_KEYS, where, TaskError)
         names = require_list(d["tables"], where, "key 'tables'", TaskError, MAX_TABLES)
         for i, n in enumerate(names):
             parse_str(n, where, f"key 'tables' entry {i}", TaskError)
-        devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, TaskError)
-        cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, TaskError)
+        devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, TaskError, text=False)
+        cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, TaskError, text=False)
         workload = Workload.from_json(d, where)
         pool = d.get("pool")
         if pool is not None:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import click
 
 from dreamshard.bins import NUM_BINS, REFERENCE_BATCH
-from dreamshard.files import atomic_write, check_out_path
+from dreamshard.files import OutPath, atomic_write
 from dreamshard.packing import InfeasibleError
 from dreamshard.plan import Plan, Shard, load_plans
 from dreamshard.tables import TableSpec, load_tables, table_from_record
@@ -681,19 +681,9 @@ def export() -> None:
     """Write plans in other systems' terms."""
 
 
-def _out_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """cli.py's OUT_FILE check (files.check_out_path), before any work is done."""
-    if value is None:
-        return None
-    try:
-        return str(check_out_path(value, "path"))
-    except OptionError as e:
-        raise click.BadParameter(str(e).removeprefix("path "), ctx, param) from None
-
-
 @export.command("torchrec")
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
-@click.option("--out", callback=_out_file, metavar="FILE", help="JSON file to write  [default: print to stdout]")
+@click.option("--out", type=OutPath(), help="JSON file to write  [default: print to stdout]")
 @click.option("--device-type", default="cuda", show_default=True, type=click.Choice(DEVICE_TYPES), help="device of each shard's placement")
 @click.option("--compute-kernel", default="fused", show_default=True, type=click.Choice(KERNELS), help="TorchRec compute kernel of every table")
 @click.option("--column-type", default="column_wise", show_default=True, type=click.Choice(COLUMN_TYPES), help="TorchRec sharding type of a column-split table")

@@ -91,8 +91,12 @@ def one_line(text: Any) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
-def _number(value: Any, where: str, key: str, error: type[InputError]) -> int | float:
-    """An int (exact, however large: it is compared with the limits) or a float; CSV strings parsed."""
+def _number(value: Any, where: str, key: str, error: type[InputError], text: bool = True) -> int | float:
+    """An int (exact, however large: it is compared with the limits) or a float; CSV strings parsed.
+    With `text` False (a JSON value: task, plan and JSON table files) a string is refused: JSON
+    has numbers, and "1" where 1 belongs is a file edited by hand or written by something else."""
+    if isinstance(value, str) and not text:
+        raise error(f"{where}, {key}: {_show(value)} is a string, not a number")
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise error(f"{where}, {key}: {_show(value)} is not a number")
     if isinstance(value, int):
@@ -108,9 +112,10 @@ def _number(value: Any, where: str, key: str, error: type[InputError]) -> int | 
         raise error(f"{where}, {key}: {_show(value)} is not a number") from None
 
 
-def parse_int(value: Any, where: str, key: str, minimum: int, maximum: int | None = None, error: type[InputError] = InputError) -> int:
-    """An integer in [minimum, maximum]: '12', 12 or 12.0; not 2.7, true, 'nan', or 1e30 past the limit."""
-    number = _number(value, where, key, error)
+def parse_int(value: Any, where: str, key: str, minimum: int, maximum: int | None = None, error: type[InputError] = InputError, text: bool = True) -> int:
+    """An integer in [minimum, maximum]: '12' (with `text`: a CSV cell), 12 or 12.0; not 2.7, true,
+    'nan', or 1e30 past the limit."""
+    number = _number(value, where, key, error, text)
     if isinstance(number, float):
         if not math.isfinite(number) or number != int(number):
             raise error(f"{where}, {key}: {_show(value)} is not an integer")
@@ -122,9 +127,10 @@ def parse_int(value: Any, where: str, key: str, minimum: int, maximum: int | Non
     return number
 
 
-def parse_float(value: Any, where: str, key: str, minimum: float = 0.0, maximum: float | None = None, error: type[InputError] = InputError) -> float:
-    """A finite number in [minimum, maximum]."""
-    number = _number(value, where, key, error)
+def parse_float(value: Any, where: str, key: str, minimum: float = 0.0, maximum: float | None = None, error: type[InputError] = InputError,
+                text: bool = True) -> float:
+    """A finite number in [minimum, maximum] (a string only with `text`: a CSV cell)."""
+    number = _number(value, where, key, error, text)
     try:
         number = float(number)
     except OverflowError:  # an int too large for a float
@@ -200,6 +206,8 @@ def load_torch_file(path: str | Path, what: str, error: type[InputError] = Input
     `error` with one line naming the file if it is not a readable torch file. Nothing in it runs."""
     import gzip
     import io
+    import pickle
+    import warnings
 
     import torch
 
@@ -210,7 +218,12 @@ def load_torch_file(path: str | Path, what: str, error: type[InputError] = Input
         raw = path.read_bytes()
         if path.suffix == ".gz":
             raw = gzip.decompress(raw)
-        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about a raw pickle's protocol before refusing it: our one line says it all
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's own text suggests weights_only=False, which would run the file's code
+        raise error(f"{path}: cannot read this {what} file (not a torch file of tensors and plain data; a raw pickle, "
+                    f"or one holding other objects, is never loaded: nothing in it runs)") from None
     except Exception as e:  # noqa: BLE001 - any unreadable or unpicklable file is one user-facing error, never our bug
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise error(f"{path}: cannot read this {what} file ({type(e).__name__}: {first[:200]})") from None

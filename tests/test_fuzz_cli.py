@@ -1,4 +1,5 @@
-"""Fuzzing the command line with malformed table, task and plan files and option values (issue 15).
+"""Fuzzing the command line with malformed table, task and plan files and option values (issue 15),
+output paths, calibration records and the resume of a finished training run (issue 34).
 
 Every case is generated together with whether it is valid: each field is drawn either from values
 that are valid or from values that are not (wrong type, out of range, over a limit, missing,
@@ -11,8 +12,10 @@ duplicated, not finite, garbage text). The case then runs through the real CLI c
 
 A handful run as real subprocesses (`.venv/bin/dreamshard`) for exit statuses and stderr.
 
-Examples per fuzz test: DREAMSHARD_FUZZ_EXAMPLES (default 150: 650 cases over the four file and
-option fuzzers and the model-file fuzzer, which takes a third as many; a few seconds; e.g. DREAMSHARD_FUZZ_EXAMPLES=3000 for a long run). Half the cases are drawn clean
+Examples per fuzz test: DREAMSHARD_FUZZ_EXAMPLES (default 150: about 840 cases over the file,
+option and output-path fuzzers, the model-file fuzzer (a third as many), the records fuzzer (a
+fifth) and the resume fuzzer (six trainings); under a minute; e.g. DREAMSHARD_FUZZ_EXAMPLES=3000
+for a long run). Half the cases are drawn clean
 (every field valid), half with flaws. Default runs are derandomized (the same cases every time); a
 run with the variable set draws new ones.
 """
@@ -297,16 +300,19 @@ def tampered_plan(draw, base: dict):
     plan, valid, clean = copy.deepcopy(base), True, draw(st.booleans())
     plan["max_memory_bytes"] = BIG_MEMORY
     edits = draw(st.lists(st.sampled_from(["devices", "memory", "precision", "optimizer", "batch_size", "format", "tables", "device", "columns", "rows", "dim",
-                                           "pooling_factor", "bins", "distribution", "seed", "name", "predicted", "notes", "doc"]),
+                                           "pooling_factor", "bins", "distribution", "seed", "name", "predicted", "notes", "doc", "row_range"]),
                            min_size=1, max_size=3, unique=True))  # one edit per key: a later one never undoes an earlier invalid one
     if "dim" in edits and "columns" in edits:
         edits.remove("columns")  # a new dim re-tiles the table's shards; its columns are the dim edit's
+    if "rows" in edits and "row_range" in edits:
+        edits.remove("row_range")  # a row range spans the rows the spec had when it was drawn
+    edits.sort(key=lambda e: e == "row_range")  # last: an edit of the shards after it would drop its rows
     n = len(plan["tables"])
     for edit in edits:
         i = draw(st.integers(0, n - 1)) if isinstance(plan.get("tables"), list) and plan["tables"] and isinstance(plan["tables"][0], dict) else None
         spec = plan["tables"][i]["spec"] if i is not None and "spec" in plan["tables"][i] else None
         if edit == "devices":
-            v, ok = valid_or_not(st.integers(2, 8), st.sampled_from([0, 1, -1, 2.5, True, None, [], MAX_DEVICES + 1, 10**6, 10**9]), 0.6).pick(draw, clean)
+            v, ok = valid_or_not(st.integers(2, 8), st.sampled_from([0, 1, -1, 2.5, True, None, [], MAX_DEVICES + 1, 10**6, 10**9, "2", "8"]), 0.6).pick(draw, clean)
             if ok and isinstance(plan.get("devices"), int) and not isinstance(plan["devices"], bool):
                 v = max(v, plan["devices"])  # never fewer devices than a valid table's device needs
             plan["devices"] = v
@@ -320,7 +326,7 @@ def tampered_plan(draw, base: dict):
             v, ok = valid_or_not(st.sampled_from(["sgd", "rowwise_adagrad"]), st.sampled_from(["adam", None, 1]), 0.6).pick(draw, clean)
             plan["workload"]["optimizer"] = v
         elif edit == "batch_size":
-            v, ok = valid_or_not(st.integers(1, 2**20), st.sampled_from([0, -1, 2.5, True, None, "x", 2**40]), 0.6).pick(draw, clean)
+            v, ok = valid_or_not(st.integers(1, 2**20), st.sampled_from([0, -1, 2.5, True, None, "x", 2**40, "1024"]), 0.6).pick(draw, clean)
             plan["workload"]["batch_size"] = v
         elif edit in ("format", "tables", "doc") and clean:
             ok = True  # these edits are all flaws: none in a clean case
@@ -331,7 +337,7 @@ def tampered_plan(draw, base: dict):
         elif edit == "device" and i is not None and isinstance(plan["tables"][i].get("shards"), list) and plan["tables"][i]["shards"] \
                 and isinstance(plan["tables"][i]["shards"][0], dict):
             top = plan["devices"] if isinstance(plan.get("devices"), int) and not isinstance(plan["devices"], bool) and plan["devices"] >= 2 else 2
-            v, ok = valid_or_not(st.integers(0, top - 1), st.sampled_from([-1, top, 0.5, True, None, "x", 10**9]), 0.6).pick(draw, clean)
+            v, ok = valid_or_not(st.integers(0, top - 1), st.sampled_from([-1, top, 0.5, True, None, "x", 10**9, "0", "1"]), 0.6).pick(draw, clean)
             plan["tables"][i]["shards"][0]["device"] = v
         elif edit == "columns" and i is not None:
             dim, shards = spec["dim"], plan["tables"][i]["shards"]
@@ -341,12 +347,13 @@ def tampered_plan(draw, base: dict):
                 device, half = shards[0]["device"], dim // 8 * 4  # a valid cut: widths multiples of 4
                 halves = [{"device": device, "columns": [0, half]}, {"device": device, "columns": [half, dim]}] if half >= 4 else None
                 v, ok = valid_or_not(st.sampled_from([x for x in ([{"device": device, "columns": [0, dim]}], halves) if x]),
-                                     st.sampled_from([[{"device": device, "columns": c}] for c in ([0, dim - 2], [4, dim], [0, dim + 4], [0], "x", [dim, 0])] + [[], "x"]), 0.6).pick(draw, clean)
+                                     st.sampled_from([[{"device": device, "columns": c}] for c in ([0, dim - 2], [4, dim], [0, dim + 4], [0], "x", [dim, 0], ["0", str(dim)])]
+                                                     + [[], "x"]), 0.6).pick(draw, clean)
                 plan["tables"][i]["shards"] = v
         elif spec is not None and edit in ("rows", "dim", "pooling_factor", "bins", "distribution", "seed", "name"):
             good, bad = {
-                "rows": (st.integers(1, 10**5), st.sampled_from([0, -100, 1e30, 2.5, True, None, "x", MAX_ROWS + 1])),
-                "dim": (st.sampled_from([4, 8, 64, 256]), st.sampled_from([6, 0, -4, 2048, 4.5, None, "x"])),
+                "rows": (st.integers(1, 10**5), st.sampled_from([0, -100, 1e30, 2.5, True, None, "x", MAX_ROWS + 1, "100"])),
+                "dim": (st.sampled_from([4, 8, 64, 256]), st.sampled_from([6, 0, -4, 2048, 4.5, None, "x", "64"])),
                 "pooling_factor": (st.just(0.0) | st.floats(1e-9, 100), st.sampled_from([-1.0, float("nan"), float("inf"), 1e6, None, "x", True])),
                 "bins": (st.integers(0, NUM_BINS - 1).map(onehot), st.sampled_from([onehot(0)[:16], [-0.1] + [0.0] * 16, [float("nan")] * 17, "x", 5])),
                 "distribution": (st.sampled_from(["uniform", "zipf:1.2"]), st.sampled_from(["zipf:0", "gauss", 5, []])),
@@ -359,6 +366,11 @@ def tampered_plan(draw, base: dict):
                 plan["tables"][i]["shards"] = [{"device": plan["tables"][i]["shards"][0]["device"], "columns": [0, v]}]
             if edit == "name" and not ok and draw(st.booleans()) and n > 1:  # (ok is False: not a clean case)
                 spec["name"] = plan["tables"][(i + 1) % n]["spec"]["name"]  # a table listed twice
+        elif edit == "row_range" and i is not None and isinstance(plan["tables"][i].get("shards"), list) and len(plan["tables"][i]["shards"]) == 1 \
+                and isinstance(plan["tables"][i]["shards"][0], dict) and isinstance(spec.get("rows"), int) and not isinstance(spec["rows"], bool) and spec["rows"] >= 1:
+            rows = spec["rows"]
+            v, ok = valid_or_not(st.just([0, rows]), st.sampled_from([["0", str(rows)], [0, str(rows)], ["0", rows], [0, rows + 1], [0.5, rows]]), 0.6).pick(draw, clean)
+            plan["tables"][i]["shards"][0]["rows"] = v
         elif edit == "predicted":
             plan["predicted"], ok = valid_or_not(st.just(None), st.sampled_from([5, "x", []]), 0.6).pick(draw, clean)
         elif edit == "notes":
@@ -496,6 +508,196 @@ def test_fuzz_option_values(pool, base_plan, data):
         plan_file.write_text(json.dumps(base_plan))
         args, outputs, valid = data.draw(option_case(pool, plan_file, d))
         check(invoke(*args), valid, outputs, case=args)
+
+
+# --------------------------------------------------------------------------------------------
+# Output paths: nothing a command writes may destroy (issue 34)
+# --------------------------------------------------------------------------------------------
+
+# what `--out` names: (kind, valid). A valid one is written; an invalid one is refused with one
+# line and left exactly as it was (a FIFO still a FIFO, an input's bytes unchanged).
+OUT_KINDS = valid_or_not(st.sampled_from(["new", "existing", "in a new folder", "long name that fits"]),
+                         st.sampled_from(["fifo", "device node", "folder", "name over 255 bytes", "trailing slash", "the input", "a link to the input",
+                                          "a hard link to the input", "under a regular file"]), 0.5)
+
+
+def make_null_device(path: Path) -> None:
+    """A private copy of /dev/null (a character device) at `path`: never the system's own, which a
+    regressed writer run as root would replace with a regular file. Skips the case where creating
+    a device node is not allowed (not root)."""
+    import stat as _stat
+
+    try:
+        os.mknod(path, 0o666 | _stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("creating a device node needs root")
+
+
+def _snapshot(p: Path):
+    """What a path is, to compare before and after: its kind and, for a regular file, its bytes."""
+    try:
+        st_mode = os.lstat(p).st_mode
+    except OSError:  # not there, or a file in the way of its folder
+        return None
+    import stat as _stat
+
+    if _stat.S_ISREG(st_mode):
+        return ("file", p.read_bytes())
+    return (_stat.S_IFMT(st_mode), None)
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_output_paths(pool, base_plan, data):
+    kind, valid = OUT_KINDS.pick(data.draw, data.draw(st.booleans()))
+    command = data.draw(st.sampled_from(["plan", "measure", "export"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        tables, plan = d / "tables.csv", d / "plan.json"
+        tables.write_bytes((pool / "tables.csv").read_bytes())
+        plan.write_text(json.dumps(base_plan))
+        source = tables if command == "plan" else plan
+        out = {"new": d / "out.json", "existing": d / "old.json", "in a new folder": d / "sub" / "out.json", "long name that fits": d / ("n" * 240 + ".json"),
+               "fifo": d / "fifo", "device node": d / "null", "folder": d / "folder", "name over 255 bytes": d / ("n" * 256),
+               "trailing slash": f"{d}/out.json/", "the input": source, "a link to the input": d / "link", "a hard link to the input": d / "hard",
+               "under a regular file": d / "plan.json" / "out.json"}[kind]
+        if kind == "existing":
+            out.write_text("an old report")
+        elif kind == "fifo":
+            os.mkfifo(out)
+        elif kind == "device node":
+            make_null_device(out)
+        elif kind == "folder":
+            out.mkdir()
+        elif kind == "a link to the input":
+            out.symlink_to(source)
+        elif kind == "a hard link to the input":
+            os.link(source, out)
+        before = {p: _snapshot(p) for p in (Path(str(out).rstrip("/")), tables, plan)}
+        args = {"plan": ["plan", tables, "--devices", 2, "--max-memory", BIG_MEMORY, "--planner", "size", "--out", out],
+                "measure": ["measure", plan, "--backend", "sim", "--out", out],
+                "export": ["export", "torchrec", plan, "--out", out]}[command]
+        r = invoke(*args)
+        case = (command, kind)
+        event(f"valid={valid} exit={r.exit_code}")
+        assert result_is_clean(r), (case, r.stderr)
+        if valid:
+            assert r.exit_code == 0, (case, r.stderr)
+            assert _snapshot(Path(out))[0] == "file" and Path(out).read_text() != "an old report", case
+        else:
+            assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: "), (case, r.stderr)
+            assert {p: _snapshot(p) for p in before} == before, case
+        assert not [p for p in d.rglob("*") if ".tmp" in p.name], case
+
+
+def result_is_clean(r) -> bool:
+    return (r.exception is None or isinstance(r.exception, SystemExit)) and "Traceback" not in r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Calibration records through `calibrate --from-records` (issue 34)
+# --------------------------------------------------------------------------------------------
+
+RECORDS = ROOT / "benchmarks" / "results" / "cpu_fbgemm_calib_records.jsonl"  # CPU shards measured with fbgemm
+FIT_TERMS = 8  # fbgemm's cost model: a fit needs at least this many measured shards
+REC_TIME = valid_or_not(st.floats(1e-3, 1e3), st.sampled_from([float("nan"), float("inf"), -1.0, 0.0, "1.0", None, True, [1.0]]), 0.15)
+REC_BATCH = valid_or_not(st.just(None), st.sampled_from(["2048", 0, -1, 2.5, None, True]), 0.1)  # None: the record's own
+REC_TABLES = valid_or_not(st.just(None), st.sampled_from(["empty", "x", "number", "bad dim", "string rows"]), 0.1)
+REC_PLACEMENT = valid_or_not(st.sampled_from([None, 0, 3]), st.sampled_from([-1, "0", 1.5, True]), 0.1)
+
+
+@st.composite
+def records_file(draw, base: list[dict]):
+    """(JSON lines, valid, measured shards): 1-14 records, each key drawn valid or not; now and
+    then the empty device of a placement (no tables, zero times), which is valid but no shard."""
+    clean, lines, valid, shards = draw(st.booleans()), [], True, 0
+    for i in range(draw(st.integers(FIT_TERMS + 2, 14) if clean else st.integers(1, 12))):
+        rec = dict(base[i % len(base)])
+        if draw(st.integers(0, 9)) == 0:  # an empty device of placement 0
+            rec.update(tables=[], fwd_ms=0.0, bwd_ms=0.0, placement=0, device=1)
+            lines.append(json.dumps(rec))
+            continue
+        picks = {"fwd_ms": REC_TIME.pick(draw, clean), "bwd_ms": REC_TIME.pick(draw, clean), "batch_size": REC_BATCH.pick(draw, clean),
+                 "tables": REC_TABLES.pick(draw, clean), "placement": REC_PLACEMENT.pick(draw, clean)}
+        for key in ("fwd_ms", "bwd_ms", "placement"):
+            rec[key] = picks[key][0]
+        if picks["batch_size"][0] is not None or not picks["batch_size"][1]:
+            rec["batch_size"] = picks["batch_size"][0]
+        t = picks["tables"][0]
+        if t is not None:
+            first = dict(rec["tables"][0])
+            rec["tables"] = {"empty": [], "x": "x", "number": [5], "bad dim": [{**first, "dim": 6}], "string rows": [{**first, "rows": str(first["rows"])}]}[t]
+        # "empty" is among the bad tables: outside a placement a shard needs tables, and inside one an
+        # empty device takes no time (these records' times are positive)
+        valid &= all(v for _, v in picks.values())
+        shards += 1
+        text = json.dumps(rec)
+        if flaw(draw, clean, 20):
+            text, valid = text[:-4], False  # a line cut short
+        lines.append(text)
+    return "\n".join(lines) + "\n", valid and shards >= FIT_TERMS, shards
+
+
+@pytest.fixture(scope="module")
+def base_records() -> list[dict]:
+    return [json.loads(line) for line in RECORDS.read_text().splitlines()[:12]]
+
+
+@settings(FUZZ, max_examples=max(10, EXAMPLES // 5))
+@given(data=st.data())
+def test_fuzz_calibration_records(base_records, data):
+    text, valid, shards = data.draw(records_file(base_records))
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d) / "records.jsonl", Path(d) / "cal.json"
+        src.write_text(text)
+        r = invoke("calibrate", "--backend", "fbgemm", "--from-records", src, "--out", out)
+        check(r, valid, [out], names=str(src), case=text)
+        if valid:
+            assert json.loads(out.read_text())["fit"]["shards"] == shards
+
+
+# --------------------------------------------------------------------------------------------
+# Resuming a finished training run (issue 34): the model is never lost
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def train_tasks(pool, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("traintasks")
+    r = invoke("data", "tasks", "--pool", pool, "--tables", "3", "--devices", 2, "--max-memory", BIG_MEMORY, "--num-train", 3, "--num-test", 1, "--out", out)
+    assert r.exit_code == 0, r.stderr
+    return out / "train.jsonl"
+
+
+@settings(FUZZ, max_examples=max(6, EXAMPLES // 25))
+@given(planner=st.sampled_from(["rnn", "autoshard"]), damage=st.sampled_from(["none", "missing", "garbage", "another run's model"]),
+       log=st.booleans())
+def test_fuzz_resume_of_a_finished_run(train_tasks, planner, damage, log):
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        out = d / "m.pt"
+        base = ["train", "--planner", planner, "--tasks", train_tasks, "--iterations", 2, "--budget", 2, "--batch-size", 64, "--out", out]
+        base += ["--log", d / "log.jsonl"] if log else []
+        assert invoke(*base).exit_code == 0
+        first, log_text = out.read_bytes(), (d / "log.jsonl").read_text() if log else None
+        meta = torch.load(out, weights_only=True)["meta"]
+        if damage == "missing":
+            out.unlink()
+        elif damage == "garbage":
+            out.write_bytes(b"not a model")
+        elif damage == "another run's model":
+            torch.save({**torch.load(out, weights_only=True), "meta": {"measurements": 0}}, out)
+        r = invoke(*base, "--resume")
+        assert r.exit_code == 0 and result_is_clean(r), (planner, damage, r.stderr)
+        lines = r.stdout.splitlines()
+        if damage == "none":
+            assert lines[-1] == f"{out}: this run had already finished (2 iterations, 2 measured plans); the model is left as it was"
+            assert out.read_bytes() == first
+        else:
+            assert lines[-1] == f"wrote {out} from the last checkpoint of the finished run (2 iterations, 2 measured plans)"
+        assert torch.load(out, weights_only=True)["meta"] == meta and meta["measurements"] == 2
+        if log:
+            assert (d / "log.jsonl").read_text() == log_text
 
 
 # --------------------------------------------------------------------------------------------

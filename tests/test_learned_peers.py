@@ -203,3 +203,103 @@ def test_cli_trains_and_plans_with_each_peer(tmp_path):
                           (["--planner", "rnn", "--config", "default"], "planner rnn has no config 'default'; choose from paper")]:
         r = runner.invoke(cli, ["train", *args, "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "x.pt")])
         assert r.exit_code == 2 and message in r.output, r.output
+
+
+# --------------------------------------------------------------------------------------------
+# the end of a run: every learned loop's (learned.loop.finished_run, check_training_tasks)
+# --------------------------------------------------------------------------------------------
+
+
+def _dreamshard_train(cfg, *args, **kwargs):
+    from dreamshard.learned.dreamshard import train
+
+    return train(cfg, *args, **kwargs)
+
+
+def _small(name: str):
+    if name == "dreamshard":
+        from dreamshard.learned.dreamshard import get_config
+
+        return get_config("default", iterations=2, measurements_per_iteration=2, cost_steps=4, cost_batch=4, rl_batches=1, rl_tasks_per_batch=2,
+                          rl_episodes_per_task=2, best_of=2)
+    return PEERS[name][0].config(iterations=2, measurements_per_iteration=2)
+
+
+LOOPS = {"autoshard": autoshard.train, "rnn": rnn.train, "dreamshard": _dreamshard_train}
+
+
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_resume_of_a_finished_run_leaves_the_model_or_recovers_it_from_the_checkpoint(name, tasks, tmp_path):
+    train, cfg, train_tasks = LOOPS[name], _small(name), tasks[0][:4]
+    out, log = tmp_path / "m.pt", tmp_path / "m.jsonl"
+    whole = train(cfg, train_tasks, SimBackend(), out, log=log, progress=False)
+    model_bytes, log_text = out.read_bytes(), log.read_text()
+    assert getattr(whole, "end_note", None) is None and whole.meta["measurements"] == 4
+    # resumed once finished: the model file and the log as they were, the model with its metadata
+    again = train(cfg, train_tasks, SimBackend(), out, log=log, resume=True, progress=False)
+    assert "already finished" in again.end_note and out.read_bytes() == model_bytes and log.read_text() == log_text
+    assert again.meta == whole.meta
+    # killed between the last checkpoint and the model save (no model file, or another run's)
+    for damage in ("missing", "other"):
+        if damage == "missing":
+            out.unlink()
+        else:
+            out.write_bytes(b"another run's file")
+        recovered = train(cfg, train_tasks, SimBackend(), out, log=log, resume=True, progress=False)
+        assert "from the last checkpoint" in recovered.end_note and log.read_text() == log_text
+        saved = torch.load(out, weights_only=True)
+        assert saved["meta"] == whole.meta and saved["meta"]["measurements"] == 4
+        for key, value in whole.state().items():
+            if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+                assert all(torch.equal(value[k], saved[key][k]) for k in value), key
+
+
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_tasks_none_of_which_fit_are_refused_before_training(name, tasks, tmp_path):
+    from dreamshard.validation import TaskError
+
+    tight = [Task(t.tables, t.devices, 1000, t.workload, t.pool) for t in tasks[0][:3]]
+    with pytest.raises(TaskError, match="no training task can be placed"):
+        LOOPS[name](_small(name), tight, SimBackend(), tmp_path / "m.pt", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_resume_of_a_finished_run_and_the_refusals_up_front(tmp_path):
+    runner = CliRunner()
+    for args in (["data", "synth", "--tables", "40", "--out", str(tmp_path / "pool")],
+                 ["data", "tasks", "--pool", str(tmp_path / "pool"), "--tables", "4", "--devices", "2", "--max-memory", "5GB", "--num-train", "4", "--num-test", "1", "--out", str(tmp_path)]):
+        assert runner.invoke(cli, args).exit_code == 0
+    base = ["train", "--tasks", str(tmp_path / "train.jsonl"), "--iterations", "2", "--budget", "4", "--batch-size", "1024"]
+    for name in PEERS:
+        out = tmp_path / f"{name}.pt"
+        assert runner.invoke(cli, [*base, "--planner", name, "--out", str(out)]).exit_code == 0
+        before = out.read_bytes()
+        r = runner.invoke(cli, [*base, "--planner", name, "--out", str(out), "--resume"])
+        assert r.exit_code == 0 and r.exception is None, r.output
+        assert f"{out}: this run had already finished (2 iterations, 4 measured plans); the model is left as it was" in r.stdout.splitlines()
+        assert out.read_bytes() == before
+        # a budget too small for a loop that learns from each iteration's measurements
+        r = runner.invoke(cli, ["train", "--planner", name, "--tasks", str(tmp_path / "train.jsonl"), "--iterations", "3", "--budget", "1", "--out", str(tmp_path / "small.pt")])
+        assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and "budget 1 is below iterations 3" in r.stderr, r.stderr
+    tight = tmp_path / "tight.jsonl"
+    tight.write_text("".join(json.dumps({**json.loads(line), "max_memory_bytes": 1000}) + "\n" for line in (tmp_path / "train.jsonl").read_text().splitlines()))
+    for name in LOOPS:
+        r = runner.invoke(cli, ["train", "--planner", name, "--tasks", str(tight), "--out", str(tmp_path / "tight.pt")])
+        assert r.exit_code == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
+        assert f"{tight}: no training task can be placed" in r.stderr and not (tmp_path / "tight.pt").exists()
+
+
+def test_eval_tasks_that_cannot_be_placed_are_refused_before_training(tmp_path):
+    """Each eval task is placed and measured after every iteration: one that fits nowhere is
+    refused up front, naming its file and place, not after the first iteration's work."""
+    runner = CliRunner()
+    for args in (["data", "synth", "--tables", "40", "--out", str(tmp_path / "pool")],
+                 ["data", "tasks", "--pool", str(tmp_path / "pool"), "--tables", "4", "--devices", "2", "--max-memory", "5GB", "--num-train", "3", "--num-test", "2", "--out", str(tmp_path)]):
+        assert runner.invoke(cli, args).exit_code == 0
+    lines = (tmp_path / "test.jsonl").read_text().splitlines()
+    (tmp_path / "eval.jsonl").write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "max_memory_bytes": 1000}) + "\n")
+    for name in ("rnn", "autoshard"):
+        r = runner.invoke(cli, ["train", "--planner", name, "--tasks", str(tmp_path / "train.jsonl"), "--eval-tasks", str(tmp_path / "eval.jsonl"),
+                                "--iterations", "1", "--budget", "2", "--out", str(tmp_path / "m.pt")])
+        assert r.exit_code == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
+        assert f"{tmp_path / 'eval.jsonl'}: eval task 2 of 2 cannot be placed" in r.stderr and not (tmp_path / "m.pt").exists()

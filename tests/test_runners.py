@@ -124,10 +124,10 @@ def test_sequential_measures_a_processes_first_gpu_shard_once_untimed(monkeypatc
 
 def test_worker_that_raises(monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "raise:1")
-    t = time.monotonic()
+    # no clock here: had the launcher missed the error, the workers would time out after 120 s
+    # with another message, which the match refuses (a busy machine cannot trip this)
     with pytest.raises(RuntimeError, match="worker 1 of 2 raised RuntimeError: injected fault in worker 1"):
         measure_distributed(small_plan(), KERNEL, B, warmup=1, iters=10, timeout_s=120)
-    assert time.monotonic() - t < 60
 
 
 def test_worker_that_dies(monkeypatch):
@@ -141,7 +141,7 @@ def test_worker_that_hangs(monkeypatch):
     t = time.monotonic()
     with pytest.raises(RuntimeError, match=r"measurement timed out after 8 s"):
         measure_distributed(small_plan(), KERNEL, B, warmup=1, iters=10, timeout_s=8)
-    assert 8 <= time.monotonic() - t < 30
+    assert 8 <= time.monotonic() - t < 300  # killed at its timeout: the upper bound only catches a hang, not a busy machine
 
 
 # --------------------------------------------------------------------------------------------

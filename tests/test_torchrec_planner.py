@@ -159,3 +159,39 @@ def test_without_torchrec_construction_is_one_line_error(monkeypatch):
         get_planner("torchrec")
     assert "needs torchrec" in str(e.value) and "No module named 'torchrec'" in str(e.value) and "\n" not in str(e.value)
     assert isinstance(e.value, OptionError)  # the CLI's one line on stderr and exit status 2
+
+
+def test_torchrecs_own_failure_on_a_task_is_one_line_and_compare_goes_on(monkeypatch):
+    """TorchRec raising something other than its PlannerError (1,518 tables on 690 ranks: "Invalid
+    device string: 'cuda:-93'") is this peer having no plan for the task: a NoPlanError of one line,
+    which `compare` records in the planner's row instead of stopping."""
+    from dreamshard.report import evaluate
+    from dreamshard.validation import NoPlanError
+
+    class Broken:
+        def plan(self, module, sharders):
+            raise RuntimeError("Invalid device string: 'cuda:-93'\n(deep inside TorchRec)")
+
+    planner = TorchRecPlanner()
+    monkeypatch.setattr(planner, "planner", lambda task: Broken())
+    task = Task(MIXED, 2, 10**12)
+    with pytest.raises(NoPlanError) as e:
+        planner.plan(task)
+    assert str(e.value) == "TorchRec failed to plan 4 tables on 2 devices (RuntimeError: Invalid device string: 'cuda:-93' (deep inside TorchRec))"
+    results = evaluate({"torchrec": planner, "size": get_planner("size")}, [task], SimBackend())
+    assert [r.error for r in results.rows if r.planner == "torchrec"] == [str(e.value)]
+    assert all(r.ok for r in results.rows if r.planner == "size")
+
+
+def test_torchrec_on_690_devices_is_one_line(tmp_path):
+    """The issue's case through the CLI: TorchRec's rank arithmetic fails past its limits."""
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli
+    from dreamshard.synth import write_pool
+
+    write_pool(synth_pool(PoolConfig(tables=1518, seed=0)), tmp_path / "pool", PoolConfig(tables=1518, seed=0))
+    r = CliRunner().invoke(cli, ["plan", str(tmp_path / "pool" / "tables.csv"), "--devices", "690", "--max-memory", "80GB", "--planner", "torchrec",
+                                 "--out", str(tmp_path / "p.json")])
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: TorchRec failed to plan 1518 tables on 690 devices"), r.stderr
+    assert not (tmp_path / "p.json").exists()

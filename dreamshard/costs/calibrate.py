@@ -22,9 +22,10 @@ from dreamshard.costs.sim import (BWD_TERMS, FWD_TERMS, KERNEL_TERMS, Calibratio
                                   shard_term_matrix, spearman)
 from dreamshard.families import HELD_OUT_FAMILY, family_of, shard_bucket
 from dreamshard.files import atomic_write
-from dreamshard.tables import TableSpec
+from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, TableSpec
 from dreamshard.tasks import Workload
-from dreamshard.validation import DataError, InputError, one_line
+from dreamshard.validation import (MAX_BATCH_SIZE, MAX_TABLES, MAX_TASKS, DataError, InputError, parse_choice, parse_float, parse_int, require_dict, require_keys,
+                                   require_list)
 
 SIZE_BUCKETS = ((1, 2), (3, 8), (9, 20), (21, 10**9))  # table counts the validation report breaks errors down by
 MAX_SHARD_BYTES = {"cuda": 16 * 10**9, "cpu": 10**9}  # keep each measured shard well inside memory
@@ -57,9 +58,37 @@ class ShardRecord:
                 "hardware": self.hardware, "versions": self.versions, "family": self.family, "product_path": self.product_path}
 
     @staticmethod
-    def from_json(d: dict) -> "ShardRecord":
-        return ShardRecord([TableSpec.from_dict(t) for t in d["tables"]], d["batch_size"], d["precision"], d["optimizer"], d["fwd_ms"], d["bwd_ms"],
-                           d.get("placement"), d.get("device"), d.get("hardware", ""), d.get("versions"), d.get("family"), bool(d.get("product_path", False)))
+    def from_json(d: dict, where: str = "record") -> "ShardRecord":
+        """A record from its `to_json()` form, checked key by key (DataError naming `where` and the
+        key): a fit or a report on a NaN, negative or zero time, or on a shard without tables
+        outside a placement, would be silently wrong."""
+        require_dict(d, where, "a shard record", DataError)
+        require_keys(d, ("tables", "batch_size", "precision", "optimizer", "fwd_ms", "bwd_ms"), where, DataError)
+        tables = require_list(d["tables"], where, "key 'tables'", DataError, MAX_TABLES, nonempty=False)
+        placement = _optional_index(d.get("placement"), where, "placement")
+        device = _optional_index(d.get("device"), where, "device")
+        if not tables and placement is None:  # an empty device of a whole placement is the one shard without tables
+            raise DataError(f"{where}, key 'tables': the list is empty; only an empty device of a placement (key 'placement') has no tables")
+        specs = [TableSpec.from_dict(require_dict(t, f"{where}, key 'tables' entry {i}", "a table spec", DataError), f"{where}, key 'tables' entry {i}")
+                 for i, t in enumerate(tables)]
+        times = {}
+        for key in ("fwd_ms", "bwd_ms"):
+            times[key] = parse_float(d[key], where, f"key {key!r}", 0.0, None, DataError, text=False)
+            if tables and times[key] <= 0:
+                raise DataError(f"{where}, key {key!r}: {times[key]:g} ms; a measured shard takes a positive time")
+            if not tables and times[key] != 0:
+                raise DataError(f"{where}, key {key!r}: {times[key]:g} ms for a device without tables; an empty device takes no time")
+        for key, kind in (("hardware", str), ("versions", dict), ("family", str), ("product_path", bool)):
+            if d.get(key) is not None and not isinstance(d[key], kind):
+                raise DataError(f"{where}, key {key!r}: {d[key]!r:.40} is not a {kind.__name__}")
+        return ShardRecord(specs, parse_int(d["batch_size"], where, "key 'batch_size'", 1, MAX_BATCH_SIZE, DataError, text=False),
+                           parse_choice(d["precision"], where, "key 'precision'", PRECISION_BYTES, DataError),
+                           parse_choice(d["optimizer"], where, "key 'optimizer'", OPTIMIZERS, DataError), times["fwd_ms"], times["bwd_ms"],
+                           placement, device, d.get("hardware") or "", d.get("versions"), d.get("family"), bool(d.get("product_path", False)))
+
+
+def _optional_index(value, where: str, key: str) -> int | None:
+    return None if value is None else parse_int(value, where, f"key {key!r}", 0, MAX_TASKS, DataError, text=False)
 
 
 def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
@@ -67,7 +96,8 @@ def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
 
 
 def load_records(path: str | Path) -> list[ShardRecord]:
-    """Measurements from `save_records`; DataError naming the line if one is not a record."""
+    """Measurements from `save_records`; DataError naming the line and key if one is not a valid
+    record, or if no record is of a shard with tables."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such records file")
@@ -76,14 +106,28 @@ def load_records(path: str | Path) -> list[ShardRecord]:
         if not line.strip():
             continue
         try:
-            records.append(ShardRecord.from_json(json.loads(line)))
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {i}: invalid JSON ({e.msg}); a records file is JSON lines, one shard record a line") from None
+        except RecursionError:
+            raise DataError(f"{path}: line {i}: JSON nested too deeply") from None
+        try:
+            records.append(ShardRecord.from_json(d, f"{path}: line {i}"))
         except InputError as e:
-            raise DataError(f"{path}: line {i}: {e}") from None
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"{path}: line {i}: not a shard record ({type(e).__name__}: {one_line(e)})") from None
-    if not records:
-        raise DataError(f"{path}: no records")
+            raise DataError(str(e)) from None
+    if not any(r.tables for r in records):
+        raise DataError(f"{path}: no records of measured shards" if records else f"{path}: no records")
     return records
+
+
+def fit_problem(records: Sequence[ShardRecord], kernel: str) -> str | None:
+    """Why `fit` cannot fit these records (None if it can): too few measured shards to determine
+    the kernel's terms (the fit solves for one coefficient per term, forward and backward)."""
+    shards = sum(1 for r in records if r.tables)
+    need = max(len(names) for names in KERNEL_TERMS.get(kernel, (FWD_TERMS, BWD_TERMS)))
+    if shards < need:
+        return f"{shards} measured shard{'s' if shards != 1 else ''}; fitting the {need} terms of {kernel}'s cost model needs at least {need}"
+    return None
 
 
 def design_shards(n: int, seed: int, max_bytes: int, max_tables: int = 64, precision: str = "fp16",
@@ -171,11 +215,15 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict, cache_bytes: fl
     rest, and the calibration prices the path as the simulator does. `cache_bytes`: the device's
     L2 (Calibration.cache_bytes). `backward_of`: keep that calibration's backward and fit only the
     forward (a forward term changed, while the records' backward paths are no longer today's choice)."""
-    r0 = records[0]
+    records = [r for r in records if r.tables]  # an empty device of a placement (validation records) has no terms to fit
     held = sum(r.family == HELD_OUT_FAMILY for r in records)
     if held:
         raise DataError(f"{held} of the {len(records)} records are of the held-out family {HELD_OUT_FAMILY!r}: nothing is calibrated on it "
                         f"(fit on the training families' records, e.g. gpu_families.py's calib_records.jsonl)")
+    problem = fit_problem(records, kernel)
+    if problem:
+        raise DataError(problem)
+    r0 = records[0]
     product = records_product_path(records)
     hardware, versions = r0.hardware or "?", r0.versions
     shards = [r.tables for r in records]

@@ -61,13 +61,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, mape, numpy_rng_restorer, run_meta, decay_lr
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, check_training_tasks, complete, decay_lr, finished_run, mape, numpy_rng_restorer, run_meta
 from dreamshard.learned import sequence
 from dreamshard.learned.nets import mlp
 from dreamshard.learned.sequence import Episodes, Prepared, fullest, placements, prepare, with_room
 from dreamshard.tables import NUM_FEATURES
 from dreamshard.tasks import Task
-from dreamshard.validation import OptionError, TaskError
+from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
@@ -79,6 +79,8 @@ CHECKPOINT_FORMAT = "dreamshard.autoshard-checkpoint/1"
 @dataclass
 class Config(BudgetConfig):
     """Every hyperparameter; the defaults are the reference code's where it has one."""
+
+    measures_every_iteration = True  # every played episode that fits memory is measured for its reward
 
     iterations: int = 50
     measurements_per_iteration: int = 8  # episodes played per iteration (the reference learner's batch B = 8)
@@ -308,8 +310,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     """Train AutoShard on `tasks` against `backend`; the model goes to `out`, the full state of
     the run to `out`.ckpt after every iteration (`resume` continues it exactly)."""
     cfg.validate()
-    if not tasks:
-        raise TaskError("no training tasks")
+    check_training_tasks(tasks, eval_tasks)
     prepared = [prepare(t) for t in tasks]
     task_ids = [[t.name for t in task.tables] for task in tasks]
     checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE)
@@ -324,6 +325,9 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     start, shards_measured = 0, 0
     if resume:
         ck = checkpoint.resume(cfg, task_ids, backend.name)
+        finished = finished_run(checkpoint, ck, cfg.iterations, out, AutoShardModel.from_state)
+        if finished is not None:
+            return finished
         net = AutoShardModel.from_state(ck["model"], f"{checkpoint.path}, key 'model'").net
         optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr)
         checkpoint.restore(ck, {"optimizer": optimizer.load_state_dict, "buffer": buffer.load_state_dict, "torch_rng": gen.set_state, "numpy_rng": numpy_rng_restorer(rng)})

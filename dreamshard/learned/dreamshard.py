@@ -51,11 +51,11 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, complete, decay_lr, make_config, mape, measure, numpy_rng_restorer, run_meta, spearman
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, check_training_tasks, complete, decay_lr, finished_run, make_config, mape, measure, numpy_rng_restorer, run_meta, spearman
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, predict, prepare, rollout
 from dreamshard.learned.nets import SCORES, CommFormula, DreamShardModel, KernelFeatures, Measured, ReplayBuffer, collate, plan_cost
 from dreamshard.tasks import Task
-from dreamshard.validation import OptionError, TaskError
+from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend, CostReport
@@ -311,8 +311,7 @@ def train(
     (`SimBackend()`, as `dreamshard train --prior-plans` gives it) for training on real hardware.
     """
     cfg.validate()
-    if not tasks:
-        raise TaskError("no training tasks")
+    check_training_tasks(tasks, eval_tasks)
     if prior is not None and not cfg.prior_plans:
         raise OptionError("a prior backend is given but prior_plans is 0; set prior_plans >= 1")
     if cfg.prior_plans and prior is None:
@@ -337,6 +336,9 @@ def train(
         optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
         if ck["prior_backend"] != prior_name:  # the prior's plans must be priced as they were
             raise OptionError(f"--resume: the checkpoint's prior is {ck['prior_backend'] or 'none'}, not {prior_name or 'none'}; rerun with the same prior")
+        finished = finished_run(checkpoint, ck, cfg.iterations, out, DreamShardModel.from_state)
+        if finished is not None:
+            return finished
         checkpoint.restore(ck, {"optimizer": optimizer.load_state_dict, "buffer": buffer.load_state_dict, "prior_buffer": prior_buffer.load_state_dict,
                                 "torch_rng": gen.set_state, "numpy_rng": numpy_rng_restorer(rng)})
         start, measurer.used = ck["iteration"], ck["measurements"]

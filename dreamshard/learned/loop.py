@@ -7,7 +7,9 @@ planner (AutoShard, an RNN placer) writes only its loop:
 - `Checkpoint`: the full state of a run beside its model (`MODEL.pt.ckpt`), written atomically
   after every iteration, checked key by key on load, refused on resume if the run differs;
 - `RunLog` (one JSON line per iteration) and `Progress` (a bar on stderr);
-- `run_meta`: where a model came from; `mape`, `spearman`: a cost model's accuracy.
+- `run_meta`: where a model came from; `mape`, `spearman`: a cost model's accuracy;
+- `check_training_tasks` (refused up front: nothing to train on) and `finished_run` (the end of
+  a run resumed after its last iteration: the model file as the last checkpoint holds it).
 
 None of it knows a particular planner's nets; the backend is always passed in.
 """
@@ -20,13 +22,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from dreamshard.files import atomic_write, load_torch_file
-from dreamshard.packing import pack
+from dreamshard.files import append_line, atomic_write, load_torch_file
+from dreamshard.packing import infeasible_error, pack
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task, Workload
 from dreamshard.validation import MAX_BUDGET, MAX_ITERS, ModelError, OptionError, TaskError, one_line, require_keys
@@ -54,12 +56,20 @@ class BudgetConfig:
         """The budget spread evenly over the iterations (earlier ones take the remainder)."""
         return spread(self.total_budget(), self.iterations, iteration)
 
+    # A loop that learns only from the plans it measures in the same iteration (on-policy: AutoShard,
+    # the RNN placer) needs one measurement in every iteration; DreamShard also learns from its
+    # replay buffer, so an iteration without a new measurement still trains.
+    measures_every_iteration = False
+
     def validate(self):
         for f in ("iterations", "measurements_per_iteration"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.budget is not None and self.budget < 1:
             raise OptionError(f"budget must be >= 1 real measurement, got {self.budget}")
+        if self.measures_every_iteration and self.total_budget() < self.iterations:
+            raise OptionError(f"budget {self.total_budget()} is below iterations {self.iterations}: this planner learns in an iteration only from "
+                              f"the plans it measures in it, so each iteration needs at least one; raise --budget or lower --iterations")
         return self
 
 
@@ -91,6 +101,25 @@ def measure(backend: CostBackend, tasks: Sequence[Task], placements: Sequence[Se
         for i, r in zip(idx, backend.evaluate_many(shards, workload)):
             reports[i] = r
     return reports
+
+
+def check_training_tasks(tasks: Sequence[Task], eval_tasks: Sequence[Task] | None = None, where: str = "", eval_where: str = "") -> None:
+    """TaskError before any training unless some training task can be placed within its devices'
+    memory (a run on tasks none of which fits would measure nothing and write a model trained on
+    nothing), and every eval task can (each is placed and measured after every iteration).
+    `where`, `eval_where`: the files the tasks came from, to name in the error."""
+    where, eval_where = (f"{w}: " if w else "" for w in (where, eval_where))
+    if not tasks:
+        raise TaskError(f"{where}no training tasks")
+
+    def reason(task: Task) -> str:
+        return str(infeasible_error([t.name for t in task.tables], task.sizes(), task.max_memory_bytes, task.devices))
+
+    if all(pack(task.sizes(), task.max_memory_bytes, task.devices) is None for task in tasks):
+        raise TaskError(f"{where}no training task can be placed within its devices' memory, so there is nothing to measure (task 1 of {len(tasks)}: {reason(tasks[0])})")
+    for i, task in enumerate(eval_tasks or []):
+        if pack(task.sizes(), task.max_memory_bytes, task.devices) is None:
+            raise TaskError(f"{eval_where}eval task {i + 1} of {len(eval_tasks)} cannot be placed within its devices' memory, so it cannot be measured: {reason(task)}")
 
 
 def complete(task: Task, placement: np.ndarray | None, stuck: bool) -> np.ndarray:
@@ -259,6 +288,30 @@ class Checkpoint:
                 raise ModelError(f"{self.path}, key {key!r}: cannot be restored ({type(e).__name__}: {one_line(e)[:200]})") from None
 
 
+def finished_run(checkpoint: Checkpoint, ck: dict, iterations: int, out: str | Path, from_state: Callable[[dict, str], Any]):
+    """The end of a resumed run whose checkpoint `ck` has all `iterations` done (None while some
+    remain): the model is the last checkpoint's, with its metadata. The model file is left as it
+    was where it holds exactly that model; else (a kill between the last checkpoint and the model
+    save, or a file from another run) it is written from the checkpoint, atomically. The log is
+    not touched. The model's `end_note` says which, for the command to print."""
+    if ck["iteration"] < iterations:
+        return None
+    state = ck["model"]
+    model = from_state(state, f"{checkpoint.path}, key 'model'")
+    out = Path(out)
+    try:
+        existing = load_torch_file(out, "model", ModelError) if out.is_file() else None
+    except ModelError:  # unreadable: rewritten from the checkpoint
+        existing = None
+    done = f"{ck['iteration']} iterations, {ck['measurements']} measured plans"
+    if isinstance(existing, dict) and existing.get("format") == state.get("format") and existing.get("meta") == state.get("meta"):
+        model.end_note = f"{out}: this run had already finished ({done}); the model is left as it was"
+    else:
+        atomic_save(state, out)
+        model.end_note = f"wrote {out} from the last checkpoint of the finished run ({done})"
+    return model
+
+
 def numpy_rng_restorer(rng: np.random.Generator) -> Callable[[dict], None]:
     return lambda state: setattr(rng.bit_generator, "state", state)
 
@@ -277,7 +330,6 @@ class RunLog:
         self.path = Path(path) if path else None
         if not self.path:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         old = self.path.read_text(errors="replace").splitlines() if (resume and self.path.is_file()) else []
         kept = []
         for i, line in enumerate(old, 1):
@@ -294,8 +346,7 @@ class RunLog:
 
     def write(self, row: dict) -> None:
         if self.path:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_line(self.path, json.dumps(row))
 
 
 class Progress:

@@ -37,12 +37,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from dreamshard.learned import sequence
-from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, complete, numpy_rng_restorer, run_meta, decay_lr
+from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, NetFile, Progress, RunLog, check_training_tasks, complete, decay_lr, finished_run, numpy_rng_restorer, run_meta
 from dreamshard.learned.nets import mlp
 from dreamshard.learned.sequence import Episodes, Prepared, placements, prepare, with_room
 from dreamshard.tables import NUM_FEATURES
 from dreamshard.tasks import Task
-from dreamshard.validation import OptionError, TaskError
+from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
@@ -54,6 +54,8 @@ CHECKPOINT_FORMAT = "dreamshard.rnn-checkpoint/1"
 @dataclass
 class Config(BudgetConfig):
     """Every hyperparameter."""
+
+    measures_every_iteration = True  # REINFORCE on the episodes measured in the iteration
 
     iterations: int = 40  # × 10 measured plans: DreamShard's budget of 400
     hidden: int = 64
@@ -170,8 +172,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     """Train the RNN placer on `tasks` against `backend`; the model goes to `out`, the full state
     of the run to `out`.ckpt after every iteration (`resume` continues it exactly)."""
     cfg.validate()
-    if not tasks:
-        raise TaskError("no training tasks")
+    check_training_tasks(tasks, eval_tasks)
     prepared = [prepare(t) for t in tasks]
     task_ids = [[t.name for t in task.tables] for task in tasks]
     checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE)
@@ -185,6 +186,9 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     start_it, baseline, scale = 0, math.nan, math.nan
     if resume:
         ck = checkpoint.resume(cfg, task_ids, backend.name)
+        finished = finished_run(checkpoint, ck, cfg.iterations, out, RNNModel.from_state)
+        if finished is not None:
+            return finished
         net = RNNModel.from_state(ck["model"], f"{checkpoint.path}, key 'model'").net
         optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr)
         checkpoint.restore(ck, {"optimizer": optimizer.load_state_dict, "torch_rng": gen.set_state, "numpy_rng": numpy_rng_restorer(rng)})

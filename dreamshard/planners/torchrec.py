@@ -42,7 +42,7 @@ from dreamshard.planners.heuristics import task_infeasible
 from dreamshard.tasks import Task
 from dreamshard.torchrec_io import ALL_TYPES, EXPRESSIBLE, NOT_EXPRESSIBLE_WHY, NotExpressibleError, TorchRecUnavailable, import_torchrec, shards_from_torchrec  # noqa: F401  (re-exported)
 from dreamshard.torchrec_io import quiet as _quiet
-from dreamshard.validation import OptionError, one_line
+from dreamshard.validation import NoPlanError, OptionError, one_line
 
 SOURCE = "TorchRec 1.8 planner estimate"
 
@@ -143,13 +143,25 @@ class TorchRecPlanner(Planner):
         Raises InfeasibleError when TorchRec finds none."""
         with _quiet():
             t0 = time.perf_counter()
-            planner = self.planner(task)
+            module = self.module(task)
+            # TorchRec failing on a task (e.g. "Invalid device string: 'cuda:-93'" on 690 ranks) is
+            # this peer having no plan for it: one line, not a traceback of TorchRec's internals
             try:
-                planner.plan(self.module(task), [self.tr["Sharder"]()])
+                planner = self.planner(task)
+            except Exception as e:  # noqa: BLE001 - see above
+                raise self._failed(task, e) from None
+            try:
+                planner.plan(module, [self.tr["Sharder"]()])
             except self.tr["PlannerError"] as e:
                 raise InfeasibleError(self._reason(task, planner, e)) from None
+            except Exception as e:  # noqa: BLE001 - see above
+                raise self._failed(task, e) from None
             seconds = time.perf_counter() - t0
         return planner._best_plan, planner, seconds
+
+    @staticmethod
+    def _failed(task: Task, error: Exception) -> NoPlanError:
+        return NoPlanError(one_line(f"TorchRec failed to plan {len(task.tables)} tables on {task.devices} devices ({type(error).__name__}: {one_line(error)[:300]})"))
 
     @staticmethod
     def reserved(planner, cap: int) -> tuple[int, str]:
