@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-gpu clean
+.PHONY: demo test test-long test-gpu clean
 
 $(BIN)/dreamshard: pyproject.toml requirements.lock Makefile
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(BIN)/dreamshard
 
 test: $(BIN)/dreamshard
 	$(BIN)/pytest -q
+
+# The long property and fuzz runs and the README's long lines (tests marked `long`).
+test-long: $(BIN)/dreamshard
+	$(BIN)/pytest -q -m long
 
 # On a CUDA machine with the package's deps (the GPU machines run this from the tree):
 test-gpu:
