@@ -3,7 +3,7 @@ The `dreamshard` planner (dreamshard/planners/dreamshard.py) trains through it (
 any learned planner's loop needs — measuring under a budget, checkpoints, log, progress — is in
 `learned/loop.py`.
 
-Each iteration (DESIGN.md §2):
+Each iteration (docs/design.md §5):
   1. collect  — play the current policy on random training tasks of the *estimated* MDP, and
                 measure those placements with the real cost backend (the only backend calls);
   2. fit      — train the cost net on every measurement so far (replay buffer), MSE;

@@ -1,6 +1,6 @@
 """DreamShard's two networks, the replay buffer of measured placements, and the model file.
 
-Shapes used throughout (DESIGN.md §2):
+Shapes used throughout (docs/design.md §5):
   x          [E, T, F]  table features of E placements (episodes) of T tables each (zero-padded)
   placement  [E, T]     device of each table, -1 for padding / not placed
   z          [E, D, H]  shard vectors: the SUM of the per-table encodings of each device's tables

@@ -1,4 +1,4 @@
-"""Greedy baselines of DESIGN.md §2: sort tables by a cost proxy, largest first, and give each
+"""Greedy baselines (docs/design.md §4): sort tables by a cost proxy, largest first, and give each
 to the device with the least proxy load that still has memory for it.
 
 With `split=True` (what a user would do by hand) a table whose proxy alone exceeds the
