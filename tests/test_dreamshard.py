@@ -469,7 +469,7 @@ def test_short_training_beats_every_heuristic_on_held_out_tasks(pool, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# issue 10: kernel-term features and the comm model's all-to-all (Config.kernel_features, comm)
+# kernel-term features and the comm model's all-to-all (Config.kernel_features, comm)
 # --------------------------------------------------------------------------------------------
 
 
@@ -490,7 +490,7 @@ def test_options_default_off_and_the_shipped_model_has_both(pool):
     assert shipped.meta["config"]["kernel_features"] is True and shipped.meta["config"]["comm"] == "model"
     assert shipped.kernel.product_scale > 0  # trained on the kernel with the backward's product path
     assert shipped.kernel.cache_bytes == 0  # and before the simulator's forward learned the L2: its features as they were
-    # its product-path features mark the tables the kernel takes (since 2026-11-25: same weights, docs/costs.md)
+    # its product-path features mark the tables the kernel takes (same weights as trained, docs/dreamshard.md)
     assert shipped.kernel.product_rule == "kernel"
     # a model without them is stored as before: no keys of theirs, the table features alone
     from dreamshard.learned.dreamshard import create_model

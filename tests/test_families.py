@@ -115,7 +115,7 @@ def test_onehot_is_the_mlperf_dcnv2_tables():
     assert 3.5e7 <= rows.max() <= 4.5e7 and (np.abs(rows[26:] / rows[:26] - 1) <= 0.106).all()
 
 
-def test_held_out_family_is_the_issue_probe():
+def test_held_out_family_is_the_probe():
     assert HELD_OUT_FAMILY in FAMILIES and HELD_OUT_FAMILY not in TRAINING_FAMILIES
     assert set(TRAINING_FAMILIES) | {HELD_OUT_FAMILY} == set(FAMILIES)
     dims, rows, pf = _arrays(POOLS["mixed"])

@@ -1,4 +1,4 @@
-"""Fuzzing the command line with malformed table, task and plan files and option values (issue 15).
+"""Fuzzing the command line with malformed table, task and plan files and option values.
 
 Every case is generated together with whether it is valid: each field is drawn either from values
 that are valid or from values that are not (wrong type, out of range, over a limit, missing,

@@ -1,4 +1,4 @@
-"""Row-wise shards (issue 13): row ranges tile a table, plan/3 round-trips, a row shard's stream is
+"""Row-wise shards: row ranges tile a table, plan/3 round-trips, a row shard's stream is
 exactly its table's indices in range, the shards' partial sums add up to the table's pooled
 output, and a row-wise plan is measured for real (sequential, distributed with a real gloo
 reduce-scatter and all-gather, the CLI) and priced by the simulator."""

@@ -1,4 +1,4 @@
-"""The validation layer (issue 15): exit statuses, one-line errors, limits, model/checkpoint/DLRM
+"""The validation layer: exit statuses, one-line errors, limits, model/checkpoint/DLRM
 files, the atomic writer, and which worker a failed measurement names."""
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def test_temp_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     p, temp = start_stuck_writer(target)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    assert temp.exists() and not target.exists()  # what the issue saw
+    assert temp.exists() and not target.exists()  # the killed write left its temporary file
     live = tmp_path / f"m.pt.ckpt.tmp{os.getppid()}"  # a live writer's temp file is left alone
     live.write_text("in progress")
     atomic_write(target, b"checkpoint")

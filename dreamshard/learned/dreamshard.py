@@ -11,7 +11,7 @@ Each iteration (docs/design.md §5):
                 environment; no backend call).
 The backend is any `CostBackend`: the H200-calibrated simulator, or a runner that measures GPUs.
 
-Simulator prior (issue 10; `prior_plans` > 0, for training against real hardware): before
+Simulator prior (docs/costs.md; `prior_plans` > 0, for training against real hardware): before
 iteration 0 the cost net is fitted on `prior_plans` plans sampled by the initial policy on the
 training tasks and priced by a *prior* backend (`train(prior=)`: the calibrated simulator, as the
 CLI gives it; a learned module imports no backend).
@@ -92,7 +92,7 @@ class Config(BudgetConfig):
     normalization: str = "task"  # "task": per-task z-scores (reference); "fixed": log scale
     linear_features: bool = False  # + 5 memory-traffic features on a linear scale (nets.table_features)
     policy_sees_table: bool = False  # the policy also sees the table being placed (nets.PolicyNet)
-    # issue 10, costs that hold on tables never seen (docs/costs.md): + the per-table kernel terms
+    # costs that hold on tables never seen (docs/costs.md): + the per-table kernel terms
     # the simulator prices (costs/terms.py), scaled by their mean over the training tables
     # (nets.KernelFeatures); and a device's all-to-all from the comm model of the backend trained
     # against ("model", nets.CommFormula) instead of the cost net's comm head ("head", reference)
