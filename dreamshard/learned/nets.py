@@ -47,7 +47,7 @@ LINEAR_FEATURES = ("dim/128", "pooling/64", "dim*pooling/4096", "distinct/64", "
 # The kernel terms (costs/terms.py) a table has by itself: all but the per-shard flags `launch` and
 # `active` (0 for a table). `tables` (1 for every table) and `wide_programs` (a table's `programs`)
 # add nothing a net could not make itself; they are kept because this is the set the offline
-# evaluation measured (benchmarks/costnet_prior.py, docs/costs.md).
+# evaluation measured (lab-archive:benchmarks/costnet_prior.py, docs/costs.md).
 KERNEL_FEATURE_TERMS = tuple(t for t in TERMS if t not in ("launch", "active"))
 _KERNEL_COLUMNS = [TERMS.index(t) for t in KERNEL_FEATURE_TERMS]
 # A term that no training table has (no masked dims among them, say) is scaled by the count it is
