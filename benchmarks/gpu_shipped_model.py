@@ -20,7 +20,7 @@ Other uses:
 2. `gpu`: DreamShard's training (config `default`) against the sequential runner measuring our
    Triton TBE on the GPU — `--budget` real measurements (the paper's scale is ~100).
    With `--prior-plans N` its cost net is first fitted on N plans priced by the simulator (default
-   calibration; not measurements; ~75 s of one CPU core for 8,000: docs/costs.md, "The cost net on the same measurements").
+   calibration; not measurements; ~75 s of one CPU core for 8,000: docs/costs.md, "The cost net: a simulator prior").
    `--kernel-features` and `--comm model` set the cost net's options of the same names (Config,
    docs/costs.md) for both models.
    `sim`: the same training against the simulator with `--calibration` (the per-family fit), on
