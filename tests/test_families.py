@@ -192,6 +192,7 @@ def test_shape_buckets_cover_the_axes():
 GPU_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_families.py"
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_gpu_campaign_logic_on_cpu(tmp_path):
     """benchmarks/gpu_families.py --device cpu --quick: every family measured and priced, the
     held-out family never in the calibration records, records that `calibrate` reads, and a

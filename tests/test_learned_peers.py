@@ -154,6 +154,7 @@ def sim_mean(tasks, plans) -> float:
     return float(np.mean([r.overall_ms for r in measure(SimBackend(), tasks, [p.placement for p in plans], 65_536)]))
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_autoshard_short_training_beats_random_on_unseen_tasks(tasks, tmp_path):
     """The acceptance of a learned planner: 50 iterations (400 measured plans, DreamShard's
     budget) against the simulator, then greedy plans of tasks of unseen tables."""
