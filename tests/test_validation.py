@@ -134,9 +134,9 @@ def test_absurd_sizes_are_refused_up_front(pool, tmp_path):
     for key, value in (("devices", 10**9), ("max_memory_bytes", 10**18)):
         bad = tmp_path / f"{key}.json"
         bad.write_text(json.dumps({**d, key: value}))
-        t = time.monotonic()
+        t = time.process_time()  # CPU time: refused up front, not after sizing 10^9 devices; a busy machine does not count
         line = one_line_error(invoke("measure", bad, "--backend", "sim"))
-        assert time.monotonic() - t < 5 and f"'{key}'" in line and "over the limit" in line
+        assert time.process_time() - t < 5 and f"'{key}'" in line and "over the limit" in line
     r = invoke("measure", plan, "--backend", "sim", "--batch-size", 2**30)
     assert "4194304" in one_line_error(r)
 
