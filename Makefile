@@ -23,9 +23,11 @@ demo: $(BIN)/dreamshard
 test: $(BIN)/dreamshard
 	$(BIN)/pytest -q
 
-# The long property and fuzz runs and the README's long lines (tests marked `long`).
+# The tests marked `long` (training, the 2,000-task property run, large tasks, the README's long
+# lines), then the command-line fuzzers on 3,000 fresh cases each instead of the default 150.
 test-long: $(BIN)/dreamshard
 	$(BIN)/pytest -q -m long
+	DREAMSHARD_FUZZ_EXAMPLES=3000 $(BIN)/pytest -q tests/test_fuzz_cli.py
 
 # On a CUDA machine with the package's deps (the GPU machines run this from the tree):
 test-gpu:
