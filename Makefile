@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-gpu clean
+.PHONY: demo test test-long test-gpu clean
 
 $(BIN)/dreamshard: pyproject.toml requirements.lock Makefile
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: $(BIN)/dreamshard
 
 test: $(BIN)/dreamshard
 	$(BIN)/pytest -q
+
+# The tests marked `long` (training, the 2,000-task property run, large tasks, the README's long
+# lines), then the command-line fuzzers on 3,000 fresh cases each instead of the default 150.
+test-long: $(BIN)/dreamshard
+	$(BIN)/pytest -q -m long
+	DREAMSHARD_FUZZ_EXAMPLES=3000 $(BIN)/pytest -q tests/test_fuzz_cli.py
 
 # On a CUDA machine with the package's deps (the GPU machines run this from the tree):
 test-gpu:

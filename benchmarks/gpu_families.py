@@ -1,4 +1,4 @@
-"""The simulator against real measurements, family by family (issue 10): one time-boxed GPU campaign.
+"""The simulator against real measurements, family by family: one time-boxed GPU campaign.
 
     PYTHONPATH=. python benchmarks/gpu_families.py --out $OUT                      # one H200, ≤ 8 min
     PYTHONPATH=. python benchmarks/gpu_families.py --out /tmp/f --device cpu --quick  # logic check, seconds

@@ -1,9 +1,14 @@
-"""A DreamShard model learned from GPU measurements (issue 10, part 3), and the measured comparison
-that decides which model ships — one time-boxed call on one H200.
+"""A DreamShard model learned from GPU measurements, and the measured comparison that decides
+which model ships — one time-boxed call on one H200. The shipped model's recipe:
+
+    PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000 --kernel-features --comm model \
+        --product-rule kernel --models gpu --test-tasks 0          # → OUT/model_gpu.pt = dreamshard/data/models/dreamshard_h200.pt
+
+Other uses:
 
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT                       # one H200, ≤ 9.5 min
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000    # the GPU-trained model with the simulator prior
-    PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000 --kernel-features --comm model   # and issue 10's cost-net options
+    PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000 --kernel-features --comm model   # and the cost net's options
     PYTHONPATH=. python benchmarks/gpu_shipped_model.py --out $OUT --prior-plans 8000 --kernel-features --comm model --models gpu --test-tasks 0
         # the GPU-trained model alone (measure it with gpu_heldout_planners.py --model); a run cut
         # by the call's limit goes on with --resume, OUT holding the cut run's files
@@ -15,7 +20,7 @@ that decides which model ships — one time-boxed call on one H200.
 2. `gpu`: DreamShard's training (config `default`) against the sequential runner measuring our
    Triton TBE on the GPU — `--budget` real measurements (the paper's scale is ~100).
    With `--prior-plans N` its cost net is first fitted on N plans priced by the simulator (default
-   calibration; not measurements; ~75 s of one CPU core for 8,000: docs/costs.md, "The cost net on the same measurements").
+   calibration; not measurements; ~75 s of one CPU core for 8,000: docs/costs.md, "The cost net: a simulator prior").
    `--kernel-features` and `--comm model` set the cost net's options of the same names (Config,
    docs/costs.md) for both models.
    `sim`: the same training against the simulator with `--calibration` (the per-family fit), on
@@ -38,6 +43,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -58,7 +64,7 @@ COLUMNS = ["task", "tables", "devices", "planner", "measured_ms", "measured_max_
 
 def training_tasks(per_family: int, pool_tables: int, workload: Workload, families=TRAINING_FAMILIES) -> list:
     """`per_family` tasks of each family's pool of seed 10 (the calibration shards' pools): 20–60
-    tables on 2–8 devices of 24 GB (benchmarks/costnet_prior.py fits its prior on the same tasks)."""
+    tables on 2–8 devices of 24 GB (lab-archive:benchmarks/costnet_prior.py fits its prior on the same tasks)."""
     tasks = []
     for f in families:
         pool = synth_family(f, pool_tables, 10)
@@ -81,6 +87,8 @@ def main() -> None:
     ap.add_argument("--kernel-features", action="store_true", help="both models: the cost net also sees each table's kernel terms (Config.kernel_features, docs/costs.md)")
     ap.add_argument("--comm", choices=["head", "model"], default="head",
                     help="both models: a device's all-to-all from the comm head or from the backend's comm model (Config.comm; the sequential runner's h200_nccl.json, the simulator's calibration)")
+    ap.add_argument("--product-rule", choices=["candidate", "kernel"], default="candidate",
+                    help="with --kernel-features: which tables the product-path features mark (nets.PRODUCT_RULES; the shipped model: kernel)")
     ap.add_argument("--models", default="gpu,sim", help="which models to train: gpu, sim or both (gpu,sim)")
     ap.add_argument("--resume", action="store_true", help="go on training the GPU model from OUT/model_gpu.pt.ckpt (a run cut by the call's time limit)")
     ap.add_argument("--total-s", type=float, default=540.0)
@@ -119,6 +127,12 @@ def main() -> None:
         t = time.monotonic()
         models[name] = DreamShardPlanner.fit(tasks, backend, os.path.join(args.out, f"model_{name}.pt"), cfg, log=os.path.join(args.out, f"train_{name}.jsonl"), progress=False,
                                              prior=SimBackend() if prior else None, resume=args.resume and name == "gpu")
+        if args.kernel_features and args.product_rule != "candidate":
+            # the same weights, their product-path features marking the tables the kernel takes (the shipped file's rule)
+            model = models[name].model
+            model = replace(model, kernel=replace(model.kernel, product_rule=args.product_rule))
+            model.save(os.path.join(args.out, f"model_{name}.pt"))
+            models[name] = DreamShardPlanner(os.path.join(args.out, f"model_{name}.pt"))
         summary["models"][name] = {"backend": backend.name, "seconds": round(time.monotonic() - t, 1), "measurements": models[name].model.meta["measurements"]}
         log(f"trained {name}: {summary['models'][name]}")
         atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
@@ -160,7 +174,7 @@ def main() -> None:
             continue
         entry = {"mean_measured_ms": float(np.mean([r["measured_ms"] for r in mine])), "mean_sim_ms": float(np.mean([r["sim_ms"] for r in mine]))}
         if all(r["predicted_max_device_ms"] is not None for r in mine):
-            # the cost net's per-plan max-device error on measured held-out plans (issue 10's target: ≤ 5%)
+            # the cost net's per-plan max-device error on measured held-out plans (target: ≤ 5%)
             err = [abs(r["predicted_max_device_ms"] - r["measured_max_device_ms"]) / r["measured_max_device_ms"] for r in mine]
             entry["cost_net_max_device_mape"] = float(np.mean(err))
         summary["planners"][label] = entry

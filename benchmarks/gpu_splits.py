@@ -4,7 +4,7 @@
     PYTHONPATH=. python3 benchmarks/gpu_splits.py --out $OUT [--tasks 6] [--budget-s 480]
 
 Held-out tasks from the synthetic pool's *test* half (tables the shipped model never saw), drawn
-as in benchmarks/gpu_planners.py. Every planner's plan is measured with the sequential runner (our
+as in lab-archive:benchmarks/gpu_planners.py. Every planner's plan is measured with the sequential runner (our
 Triton TBE on one GPU, each device's shard in turn — a column shard reads its table's index stream
 at its own width — the all-to-all from the shipped NCCL model) and priced by the simulator too.
 Tasks are measured in turn until `--budget-s` seconds have passed; results are written after every

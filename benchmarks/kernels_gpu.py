@@ -291,8 +291,8 @@ FWD_VARIANTS = [dict(fwd_lanes=l, fwd_unroll=u, fwd_warps=w) for l, u, w in
 # backward tunables against the defaults ({}): warps per tile program, lookups per level-0 tile
 # (bwd_lanes / column-block width), widest column block, entries per tile of the levels above
 # the backward's paths: as shipped, the sorted path alone, the product path wherever a table may take it;
-# the tiles with int64 offsets everywhere, and narrow tiles shaped as wide ones (64 lookups, 4 warps), as before session 16;
-# narrow tiles of 16 lookups, of 2 warps, and of 64 lookups in 2 warps (the shapes session 16's default was chosen against)
+# the tiles with int64 offsets everywhere, and narrow tiles shaped as wide ones (64 lookups, 4 warps), as before the narrow tiles;
+# narrow tiles of 16 lookups, of 2 warps, and of 64 lookups in 2 warps (the shapes today's default was chosen against)
 # (the tile sweeps of docs/kernels.md used warps 2, bwd_lanes 2048/8192, bwd_max_tw 64/128, bwd_up_lanes 4096)
 BWD_VARIANTS = [{}, dict(bwd_dense=0), dict(bwd_dense=float("inf")), dict(bwd_i32=False), dict(bwd_narrow_pmax=64, bwd_narrow_warps=4),
                 dict(bwd_narrow_pmax=16), dict(bwd_narrow_warps=2), dict(bwd_narrow_pmax=64, bwd_narrow_warps=2)]

@@ -15,7 +15,7 @@ weights, exact SGD, index stream from dreamshard.streams (Poisson bag lengths). 
     index, write the output); backward = lookups * (elt*dim + 16) + 2 * distinct * dim * elt
     (gather each lookup's gradient row, read its index and write one sorted key, read and write
     each touched row); both against the copy bandwidth measured in the same run.
-Prints the table and the issue's targets; writes kernels_grid.json and kernels_grid.md under --out.
+Prints the table and the kernel's targets; writes kernels_grid.json and kernels_grid.md under --out.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dreamshard.tables import TableSpec  # noqa: E402
 B = 65_536
 ELT = 2  # fp16
 
-# (rows, dim, pooling factor, distribution); the first seven are the issue's measured tables
+# (rows, dim, pooling factor, distribution); the first seven are the reference tables of docs/kernels.md
 GRID = [
     (1_302, 192, 69, "zipf:1.16"), (37_724, 192, 91.6, "zipf:1.28"), (6_193, 64, 188, "zipf:1.045"),
     (1_000, 256, 50, "uniform"), (100_000, 128, 30, "zipf:1.1"), (10_000_000, 128, 30, "zipf:1.1"),
@@ -159,7 +159,7 @@ def sweep_entry(i, entry, device) -> list[dict]:
 
 
 def targets(results) -> list[str]:
-    """The issue's targets, each with the entries that miss it: by do_bench's time (host launch gaps
+    """The kernel's targets, each with the entries that miss it: by do_bench's time (host launch gaps
     included) and by device time (the host ahead, as the runners and a training step run)."""
     big = [r for r in results if r["dim"] >= 32 and r["bwd_bytes"] >= 100e6]
     small = [r for r in results if r["dim"] < 32]

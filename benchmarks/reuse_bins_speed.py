@@ -1,4 +1,4 @@
-"""How fast expected reuse bins are derived from a table's distribution (issue 15: ≥ 10,000/s).
+"""How fast expected reuse bins are derived from a table's distribution (target: ≥ 10,000/s).
 
     python benchmarks/reuse_bins_speed.py [--tables 10000] [--reference 200]
 

@@ -1,4 +1,4 @@
-"""Row-wise shards on the simulator (issue 13, part 3): the best table-wise plan, the best plan with
+"""Row-wise shards on the simulator: the best table-wise plan, the best plan with
 column splits, the best plan with row shards, and TorchRec's own plan, all priced by the simulator.
 
     PYTHONPATH=. python3 benchmarks/rowwise_sim.py [--out benchmarks/results/rowwise_sim]

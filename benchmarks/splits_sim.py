@@ -3,7 +3,7 @@ held-out tasks (docs/dreamshard.md, "Splitting").
 
     python benchmarks/splits_sim.py [--tasks 20] [--out benchmarks/results/splits_sim.md]
 
-The four test settings of benchmarks/shipped_model.py, `--tasks` held-out tasks each from the
+The four test settings of lab-archive:benchmarks/shipped_model.py, `--tasks` held-out tasks each from the
 synthetic pool's *test* half (seed 2: not the tasks benchmarks/gpu_splits.py measures), the
 planners of benchmarks/gpu_splits.py, every plan priced by the simulator (H200 calibration).
 """
@@ -20,7 +20,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gpu_splits import PLANNERS, TABLE_WISE  # noqa: E402
-from shipped_model import TEST_SETTINGS  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
@@ -28,6 +27,14 @@ from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.report import evaluate  # noqa: E402
 from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
 from dreamshard.tasks import Task, sample_tasks, split_pool  # noqa: E402
+
+# Held-out settings on the DLRM pool's test half: the paper's, and unseen table and device counts.
+TEST_SETTINGS = [
+    ("DLRM-80, 8 devices (paper's setting)", (80, 80), 8, 5 * 10**9),
+    ("DLRM-40, 4 devices", (40, 40), 4, 5 * 10**9),
+    ("DLRM-120, 8 devices (10 GB each)", (120, 120), 8, 10 * 10**9),
+    ("DLRM-160, 16 devices (20 GB each; unseen table and device counts)", (160, 160), 16, 20 * 10**9),
+]
 
 
 def held_out_settings(tasks_per_setting: int) -> list[tuple[str, list[Task]]]:

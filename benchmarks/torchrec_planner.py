@@ -1,4 +1,4 @@
-"""TorchRec 1.8's planner beside ours on the simulator (issue 12, item 3).
+"""TorchRec 1.8's planner beside ours on the simulator.
 
     python benchmarks/torchrec_planner.py [--tasks 5] [--timeout 5] [--out benchmarks/results/torchrec_planner.md]
 

@@ -1,4 +1,4 @@
-"""The reuse bins: DreamShard's description of a table's access pattern (DESIGN.md §2), and the
+"""The reuse bins: DreamShard's description of a table's access pattern (docs/design.md §2), and the
 maths that derives them from a distribution.
 
 Bin i of a table holds the fraction of its distinct accessed rows whose access count in one batch

@@ -1,8 +1,8 @@
 """Table families: seeded generators of table pools with the shapes real recommender models have.
 
 Our synthetic pool (`dlrm`, synth.py) is fitted to Meta's 2021 DLRM locality statistics and has
-dims 4–128 (powers of two) only; planners and the simulator that hold on it failed on other shapes
-(issue 10). Each family below is one deterministic function (tables, seed) → [TableSpec] whose
+dims 4–128 (powers of two) only; planners and the simulator that hold on it can fail on other shapes
+(docs/families.md). Each family below is one deterministic function (tables, seed) → [TableSpec] whose
 tables carry `zipf:`/`uniform` stream descriptors, so the existing stream machinery (streams.py)
 regenerates their index streams and bins.py derives their reuse bins. Where each family's numbers
 come from is written in docs/families.md (with the public sources).
@@ -14,12 +14,12 @@ come from is written in docs/families.md (with the public sources).
   heavy     very heavy lognormal pooling (median 30, tail to 300)
   onehot    MLPerf DLRM-DCNv2: the 26 Criteo-1TB tables (up to 4·10^7 rows), dim 128, pooling
             1 (one-hot) or the benchmark's multi-hot sizes
-  mixed     the held-out family (HELD_OUT_FAMILY): the shapes of the issue's probe, a mix of all
+  mixed     the held-out family (HELD_OUT_FAMILY): a probe of shapes no calibration has seen, a mix of all
 
 HELD_OUT_FAMILY is chosen before any result was looked at: nothing is calibrated, trained or
-tuned on it; every report includes it. Why `mixed`: it is the shape mix on which the issue
-measured the failure (dims 8–256 with 24/48/96/192, heavy-tailed pooling, rows 10^3–5·10^7,
-some tiny hot tables), so its error is the error the issue asks us to remove. Holding out `wide`
+tuned on it; every report includes it. Why `mixed`: it is the shape mix on which a simulator
+fitted to `dlrm` alone failed (dims 8–256 with 24/48/96/192, heavy-tailed pooling, rows 10^3–5·10^7,
+some tiny hot tables), so its error is the one to remove. Holding out `wide`
 instead would keep every non-power-of-two dim — a separate, masked kernel path — out of the
 calibration, so the held-out check would measure an unobserved kernel path rather than whether
 the model generalizes to new tables and new mixes of them in fused shards.
@@ -41,7 +41,7 @@ from dreamshard.validation import DIM_MULTIPLE, MAX_DIM, MAX_SEED, MAX_TABLES, O
 HELD_OUT_FAMILY = "mixed"
 DEFAULT_FAMILY = "dlrm"
 # A generated table stays within this many bytes (fp16 weights) unless its family is defined by
-# published sizes (onehot): a task at the issue's settings (16–24 GB per device) can then be drawn.
+# published sizes (onehot): a task at the campaigns' settings (16–24 GB per device) can then be drawn.
 MAX_TABLE_BYTES = 4 * 10**9
 
 # MLPerf Training DLRM-DCNv2 (mlcommons/training recommendation_v2/torchrec_dlrm/README.MD):
@@ -51,7 +51,7 @@ CRITEO_ROWS = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000,
 CRITEO_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 CRITEO_DIM = 128
 
-# Wide dims: those named in the issue and common in production configs (multiples of 4, many not
+# Wide dims: probe dims (24, 48, 96, 192) and those common in production configs (multiples of 4, many not
 # powers of two), and FBGEMM's benchmark rule for mixed dims (`--mixed`: uniform in [D/2, 3D/2),
 # rounded up to a multiple of 4).
 WIDE_DIMS = (12, 24, 40, 48, 80, 96, 160, 192, 256, 320, 384, 512, 640, 768, 1024)
@@ -138,7 +138,7 @@ def _hot(n: int, seed: int) -> list[TableSpec]:
     dims = rng.choice(HOT_DIMS, size=n)
     rows = np.round(_log_uniform(rng, 1e2, 1e4, n)).astype(np.int64)
     # >= 16 lookups per sample: at B = 65,536 that is >= 10^6 lookups a batch on <= 10^4 rows,
-    # so every touched row is read >= ~100 times (the issue's 1,302-row table had pooling 69)
+    # so every touched row is read >= ~100 times (a real 1,302-row table has pooling 69)
     pf = _lognormal(rng, 40.0, 0.8, 16.0, 400.0, n)
     return _specs("hot", seed, rows, dims, pf, _zipf(rng.uniform(0.3, 1.3, n)))
 
@@ -168,7 +168,7 @@ def _onehot(n: int, seed: int) -> list[TableSpec]:
 
 
 def _mixed(n: int, seed: int) -> list[TableSpec]:
-    """The issue's probe: dims 8–256 with 24/48/96/192 among them, lognormal pooling with a heavy
+    """The probe: dims 8–256 with 24/48/96/192 among them, lognormal pooling with a heavy
     tail, rows 10^3–5·10^7, and one table in ten tiny and hot."""
     rng = _rng("mixed", seed)
     dims = rng.choice(MIXED_DIMS, size=n)
@@ -188,7 +188,7 @@ FAMILIES: dict[str, Family] = {
         Family("hot", "h", "tiny hot tables: 10^2–10^4 rows, pooling 16–400", _hot),
         Family("heavy", "p", "very heavy lognormal pooling (median 30, up to 300)", _heavy),
         Family("onehot", "c", "MLPerf DLRM-DCNv2: the 26 Criteo-1TB tables (up to 4e7 rows), dim 128, one-/multi-hot", _onehot),
-        Family("mixed", "m", "held out: the issue's probe — dims 8–256 incl. 24/48/96/192, heavy-tailed pooling, 10% tiny hot", _mixed),
+        Family("mixed", "m", "held out: a probe — dims 8–256 incl. 24/48/96/192, heavy-tailed pooling, 10% tiny hot", _mixed),
     )
 }
 TRAINING_FAMILIES = tuple(name for name in FAMILIES if name != HELD_OUT_FAMILY)
@@ -218,7 +218,7 @@ def family_of(table_name: str) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Shape buckets: where the simulator's error is reported (issue 10: dim, hits per touched row,
+# Shape buckets: where the simulator's error is reported (dim, hits per touched row,
 # pooling). A shard is put in the bucket of its dominant table: the one moving the most row bytes.
 # --------------------------------------------------------------------------------------------
 

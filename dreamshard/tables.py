@@ -2,7 +2,7 @@
 
 A table is what a planner places: its size decides where it *may* go (memory), its access
 pattern decides what it *costs* there. DreamShard describes the access pattern with a 17-bin
-reuse histogram (DESIGN.md §2; the bins and their maths are bins.py's).
+reuse histogram (docs/design.md §2; the bins and their maths are bins.py's).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class TableSpec:
 
     @property
     def lookup(self) -> float:
-        """Floats gathered per sample: the 'lookup' cost proxy of DESIGN.md §2."""
+        """Floats gathered per sample: the 'lookup' cost proxy of docs/design.md §4."""
         return self.dim * self.pooling_factor
 
     def raw_features(self, precision: str = "fp16") -> list[float]:

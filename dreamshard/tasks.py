@@ -1,4 +1,4 @@
-"""Tasks: a set of tables to place on D devices, each with a memory cap (DESIGN.md §2).
+"""Tasks: a set of tables to place on D devices, each with a memory cap (docs/design.md §2).
 
 A task file is JSON lines, one task per line:
   {"tables": ["t3", "t17", ...], "devices": 8, "max_memory_bytes": 5000000000, "pool": "/abs/pool"}
@@ -197,7 +197,7 @@ def save_tasks(tasks: Sequence[Task], path: str | Path) -> None:
 
 
 def split_pool(tables: Sequence[TableSpec], seed: int) -> tuple[list[TableSpec], list[TableSpec]]:
-    """50/50 split of the pool into train and test tables (DESIGN.md §2)."""
+    """50/50 split of the pool into train and test tables (docs/design.md §2)."""
     order = np.random.default_rng(seed).permutation(len(tables))
     half = len(tables) // 2
     return [tables[i] for i in sorted(order[:half])], [tables[i] for i in sorted(order[half:])]

@@ -220,6 +220,7 @@ class CountingBackend(SimBackend):
         return super().evaluate(shards, workload)
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_simulator_prior_fits_the_cost_net_before_any_measurement_and_costs_no_budget(pool, tmp_path):
     """The prior's plans are priced by the prior backend only; the budget counts the real ones;
     the cost net predicts the first real plans (held-out: not fitted on yet) far better with it."""
@@ -239,6 +240,7 @@ def test_simulator_prior_fits_the_cost_net_before_any_measurement_and_costs_no_b
     assert first_error[300] < 0.15 < first_error[0], first_error
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_resume_with_a_prior_continues_exactly(pool, tmp_path):
     train_half, _ = split_pool(pool, 0)
     tasks = sample_tasks(train_half, 6, (8, 14), 3, 10**12, seed=0)
@@ -308,6 +310,7 @@ def test_replay_buffer_stores_a_shared_feature_array_once():
         assert np.array_equal(a.x, b.x) and np.array_equal(a.placement, b.placement) and np.array_equal(a.device_costs, b.device_costs) and a.overall == b.overall
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_learned_planner_role_fit_save_load_plan(pool, tmp_path):
     """`DreamShardPlanner.fit` is `train` behind the role; save → load plans the same."""
     from dreamshard.planners.base import LearnedPlanner
@@ -449,6 +452,7 @@ def test_cli_train_with_a_prior(pool, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_short_training_beats_every_heuristic_on_held_out_tasks(pool, tmp_path):
     torch.set_num_threads(1)
     train_half, test_half = split_pool(pool, 0)  # test tables are never seen in training
@@ -469,7 +473,7 @@ def test_short_training_beats_every_heuristic_on_held_out_tasks(pool, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# issue 10: kernel-term features and the comm model's all-to-all (Config.kernel_features, comm)
+# kernel-term features and the comm model's all-to-all (Config.kernel_features, comm)
 # --------------------------------------------------------------------------------------------
 
 
@@ -490,7 +494,7 @@ def test_options_default_off_and_the_shipped_model_has_both(pool):
     assert shipped.meta["config"]["kernel_features"] is True and shipped.meta["config"]["comm"] == "model"
     assert shipped.kernel.product_scale > 0  # trained on the kernel with the backward's product path
     assert shipped.kernel.cache_bytes == 0  # and before the simulator's forward learned the L2: its features as they were
-    # its product-path features mark the tables the kernel takes (since 2026-11-25: same weights, docs/costs.md)
+    # its product-path features mark the tables the kernel takes (same weights as trained, docs/dreamshard.md)
     assert shipped.kernel.product_rule == "kernel"
     # a model without them is stored as before: no keys of theirs, the table features alone
     from dreamshard.learned.dreamshard import create_model

@@ -115,7 +115,7 @@ def test_onehot_is_the_mlperf_dcnv2_tables():
     assert 3.5e7 <= rows.max() <= 4.5e7 and (np.abs(rows[26:] / rows[:26] - 1) <= 0.106).all()
 
 
-def test_held_out_family_is_the_issue_probe():
+def test_held_out_family_is_the_probe():
     assert HELD_OUT_FAMILY in FAMILIES and HELD_OUT_FAMILY not in TRAINING_FAMILIES
     assert set(TRAINING_FAMILIES) | {HELD_OUT_FAMILY} == set(FAMILIES)
     dims, rows, pf = _arrays(POOLS["mixed"])
@@ -192,6 +192,7 @@ def test_shape_buckets_cover_the_axes():
 GPU_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_families.py"
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_gpu_campaign_logic_on_cpu(tmp_path):
     """benchmarks/gpu_families.py --device cpu --quick: every family measured and priced, the
     held-out family never in the calibration records, records that `calibrate` reads, and a

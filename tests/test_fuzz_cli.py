@@ -1,5 +1,5 @@
-"""Fuzzing the command line with malformed table, task and plan files and option values (issue 15),
-output paths, calibration records and the resume of a finished training run (issue 34).
+"""Fuzzing the command line with malformed table, task and plan files and option values, output
+paths, calibration records and the resume of a finished training run.
 
 Every case is generated together with whether it is valid: each field is drawn either from values
 that are valid or from values that are not (wrong type, out of range, over a limit, missing,
@@ -331,7 +331,7 @@ def tampered_plan(draw, base: dict):
         elif edit in ("format", "tables", "doc") and clean:
             ok = True  # these edits are all flaws: none in a clean case
         elif edit == "format":
-            plan["format"], ok = draw(st.sampled_from(["dreamshard.plan/3", None, 1, ""])), False
+            plan["format"], ok = draw(st.sampled_from(["dreamshard.plan/9", "dreamshard.table/2", None, 1, ""])), False  # plan/1-3 are read
         elif edit == "tables":
             plan["tables"], ok = draw(st.sampled_from([[], {}, None, 5, [5], [None], ["x"]])), False
         elif edit == "device" and i is not None and isinstance(plan["tables"][i].get("shards"), list) and plan["tables"][i]["shards"] \

@@ -154,6 +154,7 @@ def sim_mean(tasks, plans) -> float:
     return float(np.mean([r.overall_ms for r in measure(SimBackend(), tasks, [p.placement for p in plans], 65_536)]))
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_autoshard_short_training_beats_random_on_unseen_tasks(tasks, tmp_path):
     """The acceptance of a learned planner: 50 iterations (400 measured plans, DreamShard's
     budget) against the simulator, then greedy plans of tasks of unseen tables."""
@@ -169,7 +170,8 @@ def test_autoshard_short_training_beats_random_on_unseen_tasks(tasks, tmp_path):
     assert all(reloaded.plan(t).shards == planner.plan(t).shards for t in test_tasks[:5])
 
 
-@pytest.mark.parametrize("name", sorted(PEERS))
+# AutoShard's run is the long one (its actors and learner); the RNN placer's covers the loop's resume by default
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long) if n == "autoshard" else n for n in sorted(PEERS)])
 def test_resumed_training_equals_an_uninterrupted_run(name, tasks, tmp_path):
     cls, module = PEERS[name]
     cfg = cls.config(iterations=4, measurements_per_iteration=3)

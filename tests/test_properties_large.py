@@ -10,6 +10,9 @@ hopeless to roomy) and every planner in the registry:
     other exception.
 Then a 10,000-table task and a 1,024-device task go through planning and simulated pricing under
 a guard against hangs only (timings live in benchmarks/large_tasks.py, not here).
+
+`make test` runs the first 80 random tasks; the 2,000 and the large tasks are marked `long`
+(`make test-long`).
 """
 
 from __future__ import annotations
@@ -40,19 +43,21 @@ NEEDS = re.compile(r"cannot place (\d+) tables needing .* \((\d+) bytes\) on (\d
 
 
 @contextmanager
-def hang_guard(seconds: int):
-    """Fail with TimeoutError if the block runs past `seconds` (SIGALRM: Unix, main thread)."""
+def hang_guard(cpu_seconds: int):
+    """Fail with TimeoutError once the process has used `cpu_seconds` of CPU time in the block
+    (SIGPROF: Unix, main thread). CPU time, not wall-clock: a machine busy with other work slows
+    the block down but does not trip the guard; only a hang or a quadratic blow-up does."""
 
     def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: a hang or a quadratic blow-up")
+        raise TimeoutError(f"still running after {cpu_seconds} s of CPU time: a hang or a quadratic blow-up")
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    previous = signal.signal(signal.SIGPROF, expire)
+    signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
     try:
         yield
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def random_tables(n: int, seed: int, prefix: str = "t") -> list[TableSpec]:
@@ -174,11 +179,12 @@ def check_infeasible(task: Task, error: InfeasibleError) -> None:
     assert [int(g) for g in m.groups()] == [len(sizes), sum(sizes), task.devices, task.devices * task.max_memory_bytes]
 
 
-def test_every_planner_on_2000_random_tasks(planners):
-    tasks = random_tasks(TASKS, seed=2026)
-    assert len(tasks) >= 2_000 and sum(len(t.tables) > 1_000 for t in tasks) >= 20
+@pytest.mark.parametrize("count", [80, pytest.param(TASKS, marks=pytest.mark.long)])
+def test_every_planner_on_random_tasks(planners, count):
+    tasks = random_tasks(count, seed=2026)  # the first 80 of the 2,000 are the same tasks
+    assert len(tasks) == count and sum(len(t.tables) > 1_000 for t in tasks) >= count // 100
     outcomes = {name: [0, 0] for name in planners}  # plans, infeasible errors
-    with hang_guard(600 * 5 // MODEL_STRIDE):
+    with hang_guard(1_800 * 5 // MODEL_STRIDE):
         for i, task in enumerate(tasks):
             sizes = task.sizes()
             hopeless = over_bounds(sizes, task.max_memory_bytes, task.devices)
@@ -203,7 +209,7 @@ def test_every_planner_on_2000_random_tasks(planners):
         n = len(range(0, len(tasks), stride(name)))
         assert placed + refused == n
         # both kinds were exercised (the splitting planners now place by rows tasks with a table larger than a device: fewer refusals)
-        assert placed > n // 4 and refused >= n // 40, (name, placed, refused)
+        assert placed > n // 4 and refused >= n // 40 if count == TASKS else placed + refused > 0, (name, placed, refused)
 
 
 def test_fresh_learned_planner_is_deterministic(planners):
@@ -217,6 +223,7 @@ def test_fresh_learned_planner_is_deterministic(planners):
         assert get_planner("dreamshard", seed=0).plan(task).shards == first.shards
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("tables,devices", [(10_000, 64), (2_000, 1_024), (10_000, 1_024)])
 def test_large_tasks_plan_and_price(planners, tables, devices):
     """Plan and simulate-price with every planner; the guard only catches hangs (timings:
@@ -235,6 +242,7 @@ def test_large_tasks_plan_and_price(planners, tables, devices):
             assert np.isfinite(costs).all() and (costs >= 0).all() and costs.sum() > 0
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("devices,slack", [(8, 3), (1_024, 3), (1_024, -1)])
 def test_large_infeasible_tasks_fail_clearly(planners, devices, slack):
     """10,000 tables with a few bytes too few per device (first-fit fails, the search runs out of

@@ -1,4 +1,4 @@
-"""Row-wise shards (issue 13): row ranges tile a table, plan/3 round-trips, a row shard's stream is
+"""Row-wise shards: row ranges tile a table, plan/3 round-trips, a row shard's stream is
 exactly its table's indices in range, the shards' partial sums add up to the table's pooled
 output, and a row-wise plan is measured for real (sequential, distributed with a real gloo
 reduce-scatter and all-gather, the CLI) and priced by the simulator."""
@@ -309,36 +309,3 @@ def test_gpu_collectives_script_dry_run(tmp_path):
     assert len(rows) == 3 * len(script.CPU_SIZES) and all(("derived_rule_ms" in r) == (r["op"] != "all_to_all") for r in rows)
     assert set(json.loads((tmp_path / "collectives_fit.json").read_text())) == {"reduce_scatter", "all_gather"}
     assert all("latency_ms" in f or "error" in f for f in result["fits"].values())
-
-
-def test_rowwise_bounds_reprint_the_committed_table(capsys):
-    """docs/rowwise.md quotes benchmarks/results/gpu_rowwise/bounds.md: it must be what
-    benchmarks/rowwise_bounds.py prints from the committed measurement (the same file)."""
-    import importlib.util
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("rowwise_bounds", root / "benchmarks" / "rowwise_bounds.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    script.main([])
-    assert capsys.readouterr().out == (root / "benchmarks" / "results" / "gpu_rowwise" / "bounds.md").read_text()
-
-
-def test_rowwise_rebalance_moves_only_whole_pieces_and_never_raises_the_step():
-    """benchmarks/rowwise_rebalance_sim.py's local search on a committed row plan: row blocks stay
-    where they were, memory holds, and the simulated step does not go up."""
-    import importlib.util
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("rowwise_rebalance_sim", root / "benchmarks" / "rowwise_rebalance_sim.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    plan = load_plans(script.PLANS / "hot2_D8_rows.json")[0]
-    sim = SimBackend()
-    after, moves = script.rebalance(sim, plan)
-    after.check()
-    assert moves > 0 and max(after.device_bytes()) <= plan.task.max_memory_bytes
-    assert {s for s in after.shards if s.is_row_shard} == {s for s in plan.shards if s.is_row_shard} != set()
-    assert script.priced(sim, after)[0] <= script.priced(sim, plan)[0]

@@ -1,4 +1,4 @@
-"""Planners that write row-wise shards (issue 13, part 3): the splitting searches (DreamShard's
+"""Planners that write row-wise shards: the splitting searches (DreamShard's
 split search, NeuroShard's beam) row-split a hot table only where the cost net, with the
 simulator's reduce-scatter rule, says it pays; tables larger than a device are placed split by
 rows; TorchRec's row-wise choices convert to our plans and back through export; a planner's

@@ -293,7 +293,7 @@ def test_fit_refuses_the_held_out_family():
 
 def test_family_calibration_on_the_committed_h200_records():
     """The shipped family calibration against the committed H200 validation records (gpu_families):
-    issue 10's targets per family, held-out family included, and no shape bucket over 15%."""
+    the targets per family (total compute within 10%), held-out family included, and no shape bucket over 15%."""
     val = load_records(FAMILY_RESULTS / "val_records.jsonl")
     report = validation_report(Calibration.load(FAMILY_CAL), val)
     assert {b["key"] for b in report["by_family"] if b["held_out"]} == {"mixed"}
@@ -310,7 +310,7 @@ PRODUCT_PATH_RESULTS = FAMILY_RESULTS.parent / "gpu_families_pp"
 
 
 def test_the_cache_calibration_on_the_committed_h200_records_of_the_product_path_kernel():
-    """The default of sessions 12-15 (fitted to the kernel with the backward's product path, its
+    """The L2-aware calibration h200_triton_cache.json (fitted to the kernel with the backward's product path, its
     forward against the H200's L2) against the committed H200 validation records of that kernel
     (gpu_families_pp): every family's total compute within 10%, the held-out one included, and no
     shape bucket over 15% (docs/costs.md)."""
@@ -328,7 +328,7 @@ TILES2_RESULTS = FAMILY_RESULTS.parent / "gpu_families_s16"
 
 
 def test_the_default_calibration_on_the_committed_h200_records_of_todays_kernel():
-    """The default, h200_triton_tiles2.json, fitted to the kernel of session 16 (its faster backward),
+    """The default, h200_triton_tiles2.json, fitted to today's kernel (its faster sorted-path backward),
     against that kernel's committed H200 validation records (gpu_families_s16, pool seed 11): every
     family's total compute within 10%, the held-out one included, fitted on the training families
     only; and the previous default (fitted to the kernel before) is the worse on the same records

@@ -88,7 +88,7 @@ def test_dlrm_loader_rejects_bad_files(tmp_path):
 
 
 def test_default_pool_matches_published_stats():
-    """Issue target: lookup-weighted reuse histogram within L1 0.10 of the 2021 file, mean
+    """Target: lookup-weighted reuse histogram within L1 0.10 of the 2021 file, mean
     lookups per table-sample within 10%."""
     from dreamshard.synth import PoolConfig, pool_stats, published_stats, synth_pool
 
@@ -107,7 +107,7 @@ def test_default_pool_matches_published_stats():
 
 
 def _reference_stats(rows: int, pooling_factor: float, distribution: str, batch_size: int = 65_536) -> dict:
-    """The former `reuse_stats` (until issue 15), kept as the reference: for each table, the
+    """The former per-table `reuse_stats`, kept as the reference: for each table, the
     Poisson bin probabilities summed over ~6,000 representative ranks (every rank below 2,048,
     then 4,096 geometric buckets), ~9 ms a table."""
     from scipy.special import gammaincc

@@ -507,6 +507,7 @@ def test_dmp_trains_a_dreamshard_plan_like_the_unsharded_model(tmp_path):
                 torch.testing.assert_close(tensor, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_example_runs():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "torchrec_dlrm.py")], capture_output=True, text=True, timeout=1800, cwd=ROOT)  # a hang guard only: a busy machine may take minutes
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The validation layer (issue 15): exit statuses, one-line errors, limits, model/checkpoint/DLRM
+"""The validation layer: exit statuses, one-line errors, limits, model/checkpoint/DLRM
 files, the atomic writer, and which worker a failed measurement names."""
 
 from __future__ import annotations
@@ -118,9 +118,9 @@ def test_parse_int_is_exact_and_strict():
             parse_float(bad, "f", "k", 0.0, 100.0)
 
 
-def test_limits_are_documented_in_the_readme():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("**Limits**"):readme.index("**Reuse bins**")]
+def test_limits_are_documented():
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    section = usage[usage.index("## Limits"):usage.index("## Scale")]
     for needle in ("1,024", "100,000", "10^12", "4 – 1,024", "10,000", "10^15", "2^22", "2^63", "10,000,000", "7 days", "4 GiB"):
         assert needle in section, needle
     assert validation.MAX_DEVICES == 1024 and validation.MAX_TABLES == 100_000 and validation.MAX_ROWS == 10**12 and validation.MAX_DIM == 1024
@@ -134,8 +134,9 @@ def test_absurd_sizes_are_refused_up_front(pool, tmp_path):
     for key, value in (("devices", 10**9), ("max_memory_bytes", 10**18)):
         bad = tmp_path / f"{key}.json"
         bad.write_text(json.dumps({**d, key: value}))
+        t = time.process_time()  # CPU time: refused up front, not after sizing 10^9 devices; a busy machine does not count
         line = one_line_error(invoke("measure", bad, "--backend", "sim"))
-        assert f"'{key}'" in line and "over the limit" in line  # refused by the plan check, before any device is priced
+        assert time.process_time() - t < 5 and f"'{key}'" in line and "over the limit" in line
     r = invoke("measure", plan, "--backend", "sim", "--batch-size", 2**30)
     assert "4194304" in one_line_error(r)
 
@@ -256,7 +257,7 @@ def test_temp_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     p, temp = start_stuck_writer(target)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    assert temp.exists() and not target.exists()  # what the issue saw
+    assert temp.exists() and not target.exists()  # the killed write left its temporary file
     live = tmp_path / f"m.pt.ckpt.tmp{os.getppid()}"  # a live writer's temp file is left alone
     live.write_text("in progress")
     atomic_write(target, b"checkpoint")

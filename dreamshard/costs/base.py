@@ -1,6 +1,6 @@
 """The cost nouns every backend returns, and the backend role.
 
-One training step's embedding work on device d (DESIGN.md §1): forward compute, forward
+One training step's embedding work on device d (docs/design.md §1): forward compute, forward
 all-to-all, backward all-to-all, backward compute. The paper's proxy cost of a placement is
 max_d of their sum; measured backends also report the synchronized end-to-end step.
 """

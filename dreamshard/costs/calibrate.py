@@ -45,7 +45,7 @@ class ShardRecord:
     versions: dict | None = None
     family: str | None = None  # the table family it was drawn from (dreamshard/families.py), if any
     # measured with a kernel whose backward takes the product path for hot small tables (costs/paths.py;
-    # our Triton TBE since 2026-11-23): a fit prices those tables by the path, not by their terms
+    # our Triton TBE): a fit prices those tables by the path, not by their terms
     product_path: bool = False
 
     @property

@@ -126,7 +126,7 @@ def cache_hits(rows_in_bin: np.ndarray, counts: np.ndarray, capacity_rows: np.nd
 def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), cache_bytes: float = 0.0) -> np.ndarray:
     """[T, len(TERMS)] per-table terms; a shard's terms are their sum (launch, active: set per shard).
     `cache_bytes`: the device's last-level cache; a table's repeated gathers that miss it
-    (cache_hits) count as cold bytes. 0: no such limit (every repeat may hit, as before 2026-11-25)."""
+    (cache_hits) count as cold bytes. 0: no such limit (every repeat may hit, as calibrations without the L2 term price)."""
     n = len(tables)
     out = np.zeros((n, len(TERMS)))
     if n == 0:

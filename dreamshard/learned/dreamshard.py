@@ -3,7 +3,7 @@ The `dreamshard` planner (dreamshard/planners/dreamshard.py) trains through it (
 any learned planner's loop needs — measuring under a budget, checkpoints, log, progress — is in
 `learned/loop.py`.
 
-Each iteration (DESIGN.md §2):
+Each iteration (docs/design.md §5):
   1. collect  — play the current policy on random training tasks of the *estimated* MDP, and
                 measure those placements with the real cost backend (the only backend calls);
   2. fit      — train the cost net on every measurement so far (replay buffer), MSE;
@@ -11,13 +11,13 @@ Each iteration (DESIGN.md §2):
                 environment; no backend call).
 The backend is any `CostBackend`: the H200-calibrated simulator, or a runner that measures GPUs.
 
-Simulator prior (issue 10; `prior_plans` > 0, for training against real hardware): before
+Simulator prior (docs/costs.md; `prior_plans` > 0, for training against real hardware): before
 iteration 0 the cost net is fitted on `prior_plans` plans sampled by the initial policy on the
 training tasks and priced by a *prior* backend (`train(prior=)`: the calibrated simulator, as the
 CLI gives it; a learned module imports no backend).
 They are not measurements: the budget counts only the real backend's plans. Afterwards a
 `prior_share` of every cost-net batch is still drawn from them, so the few real plans correct the
-prior instead of replacing it (benchmarks/costnet_prior.py, docs/costs.md).
+prior instead of replacing it (lab-archive:benchmarks/costnet_prior.py, docs/costs.md).
 
 Two configurations are kept (`CONFIGS`): `paper` reproduces the reference code; `default` holds
 our changes, each kept only because the ablation (benchmarks/ablation.py, docs/dreamshard.md)
@@ -75,7 +75,7 @@ class Config(BudgetConfig):
     # the reference); passes over them in cost_batch batches, the cost net alone (Adam at `lr`,
     # decayed to 0 over them); afterwards the share of every cost batch drawn from them. 0.5: fitted
     # to real H200 shards beside them, the net kept the prior's accuracy on the families it had not
-    # measured; without them (0) it lost it (benchmarks/costnet_prior.py). Use 0 with a prior far
+    # measured; without them (0) it lost it (lab-archive:benchmarks/costnet_prior.py). Use 0 with a prior far
     # from the hardware: kept, a wrong prior keeps pulling.
     prior_plans: int = 0
     prior_epochs: int = 80
@@ -92,7 +92,7 @@ class Config(BudgetConfig):
     normalization: str = "task"  # "task": per-task z-scores (reference); "fixed": log scale
     linear_features: bool = False  # + 5 memory-traffic features on a linear scale (nets.table_features)
     policy_sees_table: bool = False  # the policy also sees the table being placed (nets.PolicyNet)
-    # issue 10, costs that hold on tables never seen (docs/costs.md): + the per-table kernel terms
+    # costs that hold on tables never seen (docs/costs.md): + the per-table kernel terms
     # the simulator prices (costs/terms.py), scaled by their mean over the training tables
     # (nets.KernelFeatures); and a device's all-to-all from the comm model of the backend trained
     # against ("model", nets.CommFormula) instead of the cost net's comm head ("head", reference)

@@ -1,4 +1,4 @@
-"""The estimated MDP (DESIGN.md §2), batched over many episodes at once.
+"""The estimated MDP (docs/design.md §5), batched over many episodes at once.
 
 An episode places the tables of one task one at a time, in descending order of the cost net's
 predicted single-table cost (fwd + bwd + comm of a shard holding only that table). The state is

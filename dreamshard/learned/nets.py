@@ -1,6 +1,6 @@
 """DreamShard's two networks, the replay buffer of measured placements, and the model file.
 
-Shapes used throughout (DESIGN.md §2):
+Shapes used throughout (docs/design.md §5):
   x          [E, T, F]  table features of E placements (episodes) of T tables each (zero-padded)
   placement  [E, T]     device of each table, -1 for padding / not placed
   z          [E, D, H]  shard vectors: the SUM of the per-table encodings of each device's tables
@@ -41,13 +41,13 @@ DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "dr
 
 
 # which tables KernelFeatures' product-path columns mark: every candidate of the path's model
-# (files before 2026-11-25), or those the kernel takes
+# (older model files, which carry no key), or those the kernel takes
 PRODUCT_RULES = ("candidate", "kernel")
 LINEAR_FEATURES = ("dim/128", "pooling/64", "dim*pooling/4096", "distinct/64", "dim*distinct/4096")
 # The kernel terms (costs/terms.py) a table has by itself: all but the per-shard flags `launch` and
 # `active` (0 for a table). `tables` (1 for every table) and `wide_programs` (a table's `programs`)
 # add nothing a net could not make itself; they are kept because this is the set the offline
-# evaluation measured (benchmarks/costnet_prior.py, docs/costs.md).
+# evaluation measured (lab-archive:benchmarks/costnet_prior.py, docs/costs.md).
 KERNEL_FEATURE_TERMS = tuple(t for t in TERMS if t not in ("launch", "active"))
 _KERNEL_COLUMNS = [TERMS.index(t) for t in KERNEL_FEATURE_TERMS]
 # A term that no training table has (no masked dims among them, say) is scaled by the count it is
@@ -58,7 +58,7 @@ _SCALE_LIKE = {"cold_bytes": "grad_bytes", "warm_bytes": "grad_bytes", "hot_byte
 
 @dataclass(frozen=True)
 class KernelFeatures:
-    """Our change (issue 10, Config.kernel_features): the work counts the simulator prices
+    """Our change (Config.kernel_features, docs/costs.md): the work counts the simulator prices
     (costs/terms.py: lookups, gathered and gradient bytes by reuse, programs, tiles, masked
     bytes, launches ...) as features, each divided by its mean over the training tables (`scale`),
     and a dim > WIDE_DIM flag (the kernel's 8-warp wide path). A ReLU net given the log-scale
@@ -76,10 +76,10 @@ class KernelFeatures:
     table by in place of its backward terms, which the net could otherwise only infer from rows and
     pooling as an exception to every other table. Which tables, by `product_rule`: "kernel", those
     the kernel takes (paths.product_tables: a candidate that saves more than paths.DENSE_TABLE_US,
-    as the simulator prices them; models fitted since 2026-11-25); "candidate", every candidate
-    (paths.takes_product), as the kernel took them before that rule (the files before carry no key).
+    as the simulator prices them; the shipped model); "candidate", every candidate
+    (paths.takes_product), as the kernel took them before that rule (older files carry no key).
 
-    `cache_bytes` (models trained since 2026-11-25): the terms count a table's repeated gathers
+    `cache_bytes` (models trained against an L2-aware backend): the terms count a table's repeated gathers
     that miss this cache as cold bytes, as the backend trained against does (CostBackend.cache_bytes)."""
 
     scale: tuple[float, ...]
@@ -138,7 +138,7 @@ def table_features(tables: Sequence[TableSpec], normalization: str, linear: bool
     distinct). A fused kernel's time is close to a sum of such traffic over the shard's tables;
     from the log-scale or z-scored features a ReLU net has to build these products and ratios out
     of line segments, and it gets them wrong on tables it has not seen (docs/dreamshard.md).
-    With `kernel` (our change, issue 10) the kernel terms follow (`KernelFeatures`)."""
+    With `kernel` (our change, docs/costs.md) the kernel terms follow (`KernelFeatures`)."""
     x = features(tables, normalization, workload.precision)
     if linear:
         dim = np.array([t.dim for t in tables], np.float64)
@@ -158,7 +158,7 @@ def feature_count(linear: bool, kernel: KernelFeatures | None) -> int:
 
 @dataclass(frozen=True)
 class CommFormula:
-    """Our change (issue 10, Config.comm "model"): a device's all-to-all (forward + backward) from
+    """Our change (Config.comm "model", docs/costs.md): a device's all-to-all (forward + backward) from
     the comm model, in place of the cost net's comm head. A device's all-to-all depends on the
     device count and on what every other device sends it, which a head that sees one device's
     tables cannot know: on a dim mix it had not seen the head was 53% off (docs/costs.md).

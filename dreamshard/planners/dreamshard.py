@@ -17,7 +17,7 @@ it lowers the prediction); the policy then places the pieces afresh as tables of
 the table-wise plan, the plan of the descent and the policy's plan of its pieces, the one the cost
 net predicts cheapest is returned, so a split is made only where the model says it pays.
 
-Row-wise shards (issue 13): a step of the descent may also split a whole table on the slowest
+Row-wise shards (docs/rowwise.md): a step of the descent may also split a whole table on the slowest
 device by rows over k devices (`splits.row_parts`: 2, 4, ... and all D; TorchRec's row-wise
 layout, block r on device r for a split over all D, else the table's device and the k − 1
 devices predicted fastest with memory for a block), scored with its pieces' own features and

@@ -1,4 +1,4 @@
-"""Greedy baselines of DESIGN.md §2: sort tables by a cost proxy, largest first, and give each
+"""Greedy baselines (docs/design.md §4): sort tables by a cost proxy, largest first, and give each
 to the device with the least proxy load that still has memory for it.
 
 With `split=True` (what a user would do by hand) a table whose proxy alone exceeds the
@@ -6,7 +6,7 @@ per-device average is first cut into column pieces (`splits.split_heaviest`), an
 placed like tables, two pieces of one table on one device only when no other device has room.
 
 They never split a table by rows, not even a narrow one their column cut cannot bring under the
-average (decided for issue 13): a row split trades a table's compute for a reduce-scatter and an
+average, by design: a row split trades a table's compute for a reduce-scatter and an
 all-gather over every device, and a proxy that sees neither comm nor the uneven lookups of a
 table's row ranges cannot tell when that pays (a narrow table's exchange is small, but so may
 be what its split saves once every block pays a device's fixed cost). The planners with a cost

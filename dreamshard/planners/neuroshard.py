@@ -12,7 +12,7 @@ As its authors describe it:
   2 × `top` candidates per plan); every candidate is scored by its best inner placement.
 The best plan seen, table-wise included, is returned.
 
-Our addition, row-wise shards (issue 13; NeuroShard has none): a step may also split a whole table
+Our addition, row-wise shards (docs/rowwise.md; NeuroShard has none): a step may also split a whole table
 by rows over k devices (`splits.row_parts`: 2, 4, ... and all D, TorchRec's row-wise layout), for
 the ROW_CANDIDATES costliest tables whose compute alone exceeds the reduce-scatter + all-gather
 their rows would add (`PieceScorer.row_candidates`). Row pieces are priced by their own features
