@@ -41,6 +41,14 @@ def repriced(seq: CostReport, plan, model: CommModel) -> float:
     return max(d.fwd_comp_ms + f + b + d.bwd_comp_ms for d, f, b in zip(seq.devices, fwd, bwd))
 
 
+def rate(fit: dict, what: str) -> str:
+    """A fitted collective as a formula."""
+    head = f"{fit['latency_ms'] * 1e3:.1f} µs + {what} / "
+    if fit.get("knee_bytes"):
+        return head + f"{fit['knee_bandwidth_GBps']:.1f} GB/s up to {fit['knee_bytes'] / 1e6:.3g} MB, {fit['bandwidth_GBps']:.1f} GB/s beyond"
+    return head + f"{fit['bandwidth_GBps']:.1f} GB/s"
+
+
 def pct(x: float) -> str:
     return f"{x:+.1%}"
 
@@ -68,12 +76,11 @@ def report(dirs: list[Path], sequential: Path | None = None) -> str:
             m = fit_comm(raw.measurements, hardware=raw.hardware, date=raw.date, versions=raw.versions, process_group=raw.process_group, devices=raw.devices)
             models[int(D)] = m
             held = m.fit_details.get("held_out", {})
-            for op in ("all_to_all", "reduce_scatter", "all_gather"):
-                fit = m if op == "all_to_all" else None
+            for op in ("all_to_all", "reduce_scatter", "all_gather", "relayout"):
                 e = held.get(op)
-                formula = m.describe().split(" (")[0] if fit else (f"{getattr(m, op)['latency_ms'] * 1e3:.1f} µs + ring bytes / {getattr(m, op)['bandwidth_GBps']:.1f} GB/s")
+                formula = m.describe().rsplit(" (", 1)[0] if op == "all_to_all" else rate(getattr(m, op), "ring bytes" if op != "relayout" else "bytes read and written")
                 rows.append([D, op.replace("_", "-"), formula, f"{e['median_rel_error']:.1%} / {e['max_rel_error']:.1%} ({e['points']})" if e else "n/a"])
-        lines += ["**Comm models** (fitted set; error on the held-out patterns: median / max (points))", ""]
+        lines += ["**Comm models** (fitted on the calibration set; error on the held-out patterns: median / max (points))", ""]
         lines += table(["devices", "collective", "model", "held-out error"], rows) + [""]
         by_kind: dict = {}
         plans = {D: load_plans(PLANS / f"plans_{D}.jsonl") for D in models}

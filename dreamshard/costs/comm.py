@@ -1,8 +1,8 @@
-"""The all-to-all model: per-device latency of the embedding all-to-alls (DESIGN.md §1, §4).
+"""The comm model: what the step's collectives cost each device (docs/comm.md).
 
-Byte counts. In the forward all-to-all of a table-wise placement on D devices, device d holds the
-pooled outputs of its tables for the whole batch, ``[B, dimsum_d]``, and keeps the ``B/D``
-samples of its own slice. It sends ``B/D · dimsum_d · elt`` bytes to each of the other D−1
+Byte counts. In the forward all-to-all of a placement on D devices, device d holds the pooled
+outputs of its whole tables and column shards for the whole batch, ``[B, dimsum_d]``, and keeps the
+``B/D`` samples of its own slice. It sends ``B/D · dimsum_d · elt`` bytes to each of the other D−1
 devices and receives ``B/D · dimsum_j · elt`` from each other device j:
 
     send_d = B · dimsum_d · elt · (D−1)/D          recv_d = (B/D) · Σ_{j≠d} dimsum_j · elt
@@ -10,37 +10,27 @@ devices and receives ``B/D · dimsum_j · elt`` from each other device j:
 The backward all-to-all of the output gradients is the same exchange reversed (send ↔ recv).
 Its own slice is a local copy and is not counted.
 
-Time. Per device,
-
-    t_d = latency + (max(send_d, recv_d) + serial_fraction · min(send_d, recv_d)) / bandwidth
-
-``serial_fraction`` ∈ [0, 1] says how much the two directions get in each other's way. On a
-full-duplex link (NVLink) a device's sends and receives overlap and the larger direction bounds
-the time (0); where one resource moves both (loopback TCP copied by the same few CPU cores) they
-add up (1). It is fitted, not assumed: the calibration includes skewed exchanges (send ≠ recv,
-same max) next to balanced ones, which is what tells the two apart. Measured here (2-core CPU,
-gloo): 1.0 — balanced 4 MB exchanges take about twice as long as skewed 4 MB + 1 MB ones.
-
-Calibration (``calibrate``) runs real all-to-alls of the same shape the distributed runner
-does (``torch.distributed.all_to_all_single`` with uneven splits, one process per device: gloo on
-CPU, NCCL on CUDA) over a designed set of per-rank byte counts, and ``fit`` minimises the
-*relative* squared error (times span four decades; an absolute fit would ignore the small ones).
+Time (`alltoall_ms`). With load_d = max(send_d, recv_d) + serial_fraction · min(send_d, recv_d),
+a device moves (1 − coupling) · load_d + coupling · max_j load_j bytes at `bytes_ms`: latency +
+bytes / bandwidth, or two rates joined at a knee. ``serial_fraction`` says how much the two
+directions get in each other's way (0 on a full-duplex link, 1 where one resource moves both);
+``coupling`` how far a device waits for the busiest one. Both are fitted, not assumed: the
+calibration's skewed patterns (send ≠ recv, one heavy or idle rank) tell them apart.
 
 Row-wise tables (plan.py, rowshard.py) are exchanged by collectives instead: the forward sums the
 devices' partial pooled outputs by a **reduce-scatter** over all D devices of one [B, Σ dim]
-buffer (every device then holds its B/D samples, as after the all-to-all; a device without a shard
-of some row-wise table puts zeros in its columns), the backward spreads the output gradients back
-by an **all-gather**. A ring moves (D−1)/D of the buffer into and out of every device for either:
+buffer, the backward spreads the output gradients back by an **all-gather**. A ring moves
+(D−1)/D of the buffer into and out of every device for either: t = `bytes_ms` of
+ring_bytes = N · (D−1)/D, N = B · Σ dim · elt, fitted per collective (``CommModel.reduce_scatter``
+/ ``all_gather``; a model without them derives them from its all-to-all fit, `collective_ms`).
+A device with row shards copies its columns out of its TBE output before the collectives and its
+gradients in after (`relayout_forward` / `relayout_backward`, priced by `relayout_ms` from the
+model's ``relayout`` fit).
 
-    t = latency + ring_bytes / bandwidth,        ring_bytes = N · (D−1)/D,  N = B · Σ dim · elt
-
-with (latency, bandwidth) per collective fitted to real ones (``measure_collectives``,
-``benchmarks/gpu_collectives.py``) and kept in the comm model (``CommModel.reduce_scatter`` /
-``all_gather``, or the simulator calibration's ``comm`` entry, under the same keys). Until a model
-has them, they are derived from its all-to-all fit (``collective_ms``): a ring collective moves,
-per device, what a balanced all-to-all of the same buffer moves ((D−1)/D of it sent and as much
-received), so it is priced as that all-to-all — latency + (1 + serial_fraction) · ring_bytes /
-bandwidth; the sum's adds are not priced. That rule is not fitted (docs/rowwise.md).
+Calibration (``measure_comm``, ``calibrate``) runs every collective as the distributed runner
+issues and times it (one process per device: gloo on CPU, NCCL on CUDA) over a designed set of
+patterns and a held-out set, and ``fit_comm`` minimises the *relative* squared error (times span
+four decades; an absolute fit would ignore the small ones).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ OPTIONAL_TERMS = ("tables",)
 TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
 TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
-DEFAULT_CALIBRATION = "h200_triton_tiles2.json"  # fitted to the kernel of session 16 (its faster backward) on six table families, product path and L2 as before (docs/simulator.md)
+DEFAULT_CALIBRATION = "h200_triton_tiles2.json"  # fitted to today's kernel (its faster backward) on six table families, product path and L2 (docs/simulator.md)
 
 @dataclass
 class Calibration:

@@ -1,4 +1,4 @@
-"""Runners: real cost measurement of a placement (DESIGN.md §4).
+"""Runners: real cost measurement of a placement (docs/costs.md, docs/comm.md).
 
 - ``distributed``: one process per device, real all-to-alls (gloo on CPU, NCCL on CUDA);
 - ``sequential``: one device measures every shard's compute in turn; comm from a ``CommModel``.

@@ -1,4 +1,4 @@
-"""The distributed runner: one process per device, real collectives (DESIGN.md §1, §4).
+"""The distributed runner: one process per device, real collectives (docs/comm.md).
 
 ``measure_distributed(plan, kernel, batch_size)`` starts one worker process per device, joined in a
 ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA; ``launch.py`` starts, joins and

@@ -1,15 +1,17 @@
 """The sequential runner: one device measures every shard's compute in turn; comm is modelled.
 
 Compute is exact this way: a device's forward and backward compute depend only on the tables
-placed on it (DESIGN.md §4). Each shard gets the distributed runner's protocol — its TBE built
+placed on it. Each shard gets the distributed runner's protocol — its TBE built
 and checked, ``input_sets`` distinct batches used in turn, ``warmup`` untimed steps, then
 ``iters`` timed forward and backward passes (CUDA events on GPU, timing the GPU's work and not the
 host's launch overhead; ``perf_counter`` on CPU), medians.
 A process's first shard on a GPU is measured once, untimed, before the measurement that counts (``_WARMED``).
-The all-to-alls are not run: their times come from a ``CommModel`` fitted to real all-to-alls
-(``dreamshard calibrate comm``), and the report says so (``comm_modelled=True``, the model file in
-``details``). So do the reduce-scatter and all-gather of row-wise tables (row shards: their own
-stream, measured like any shard), from the same model (``CommModel.rowwise_ms``).
+The collectives are not run: their times come from a ``CommModel`` fitted to real ones
+(``dreamshard calibrate comm``; by default the one shipped for this GPU and the plan's device
+count), and the report says so (``comm_modelled=True``, the model file in ``details``):
+`modelled_comm` — the all-to-all, and for row shards (their own stream, measured like any shard)
+the reduce-scatter, all-gather and the copies around them. Each device's tables are measured in
+the distributed runner's order (`rowshard.exchange_order`).
 
 On CPU each shard runs with the threads one distributed-runner process would get (cores / D), so
 the two runners measure the same compute.
