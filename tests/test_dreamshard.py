@@ -607,7 +607,7 @@ def test_modelled_comm_is_the_simulators_all_to_all(pool):
 
     tasks = sample_tasks(split_pool(pool, 0)[0], 4, (10, 16), 4, 10**12, seed=3)
     model = options_model(False, tasks)
-    sim = SimBackend()
+    sim = SimBackend(comm="calibration")  # the formula of one device alone: the calibration's own all-to-all
     assert model.comm.params() == {k: sim.calibration.comm[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction")}
     planner = DreamShardPlanner(model, split=True)
     checked = 0

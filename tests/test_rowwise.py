@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dreamshard.costs.comm import CommModel, collective_ms, relayout_ms, fit_collective, measure_collectives, ring_bytes
+from dreamshard.costs.comm import CommModel, collective_ms, fit_collective, measure_comm, relayout_ms, ring_bytes
 from dreamshard.costs.sim import SimBackend
 from dreamshard.plan import Plan, Shard, load_plans, row_cuts, save_plans
 from dreamshard.rowshard import RowShardSpec, exchange_dims, spec_from_dict
@@ -284,10 +284,13 @@ def test_cli_measures_a_hand_written_row_wise_plan(tmp_path):
 
 
 def test_collectives_measured_on_gloo():
-    """The collectives' measurement, tiny, on 2 CPU processes: every op checked for its result in
-    the worker, one point per rank, op and size."""
-    points, info = measure_collectives(2, [1 << 10, 1 << 16], "cpu", iters=2, warmup=1, timeout_s=120)
+    """The calibration's measurement, tiny, on 2 CPU processes: every collective the runner issues,
+    each reduce-scatter and all-gather checked for its result in the worker; a point per rank,
+    pattern or size, direction and set, the held-out set apart."""
+    points, info = measure_comm(2, "cpu", iters=2, warmup=1, timeout_s=120, chunk_bytes=[1 << 10], buffer_bytes=[1 << 10, 1 << 16])
     assert info["process_group"] == "gloo"
-    assert sorted((p["op"], p["buffer_bytes"], p["rank"]) for p in points) == sorted(
-        (op, b, r) for op in ("all_to_all", "reduce_scatter", "all_gather") for b in (1 << 10, 1 << 16) for r in (0, 1))
-    assert all(p["ms"] > 0 and p["devices"] == 2 for p in points)
+    fit = [p for p in points if p["set"] == "fit"]
+    assert sorted((p["op"], p["buffer_bytes"], p["rank"]) for p in fit if p["op"] in ("reduce_scatter", "all_gather")) == sorted(
+        (op, b, r) for op in ("reduce_scatter", "all_gather") for b in (1 << 10, 1 << 16) for r in (0, 1))
+    assert {p["pattern"] for p in fit if p["op"] == "all_to_all"} == {"balanced", "heavy", "idle", "random"}
+    assert {p["set"] for p in points} == {"fit", "held_out"} and all(p["ms"] > 0 for p in points)

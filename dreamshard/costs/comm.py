@@ -600,7 +600,7 @@ def _aligned(elements: int, elt: int) -> int:
 
 
 def alltoall_worker(job: dict, rank: int, world: int, device, clock, barrier) -> dict:
-    """One rank of the calibration (the launcher's worker, see ``measure_alltoall``)."""
+    """One rank's all-to-alls of every pattern of `job["patterns"]` (``measure_comm``)."""
     import torch
     import torch.distributed as dist
 
@@ -639,43 +639,25 @@ def alltoall_worker(job: dict, rank: int, world: int, device, clock, barrier) ->
     return {"points": points}
 
 
-def measure_alltoall(devices: int = 2, chunk_bytes: Sequence[int] | None = None, device_type: str = "cpu",
-                     iters: int = 10, warmup: int = 3, timeout_s: float = 300.0) -> tuple[list[dict], dict]:
-    """Real all-to-alls, one process per device; returns (points, info) — one point per rank,
-    pattern and direction, its median time over ``iters``."""
-    # Not at the top: importing the runners package runs its __init__, whose sequential runner
-    # imports this module (a cycle at import time only, through the package).
-    from dreamshard.costs.runners.launch import launch
-
-    if devices < 2:
-        raise OptionError("calibrating the all-to-all needs --devices 2 or more")
-    chunks = list(chunk_bytes) if chunk_bytes else DEFAULT_CHUNKS[device_type]
-    job = {"patterns": design_patterns(devices, chunks), "iters": iters, "warmup": warmup}
-    results, info = launch(f"{__name__}:alltoall_worker", job, devices, device_type, timeout_s)
-    return [p for r in results for p in r["points"]], info
-
-
 def collectives_worker(job: dict, rank: int, world: int, device, clock, barrier) -> dict:
-    """One rank of ``measure_collectives``: for every buffer size, a balanced all_to_all_single,
-    a reduce-scatter and an all-gather, each timed as the all-to-all calibration times it
-    (barrier, marks around the op, medians), and each checked once for the right result."""
+    """One rank's reduce-scatters and all-gathers (`job["ops"]`) of every buffer size, each timed as
+    the runner times its comm phases (barrier, aligned start, medians) and checked once for the
+    right result."""
     import torch
 
     dtype = torch.float16
     elt = 2
-    ops = {"all_to_all": all_to_all_fn, "reduce_scatter": reduce_scatter_fn, "all_gather": all_gather_fn}
+    ops = {"reduce_scatter": reduce_scatter_fn, "all_gather": all_gather_fn}
     points = []
     for size in job["sizes"]:
         n = max(world, size // elt // world * world)  # elements of the full buffer, a multiple of the ranks
         for op in job["ops"]:
-            full = torch.full((n,), float(rank + 1), dtype=dtype, device=device)
-            part = torch.full((n // world,), float(rank + 1), dtype=dtype, device=device)
-            if op == "all_to_all":
-                src, dst, expect = full, torch.empty(n, dtype=dtype, device=device), None
-            elif op == "reduce_scatter":
-                src, dst, expect = full, torch.empty(n // world, dtype=dtype, device=device), world * (world + 1) / 2
+            if op == "reduce_scatter":
+                src, dst = torch.full((n,), float(rank + 1), dtype=dtype, device=device), torch.empty(n // world, dtype=dtype, device=device)
+                want = torch.full((n // world,), world * (world + 1) / 2, device=device)
             else:
-                src, dst, expect = part, torch.empty(n, dtype=dtype, device=device), None
+                src, dst = torch.full((n // world,), float(rank + 1), dtype=dtype, device=device), torch.empty(n, dtype=dtype, device=device)
+                want = (torch.arange(world, device=device, dtype=torch.float32) + 1).repeat_interleave(n // world)
             times = []
             for i in range(job["warmup"] + job["iters"]):
                 barrier()
@@ -686,11 +668,10 @@ def collectives_worker(job: dict, rank: int, world: int, device, clock, barrier)
                 if i >= job["warmup"]:
                     times.append(clock.ms(a, b))
             # the op did what it says (on the last run's output): a wrong emulation fails loudly
-            want = (torch.arange(world, device=device, dtype=torch.float32) + 1).repeat_interleave(n // world) if expect is None else torch.full_like(dst, expect, dtype=torch.float32)
             if not torch.equal(dst.float(), want):
                 raise RuntimeError(f"{op} of {n * elt} bytes on rank {rank} gave a wrong result")
             points.append({"op": op, "buffer_bytes": n * elt, "devices": world, "ms": median(times), "rank": rank})
-            del src, dst, full, part
+            del src, dst
     return {"points": points}
 
 
@@ -725,26 +706,6 @@ def relayout_backward(grad_full, a2a_grad, ag_out, cols) -> None:
     a = a2a_grad.shape[1]
     grad_full[:, :a] = a2a_grad
     grad_full[:, a:] = ag_out.index_select(1, cols)
-
-
-def all_to_all_fn(output, input) -> None:
-    """Balanced all-to-all of a buffer (1/D of it to every rank)."""
-    import torch.distributed as dist
-
-    dist.all_to_all_single(output, input)
-
-
-def measure_collectives(devices: int, sizes: Sequence[int], device_type: str = "cpu", iters: int = 10, warmup: int = 3,
-                        ops: Sequence[str] = ("all_to_all", *COLLECTIVES), timeout_s: float = 300.0) -> tuple[list[dict], dict]:
-    """Real all-to-alls, reduce-scatters and all-gathers of full buffers of `sizes` bytes (fp16),
-    one process per device; (points, info), a point per rank, op and size (median ms)."""
-    from dreamshard.costs.runners.launch import launch  # see measure_alltoall
-
-    if devices < 2:
-        raise OptionError("measuring collectives needs 2 or more devices")
-    job = {"sizes": [int(s) for s in sizes], "ops": list(ops), "iters": iters, "warmup": warmup}
-    results, info = launch(f"{__name__}:collectives_worker", job, devices, device_type, timeout_s)
-    return [p for r in results for p in r["points"]], info
 
 
 def relayout_points(job: dict, rank: int, device, clock) -> list[dict]:
@@ -795,7 +756,9 @@ def measure_comm(devices: int = 2, device_type: str = "cpu", iters: int = 10, wa
     all-to-all over `design_patterns` of `chunk_bytes`, the reduce-scatter and all-gather of
     `buffer_bytes` buffers (the "fit" set), and the held-out set (HELD_OUT_CHUNKS/BUFFERS, another
     pattern seed). (points, info); a point per rank, pattern or size, direction and set."""
-    from dreamshard.costs.runners.launch import launch  # see measure_alltoall
+    # Not at the top: importing the runners package runs its __init__, whose sequential runner
+    # imports this module (a cycle at import time only, through the package).
+    from dreamshard.costs.runners.launch import launch
 
     if devices < 2:
         raise OptionError("calibrating the collectives needs --devices 2 or more")

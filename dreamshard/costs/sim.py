@@ -75,7 +75,7 @@ from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
-from dreamshard.validation import DataError, one_line, parse_float, parse_int, require_dict
+from dreamshard.validation import DataError, OptionError, one_line, parse_float, parse_int, require_dict
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
 BWD_TERMS = ("launch", "active", "tables", "lookups", "grad_bytes", "update_bytes", "warm_bytes", "hot_bytes")
@@ -216,9 +216,16 @@ def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
 class SimBackend(CostBackend):
     """Analytic cost surface fitted to real measurements; answers in microseconds."""
 
-    def __init__(self, calibration: str | Path | Calibration | None = None, product_path: bool | None = None):
+    def __init__(self, calibration: str | Path | Calibration | None = None, product_path: bool | None = None, comm: str = "shipped"):
         """`product_path`: price the Triton kernel's product path for the tables it takes (default:
-        as the calibration says)."""
+        as the calibration says). `comm`: "shipped" prices the collectives of a GPU calibration
+        with the comm model shipped for its GPU and each plan's device count (`comm_for`), as the
+        runners do; "calibration" with the calibration's own ``comm`` entry at every device count
+        (the price of the simulator before per-device-count models, which models trained with
+        ``comm="model"`` carry)."""
+        if comm not in ("shipped", "calibration"):
+            raise OptionError(f"simulator comm {comm!r:.40}: 'shipped' or 'calibration'")
+        self.comm = comm
         self.calibration = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
         self.product_path = self.calibration.product_path if product_path is None else bool(product_path)
         self.name = self.calibration.label
@@ -237,7 +244,7 @@ class SimBackend(CostBackend):
         comm model shipped for that GPU and device count (`comm.default_model_path`: the runners'
         price); else (gloo, or a model given in the calibration file alone) the calibration's own."""
         comm = self.calibration.comm
-        if devices < 2 or "nccl" not in str(comm.get("source", "")):
+        if self.comm == "calibration" or devices < 2 or "nccl" not in str(comm.get("source", "")):
             return comm
         if devices not in self._shipped:
             from dreamshard.costs.comm import default_model_path, describe_choice, load_comm_model
