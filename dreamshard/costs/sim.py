@@ -67,7 +67,9 @@ from typing import Sequence
 import numpy as np
 
 from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
-from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, comm_params_problem, relayout_ms, rowwise_ms
+from dreamshard.costs.comm import (alltoall_bytes_array, alltoall_ms, comm_params_problem, default_model_path, describe_choice, load_comm_model,
+                                   relayout_ms, rowwise_ms)
+from dreamshard.costs.hardware import gpu_slug
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
@@ -247,9 +249,6 @@ class SimBackend(CostBackend):
         if self.comm == "calibration" or devices < 2 or "nccl" not in str(comm.get("source", "")):
             return comm
         if devices not in self._shipped:
-            from dreamshard.costs.comm import default_model_path, describe_choice, load_comm_model
-            from dreamshard.costs.hardware import gpu_slug
-
             gpu = gpu_slug(self.calibration.hardware)
             path = default_model_path("cuda", devices, gpu)
             note = describe_choice(path, devices, gpu)

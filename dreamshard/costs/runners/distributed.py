@@ -28,9 +28,9 @@ Three kinds of timed steps alternate:
   start on all ranks at once (``_Clock.start_together``). These give the four components
   (``CostReport.devices``);
 - *end-to-end* (``e2e_ms``): one barrier, then the four phases back to back from one aligned
-  start; the step is the max over ranks of each rank's start-to-end time. It exceeds the phased
-  overall (max over devices of the four components' sum) by the waits the collectives impose: a
-  rank whose compute is short waits inside the all-to-all for the slowest one;
+  start; the step is the max over ranks of each rank's start-to-end time. It can exceed the phased
+  overall (max over devices of the four components' sum): a rank whose compute is short waits
+  inside the collectives for the slowest one (docs/comm.md: the gaps measured);
 - *end-to-end with launch* (``details["e2e_launch_ms"]``): the same, started without the sleep
   kernel, so the host's launch of every op is paid where the GPU waits for it (small steps).
 
@@ -117,7 +117,7 @@ def measure_placement(job: dict, shards: list[list[TableSpec]], rank: int, world
         return tbe.forward(ix, off)
 
     def fwd_comm(out: torch.Tensor) -> None:
-        send = relayout_forward(out, mine, cols, rs_in) if rows_mine else out.view(-1)
+        send = relayout_forward(out, mine, cols, rs_in) if rows_mine and rw_comm else out.view(-1)
         if comm:
             dist.all_to_all_single(recv, send, fwd_out, fwd_in)
         if rw_comm:

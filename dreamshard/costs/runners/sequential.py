@@ -131,8 +131,9 @@ class SequentialRunner(CostBackend):
 def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workload: Workload) -> tuple[list[float], list[float], dict]:
     """(forward comm ms[D], backward comm ms[D], what priced them) of a placement from a comm model:
     the all-to-all of the whole tables and column shards (`CommModel.placement_ms`), then the
-    reduce-scatter / all-gather of the row-wise tables (`CommModel.rowwise_ms`) on every device.
-    The sequential runner's comm, and what a campaign re-prices measured compute with."""
+    reduce-scatter / all-gather of the row-wise tables (`CommModel.rowwise_ms`) on every device
+    and the copies of each device with row shards (`comm.relayout_ms`). The sequential runner's
+    comm, and what a campaign re-prices measured compute with."""
     D = len(shards)
     dim_sums, rw_dim = exchange_dims(shards)
     B, elt = workload.batch_size, workload.elt_bytes
@@ -146,8 +147,7 @@ def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workl
         copy_f, copy_b = relayout_ms(model.params(), dim_sums, row_dims(shards), B, elt)
         fwd, bwd = [t + rs + c for t, c in zip(fwd, copy_f)], [t + ag + c for t, c in zip(bwd, copy_b)]
         info |= {"rowwise_dim": rw_dim, "rowwise_comm_ms": [rs, ag],
-                 "rowwise_comm_model": {k: (getattr(model, k) or "not fitted: " + ("derived from the all-to-all fit" if k != "relayout" else "not priced"))
-                                        for k in ("reduce_scatter", "all_gather", "relayout")}}
+                 "rowwise_comm_model": {k: getattr(model, k) or "not fitted" for k in ("reduce_scatter", "all_gather", "relayout")}}
     return fwd, bwd, info
 
 
