@@ -129,8 +129,18 @@ def memory_option(f):
     return click.option("--max-memory", required=True, type=MEMORY, help="per-device memory cap: 5GB, 5GiB, 512MB or bytes")(f)
 
 
+def show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--version: `dreamshard.__version__`, which also answers in a source tree that was never
+    installed (click's own option reads the installed package's metadata only)."""
+    if value and not ctx.resilient_parsing:
+        import dreamshard
+
+        click.echo(f"dreamshard, version {dreamshard.__version__}")
+        ctx.exit()
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dreamshard")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=show_version, help="Show the version and exit.")
 def cli() -> None:
     """Place embedding tables on GPUs so one training step's embedding work finishes fastest."""
 
