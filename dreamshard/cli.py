@@ -412,9 +412,9 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         click.echo(summary)
         return
     if len(plans) == 1:
-        cut = plans[0].split_tables()
+        cols, rows = split_counts(plans[0])
         console.print(device_summary(plans[0], f"{planner_name}: {len(tasks[0].tables)} tables on {tasks[0].devices} devices"
-                                     + (f", {len(cut)} split into column shards" if cut else "")))
+                                     + (f", {cols} cut into column shards" if cols else "") + (f", {rows} split by rows" if rows else "")))
         if plans[0].predicted:
             console.print(predicted_table(plans[0].predicted))
     for note in {n for p in plans for n in p.notes}:
