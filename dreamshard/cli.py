@@ -9,6 +9,7 @@ is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +22,21 @@ from dreamshard import validation as limits
 from dreamshard.files import OutPath, atomic_write, check_out_path
 from dreamshard.validation import InputError, MeasurementError, NoPlanError, OptionError, one_line
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped or redirected output has no width of its own: rich would take 80 columns, which cuts the
+# wider tables' numbers, and a forced wide width makes every line wrap in the reader's terminal.
+# A terminal's own width, else $COLUMNS (rich reads it), else PIPED_WIDTH.
+PIPED_WIDTH = 100
+
+
+def make_console(stderr: bool = False) -> Console:
+    c = Console(stderr=stderr)
+    if not c.is_terminal and not os.environ.get("COLUMNS"):
+        c.width = PIPED_WIDTH
+    return c
+
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -129,8 +143,18 @@ def memory_option(f):
     return click.option("--max-memory", required=True, type=MEMORY, help="per-device memory cap: 5GB, 5GiB, 512MB or bytes")(f)
 
 
+def show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--version: `dreamshard.__version__`, which also answers in a source tree that was never
+    installed (click's own option reads the installed package's metadata only)."""
+    if value and not ctx.resilient_parsing:
+        import dreamshard
+
+        click.echo(f"dreamshard, version {dreamshard.__version__}")
+        ctx.exit()
+
+
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dreamshard")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=show_version, help="Show the version and exit.")
 def cli() -> None:
     """Place embedding tables on GPUs so one training step's embedding work finishes fastest."""
 
@@ -261,11 +285,19 @@ def data_dlrm(file, out, dim) -> None:
 
 
 @cli.command("planners")
-def planners_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the registry as JSON (a list of name, kind, options with their defaults, requires, description)")
+def planners_cmd(as_json: bool) -> None:
     """List the registered planners."""
     from dreamshard.planners import PLANNERS
 
+    if as_json:
+        entries = [{"name": name, "kind": cls.kind, "options": cls.options(), "requires": list(cls.requires), "description": cls.description}
+                   for name, cls in sorted(PLANNERS.items())]
+        click.echo(json.dumps({"planners": entries}, indent=1, default=str))
+        return
     t = Table("name", "kind", "options", "description")
+    t.columns[0].no_wrap = True  # a name is what the user types: never cut or broken
+    t.columns[2].overflow = "fold"  # a long option name breaks across lines rather than losing its end
     for name, cls in sorted(PLANNERS.items()):
         t.add_row(name, cls.kind, ", ".join(f"{k}={v}" for k, v in cls.options().items()), cls.description)
     console.print(t)
@@ -308,14 +340,20 @@ def device_summary(plan, title: str, report=None) -> Table:
               help="for the planners that search on a cost backend (oracle): the simulator, or a kernel measured by the sequential runner")
 @click.option("--split", is_flag=True, help="let the planner cut tables into column shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: a split search; neuroshard always splits)")
 @click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
+@click.option("--json", "as_json", is_flag=True, help="print a JSON document of what was planned (per plan: devices, splits, the planner's prediction, notes) instead of tables")
+@click.option("--quiet", "-q", is_flag=True, help="print the one summary line only")
 @click.pass_context
-def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, out) -> None:
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, out, as_json, quiet) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
+    import contextlib
+
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
     from dreamshard.tables import load_tables
     from dreamshard.tasks import Task, Workload, load_tasks
 
+    if as_json and quiet:
+        raise OptionError("--json and --quiet: give one (--json prints a document, --quiet one line)")
     if planner_name not in PLANNERS:
         raise OptionError(f"--planner: unknown planner {planner_name!r}; choose from {', '.join(sorted(PLANNERS))}")
     if (tables_file is None) == (tasks_file is None):
@@ -346,12 +384,14 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
     if backend_name is not None:
         kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto")[0]
     planner = get_planner(planner_name, **kwargs)
-    plans, unplaced = [], []
-    with progress_bar() as bar:
+    plans, unplaced, planned = [], [], []
+    # --json: stdout is the document's alone, whatever a library prints while planning
+    with _stdout_to_stderr() if as_json else contextlib.nullcontext(), progress_bar() as bar:
         job = bar.add_task(f"planning with {planner_name}", total=len(tasks))
         for i, task in enumerate(tasks):
             try:
                 plans.append(planner.plan(task))
+                planned.append(i)
             except NoPlanError as e:
                 if tasks_file is None:
                     raise
@@ -361,25 +401,72 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         i, e = unplaced[0]
         raise type(e)(f"no task of {tasks_file} was planned by {planner_name}; task {i + 1}: {e}")
     save_plans(plans, out)
+    summary = plan_summary(plans, len(tasks), len(unplaced), planner_name, out, warned=not (as_json or quiet))
+    if as_json:
+        document = {"planner": planner_name, "out": str(out), "summary": summary,
+                    "plans": [plan_record(p, i + 1) for p, i in zip(plans, planned)],
+                    "unplaced": [{"task": i + 1, "error": one_line(e)} for i, e in unplaced]}
+        click.echo(json.dumps(document, indent=1))
+        return
+    if quiet:
+        click.echo(summary)
+        return
     if len(plans) == 1:
-        cut = plans[0].split_tables()
+        cols, rows = split_counts(plans[0])
         console.print(device_summary(plans[0], f"{planner_name}: {len(tasks[0].tables)} tables on {tasks[0].devices} devices"
-                                     + (f", {len(cut)} split into column shards" if cut else "")))
+                                     + (f", {cols} cut into column shards" if cols else "") + (f", {rows} split by rows" if rows else "")))
         if plans[0].predicted:
             console.print(predicted_table(plans[0].predicted))
-    elif plans and all(p.predicted for p in plans):
-        mean = sum(p.predicted["overall_ms"] for p in plans) / len(plans)
-        console.print(f"mean predicted overall cost: {mean:.3f} ms [dim]({plans[0].predicted['source']}; per-device predictions in {out})[/dim]")
     for note in {n for p in plans for n in p.notes}:
         console.print(f"[yellow]note:[/yellow] {note}")
     for i, e in unplaced:
         console.print(f"[yellow]warning:[/yellow] task {i + 1} (line {i + 1} of {tasks_file}) has no plan from {planner_name}: {e}")
-    console.print(f"wrote {len(plans)} plan{'s' if len(plans) > 1 else ''} to {out}"
-                  + (f" — {len(unplaced)} of {len(tasks)} tasks have none (warnings above); each plan carries its task" if unplaced else ""))
+    click.echo(summary)  # plain: a script's `tail -1` reads it as --quiet prints it
+
+
+def split_counts(plan) -> tuple[int, int]:
+    """(tables cut into column shards, tables split by rows)."""
+    cut = plan.split_tables()
+    rows = {plan.task.tables[s.table].name for s in plan.shards if s.is_row_shard}
+    return len(set(cut) - rows), len(rows)
+
+
+def plan_summary(plans: list, tasks: int, unplaced: int, planner_name: str, out, warned: bool = True) -> str:
+    """The one line `plan` ends with (and all that --quiet prints): what was planned on how many
+    devices, what was split, the step predicted and by what, and where the plans went (`warned`:
+    a warning per unplaced task was printed above it)."""
+    cols, rows = (sum(c) for c in zip(*(split_counts(p) for p in plans)))
+    devices = sorted({p.devices for p in plans})
+    on = f"{devices[0]}" if len(devices) == 1 else f"{devices[0]}–{devices[-1]}"
+    if len(plans) == 1:
+        what = f"{planner_name}: {len(plans[0].task.tables)} tables on {on} devices"
+    else:
+        what = f"{planner_name}: {len(plans)} plans on {on} devices"
+    splits = ", ".join(x for x in (f"{cols} cut into column shards" if cols else "", f"{rows} split by rows" if rows else "") if x) or "none split"
+    predicted = [p.predicted for p in plans if p.predicted]
+    if predicted and len(predicted) == len(plans):
+        mean = sum(d["overall_ms"] for d in predicted) / len(predicted)
+        sources = sorted({d["source"] for d in predicted})
+        step = f"{'predicted step' if len(plans) == 1 else 'mean predicted step'} {mean:.3f} ms, the planner's own estimate by the {' / '.join(sources)}"
+    else:
+        step = f"no predicted step ({planner_name} gives no estimate; `dreamshard measure {out} --backend sim` prices {'it' if len(plans) == 1 else 'them'})"
+    missing = f" — {unplaced} of {tasks} tasks have none{' (warnings above)' if warned else ''}; each plan carries its task" if unplaced else ""
+    return f"{what}, {splits}; {step}; wrote {len(plans)} plan{'s' if len(plans) > 1 else ''} to {out}{missing}"
+
+
+def plan_record(plan, task: int) -> dict:
+    """`plan --json`: one plan as a script reads it (the plan itself is in the --out file)."""
+    cols, rows = split_counts(plan)
+    used = plan.device_bytes()
+    return {"task": task, "tables": len(plan.task.tables), "devices": plan.devices, "max_memory_bytes": plan.task.max_memory_bytes,
+            "split_tables": plan.split_tables(), "column_split_tables": cols, "row_split_tables": rows,
+            "per_device": [{"device": d, "tables": len(held), "memory_bytes": used[d], "dim_sum": sum(x.dim for x in held)}
+                           for d, held in enumerate(plan.device_tables())],
+            "predicted": plan.predicted, "notes": list(plan.notes)}
 
 
 def predicted_table(predicted: dict) -> Table:
-    t = Table(title=f"predicted by the {predicted['source']}: overall {predicted['overall_ms']:.3f} ms")
+    t = Table(title=f"the planner's own estimate, by the {predicted['source']}: overall {predicted['overall_ms']:.3f} ms")
     for col in ("device", "fwd comp", "bwd comp", "comm", "total (ms)"):
         t.add_column(col, justify="right")
     for d, c in enumerate(predicted["devices"]):
@@ -554,6 +641,7 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
     """Cost of a placement: per device fwd comp, fwd comm, bwd comm, bwd comp; overall = max total."""
     import contextlib
 
+    from dreamshard.costs.sim import DEFAULT_CALIBRATION  # what `--backend sim` prices with (_cost_backend)
     from dreamshard.plan import load_plans
 
     if backend == "sim":
@@ -586,21 +674,18 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
             click.echo(json.dumps(r.to_json(), indent=None if len(reports) > 1 else 1))
         err_console.print(f"wrote {path}")
         return
-    out_console = _wide_console()
     for plan, r in zip(plans, reports):
-        out_console.print(device_summary(plan, f"{plan.planner} plan: {len(plan.task.tables)} tables on {plan.devices} devices, B={r.batch_size}, {r.precision}", r))
-        out_console.print(f"overall (max over devices of the total): [bold]{r.overall_ms:.3f} ms[/bold]")
+        console.print(device_summary(plan, f"{plan.planner} plan: {len(plan.task.tables)} tables on {plan.devices} devices, B={r.batch_size}, {r.precision}", r))
+        by = f"simulator (calibration {DEFAULT_CALIBRATION})" if backend == "sim" else f"measured ({backend} kernel, {runner} runner)"
+        console.print(f"{by}: [bold]{r.overall_ms:.3f} ms[/bold] overall (max over devices of the total)")
         if r.e2e_ms is not None:
-            out_console.print(f"end-to-end step (synchronized, measured): {r.e2e_ms:.3f} ms")
-        out_console.print(f"[dim]{r.source}[/dim]")
+            console.print(f"end-to-end step (synchronized, measured): {r.e2e_ms:.3f} ms")
+        console.print(f"[dim]{r.source}[/dim]")
         if r.comm_modelled and "comm_model" in r.details:
-            out_console.print(f"[dim]comm modelled: {r.details['comm_model']}[/dim]")
-    out_console.print(f"wrote {path}")
-
-
-def _wide_console() -> Console:
-    """Piped or redirected output has no width: rich would assume 80 and cut the numbers short."""
-    return console if console.is_terminal else Console(width=max(console.width, 132))
+            console.print(f"[dim]comm modelled: {r.details['comm_model']}[/dim]")
+        if plan.predicted:  # the planner's own number for the same plan: say which is which
+            console.print(f"[dim]{plan.predicted['source']}, the planner's own estimate: {plan.predicted['overall_ms']:.3f} ms[/dim]")
+    console.print(f"wrote {path}")
 
 
 @cli.group("calibrate", cls=Group, invoke_without_command=True)
@@ -775,7 +860,7 @@ def calibrate_comm(out, devices, sizes, buffers, iters, warmup, device, timeout,
         with err_console.status(f"collectives on {devices} {'GPUs (NCCL)' if device == 'cuda' else 'CPU processes (gloo)'}"):
             model = run_calibration(devices, chunks, device, iters, warmup, timeout, sizes_rs)
     model.save(out)
-    _wide_console().print(_comm_fit_table(model))
+    console.print(_comm_fit_table(model))
     console.print(f"model: {model.describe()}")
     for kind in ("reduce_scatter", "all_gather"):
         fit = getattr(model, kind)
@@ -849,13 +934,12 @@ def compare_cmd(ctx, tasks_file, planner_list, backend, runner, device, batch_si
     with progress_bar() as bar:
         job = bar.add_task(f"planning and pricing ({cost_backend.name})", total=len(tasks) * len(names))
         results = evaluate(names, tasks, cost_backend, batch_size, progress=lambda row: bar.advance(job))
-    out_console = _wide_console()
-    out_console.print(results.summary_table())
+    console.print(results.summary_table())
     for line in results.note_lines():
-        out_console.print(f"[yellow]note:[/yellow] {line}")
+        console.print(f"[yellow]note:[/yellow] {line}")
     if out:
         paths = results.write(out)
-        out_console.print(f"wrote {', '.join(str(p) for p in paths)}")
+        console.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
 @cli.command("demo")

@@ -179,7 +179,7 @@ class Results:
 
         one = self.tasks == 1
         t = Table(title=self.title())
-        t.add_column("planner")
+        t.add_column("planner", no_wrap=True)  # a name is what the user types: never cut
         cols = ["cost (ms)"] if one else ["mean ms", "median ms"]
         cols += ["vs best"] + ([f"vs {baseline}"] if baseline else []) + ([] if one else ["wins"]) + ["plan ms", "split", "infeasible"]
         for col in cols:

@@ -6,15 +6,16 @@ authors train it (`dreamshard train --planner autoshard`, then `--model`)."""
 
 from __future__ import annotations
 
-from dreamshard.learned import autoshard
-from dreamshard.planners.base import register
+from dreamshard.planners.base import lazy_attr, register
 from dreamshard.planners.peers import PeerPlanner
+
+LEARNED = "dreamshard.learned.autoshard"  # its nets and training (torch), imported on first use
 
 
 @register
 class AutoShardPlanner(PeerPlanner):
     name, description = "autoshard", "AutoShard (KDD 2022): LSTM policy over placements, trained by V-trace against a cost backend (--model)"
-    CONFIGS, default_config = autoshard.CONFIGS, "paper"
-    Model, who = autoshard.AutoShardModel, "autoshard policy"
-    train = staticmethod(autoshard.train)
-    placement = staticmethod(autoshard.plan_placement)
+    CONFIGS, default_config = lazy_attr(LEARNED, "CONFIGS"), "paper"
+    Model, who = lazy_attr(LEARNED, "AutoShardModel"), "autoshard policy"
+    train = lazy_attr(LEARNED, "train")
+    placement = lazy_attr(LEARNED, "plan_placement")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -15,6 +16,48 @@ if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
 
 PLANNERS: dict[str, type["Planner"]] = {}
+
+
+# Listing the registry (`dreamshard planners`, `plan --planner` checks, `--help`) reads each
+# planner's name, kind, description and constructor options only. The learned planners' nets
+# import torch (about 3 s on a small CPU machine), so their modules bind those names on first
+# need, with the two helpers below, instead of at import.
+
+
+class LazyImports:
+    """Names a planner module's code uses from modules that import torch, bound into the module's
+    globals by `load` (a planner's constructor and `fit` call it) or on the first read of one of
+    them from outside (the module's `__getattr__ = lazy.getattr`). `imports` maps a module to the
+    names taken from it (space-separated), or to None for the module itself. A name already bound
+    (a test's monkeypatch) is kept."""
+
+    def __init__(self, namespace: dict, imports: dict[str, str | None]):
+        self.namespace = namespace
+        self.sources = {name: (module, name) for module, names in imports.items() for name in (names or "").split()}
+        self.sources |= {module: (module, None) for module, names in imports.items() if names is None}
+
+    def load(self) -> None:
+        for name, (module, attr) in self.sources.items():
+            if name not in self.namespace:
+                value = importlib.import_module(module)
+                self.namespace[name] = value if attr is None else getattr(value, attr)
+
+    def getattr(self, name: str):
+        if name not in self.sources:
+            raise AttributeError(f"module {self.namespace['__name__']!r} has no attribute {name!r}")
+        self.load()
+        return self.namespace[name]
+
+
+class lazy_attr:
+    """A class attribute that is `module`'s `name`, imported on first read (a function comes back
+    unbound, as a staticmethod's would)."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __get__(self, obj, owner):
+        return getattr(importlib.import_module(self.module), self.name)
 
 
 class Planner(ABC):

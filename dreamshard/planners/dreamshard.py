@@ -35,21 +35,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 
-from dreamshard.learned.dreamshard import CONFIGS, Config, train
-from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, best_placement, predict, prepare
-from dreamshard.learned.nets import DreamShardModel, plan_cost
 from dreamshard.packing import InfeasibleError, over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
-from dreamshard.planners.base import LearnedPlanner, register
+from dreamshard.planners.base import LazyImports, LearnedPlanner, lazy_attr, register
 from dreamshard.planners.heuristics import GREEDY_PLANNERS, task_infeasible
-from dreamshard.planners.scoring import PieceScorer, comm_params, greedy_batch, predicted_dict
 from dreamshard.tasks import Task
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
+    from dreamshard.learned.dreamshard import Config
+
+# torch and the nets: bound when a planner is built (base.LazyImports), so listing the registry
+# does not import torch
+lazy = LazyImports(globals(), {
+    "torch": None,
+    "dreamshard.learned.dreamshard": "train",
+    "dreamshard.learned.mdp": "EpisodeBatch FastPlayer best_placement predict prepare",
+    "dreamshard.learned.nets": "DreamShardModel plan_cost",
+    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch predicted_dict",
+})
+__getattr__ = lazy.getattr
 
 
 def row_trials(scorer: PieceScorer, pieces: list[Shard], slots: np.ndarray, mine: list[int], state: np.ndarray, used: np.ndarray, slow: int, order: np.ndarray,
@@ -156,7 +163,7 @@ class DreamShardPlanner(LearnedPlanner):
     """`model`: a model file, a `DreamShardModel`, or None for the shipped H200 model."""
 
     name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
-    CONFIGS, default_config = CONFIGS, "default"
+    CONFIGS, default_config = lazy_attr("dreamshard.learned.dreamshard", "CONFIGS"), "default"
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8,
                  comm_model: str | Path | None = None, heuristic_candidates: bool = True):
@@ -164,6 +171,7 @@ class DreamShardPlanner(LearnedPlanner):
         shipped H200 NCCL model, the shipped cost net's hardware. `heuristic_candidates`: the
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
         policy alone; the heuristics only when every episode runs out of memory)."""
+        lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
         self.label = "shipped H200 model" if model is None else "trained model" if isinstance(model, DreamShardModel) else str(model)
@@ -181,6 +189,7 @@ class DreamShardPlanner(LearnedPlanner):
         """DreamShard's training (`learned.dreamshard.train`, config `default` unless given) on
         `tasks` against `backend` (and `prior` pricing a simulator prior's plans, with the config's
         prior_plans); the model goes to `out`, its checkpoint to `out`.ckpt."""
+        lazy.load()
         model = train(config or cls.config(), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after,
                       prior=prior)
         planner = cls(model=model, **options)

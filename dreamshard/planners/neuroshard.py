@@ -31,14 +31,20 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamshard.learned.nets import DreamShardModel
 from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
-from dreamshard.planners.base import Planner, register
+from dreamshard.planners.base import LazyImports, Planner, register
 from dreamshard.planners.heuristics import place_or_pack
-from dreamshard.planners.scoring import PieceScorer, comm_params, greedy_batch  # noqa: F401  (greedy_batch re-exported)
 from dreamshard.tasks import Task
+
+# the cost net (torch): bound when a planner is built (base.LazyImports), so listing the registry
+# does not import torch
+lazy = LazyImports(globals(), {
+    "dreamshard.learned.nets": "DreamShardModel",
+    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch",
+})
+__getattr__ = lazy.getattr
 
 ROW_CANDIDATES = 2  # tables a step may split by rows, per plan in the beam (each tried at every k)
 
@@ -68,6 +74,7 @@ class NeuroShardPlanner(Planner):
         shipped H200 NCCL model, the shipped cost net's hardware."""
         if min(beam, top, caps) < 1 or depth < 0:
             raise ValueError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
+        lazy.load()
         self.model = DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if comm_model is not None else None  # None: the shipped model of each task's device count
         self.label = "shipped H200 model" if model is None else str(model)

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from dreamshard.learned.loop import NetFile
 from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan
 from dreamshard.planners.base import LearnedPlanner
@@ -20,11 +19,13 @@ from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
+    from dreamshard.learned.loop import NetFile
 
 
 class PeerPlanner(LearnedPlanner):
     """A subclass names its `Model` (a NetFile), its module's `train` and its greedy `placement`
-    (net, task → devices, or None when stranded), and `who` for the notes."""
+    (net, task → devices, or None when stranded), and `who` for the notes; `base.lazy_attr`s, so
+    that listing the registry does not import the nets (and torch)."""
 
     requires = ("model",)
     Model: type[NetFile]
