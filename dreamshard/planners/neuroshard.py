@@ -39,6 +39,7 @@ from dreamshard.planners.base import Planner, register
 from dreamshard.planners.heuristics import place_or_pack
 from dreamshard.planners.scoring import PieceScorer, comm_params, greedy_batch  # noqa: F401  (greedy_batch re-exported)
 from dreamshard.tasks import Task
+from dreamshard.validation import OptionError
 
 ROW_CANDIDATES = 2  # tables a step may split by rows, per plan in the beam (each tried at every k)
 
@@ -61,13 +62,14 @@ def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.n
 class NeuroShardPlanner(Planner):
     name = "neuroshard"
     kind = "search"
+    budget_option = ("depth", "beam-search steps")
     description = "NeuroShard (MLSys 2023): beam search over column halvings, greedy under a swept dim-sum cap, scored by the cost net (--model)"
 
     def __init__(self, model: str | Path | None = None, beam: int = 3, depth: int = 10, top: int = 10, caps: int = 11, comm_model: str | Path | None = None):
         """`comm_model`: the comm model (file) whose collectives price row splits; None: the
         shipped H200 NCCL model, the shipped cost net's hardware."""
         if min(beam, top, caps) < 1 or depth < 0:
-            raise ValueError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
+            raise OptionError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
         self.model = DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if comm_model is not None else None  # None: the shipped model of each task's device count
         self.label = "shipped H200 model" if model is None else str(model)
@@ -83,7 +85,9 @@ class NeuroShardPlanner(Planner):
             cost, devices = greedy_batch(scorer, [start], np.array([splits.NO_DIM_CAP]))
         best = (float(cost[0]), start, devices[0])
         beams = [start]
-        for _ in range(self.depth):
+        for step in range(self.depth):
+            if self.progress is not None:
+                self.progress(step, self.depth)
             seen, candidates = set(), []
             for pieces in beams:
                 for i, new in self._moves(scorer, pieces):
