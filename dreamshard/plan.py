@@ -32,6 +32,7 @@ from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec, table_from_record
 from dreamshard.tasks import Task, Workload
 from dreamshard.validation import (
+    loads_unique,
     DIM_MULTIPLE,
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
@@ -380,7 +381,7 @@ def load_plans(path: str | Path) -> list[Plan]:
     plans = []
     for where, doc in docs:
         try:
-            d = json.loads(doc)
+            d = loads_unique(doc, where, PlanError, lines=len(docs) == 1)
         except json.JSONDecodeError as e:
             raise PlanError(f"{where}: line {e.lineno}: invalid JSON ({e.msg})" if len(docs) == 1 else f"{where}: invalid JSON ({e.msg})") from None
         except RecursionError:

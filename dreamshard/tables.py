@@ -22,6 +22,7 @@ import numpy as np
 from dreamshard.bins import BIN_LABELS, NUM_BINS, REFERENCE_BATCH, reuse_bins, reuse_bins_many  # noqa: F401
 from dreamshard.files import atomic_write
 from dreamshard.validation import (
+    loads_unique,
     DIM_MULTIPLE,
     MAX_DIM,
     MAX_POOLING_FACTOR,
@@ -255,7 +256,7 @@ def load_tables(path: str | Path) -> list[TableSpec]:
         raise TableError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
     if path.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
+            data = loads_unique(text, str(path), TableError)
         except json.JSONDecodeError as e:
             raise TableError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
         except RecursionError:
