@@ -353,11 +353,24 @@ class Plan:
         return plan
 
 
+def _indented(d: dict) -> str:
+    """A plan as JSON for people: a line per key and a line per table. json's C encoder writes
+    each line; json.dumps with `indent` runs the pure-Python encoder, 4.5 s for 20,000 tables."""
+    parts = []
+    for key, value in d.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            body = ",\n  ".join(json.dumps(item) for item in value)
+            parts.append(f" {json.dumps(key)}: [\n  {body}\n ]")
+        else:
+            parts.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
 def save_plans(plans: Sequence[Plan], path: str | Path) -> None:
     """One plan → indented JSON; several (or a .jsonl path) → JSON lines. Written atomically."""
     path = Path(path)
     if len(plans) == 1 and path.suffix != ".jsonl":
-        text = json.dumps(plans[0].to_json(), indent=1)
+        text = _indented(plans[0].to_json())
     else:
         text = "".join(json.dumps(p.to_json()) + "\n" for p in plans)
     atomic_write(path, text)
