@@ -256,18 +256,26 @@ class _GumbelNoise:
     def __init__(self, rng: np.random.Generator | None, sample: np.ndarray, D: int, T: int):
         self.rng, self.sample, self.D, self.T = rng, sample, D, T
         self.n = int(sample.sum())
-        self.start, self.block = 0, np.zeros((0, len(sample), D), np.float32)
+        self.start, self.block = 0, np.zeros((0, self.n, D), np.float32)  # the sampled episodes' noise only
 
     def step(self, k: int) -> np.ndarray:
         """[K, D] noise of step k (steps are asked for in order); zero for greedy episodes."""
+        out = np.zeros((len(self.sample), self.D), np.float32)
+        if not self.n:
+            return out
         if k - self.start >= len(self.block):
             self.start = k
-            steps = min(self.BLOCK, self.T - k)
-            self.block = np.zeros((steps, len(self.sample), self.D), np.float32)
-            if self.n:
-                u = self.rng.random((steps, self.n, self.D), dtype=np.float32)
-                self.block[:, self.sample] = -np.log(-np.log(np.clip(u, 1e-10, 1.0)))
-        return self.block[k - self.start]
+            # -log(-log(u)) in place: the same float32 numbers without temporaries of the
+            # block's size (at 1,024 devices the noise was a fifth of a plan's time)
+            u = self.rng.random((min(self.BLOCK, self.T - k), self.n, self.D), dtype=np.float32)
+            np.clip(u, 1e-10, 1.0, out=u)
+            np.log(u, out=u)
+            np.negative(u, out=u)
+            np.log(u, out=u)
+            np.negative(u, out=u)
+            self.block = u
+        out[self.sample] = self.block[k - self.start]
+        return out
 
 
 class NumpyCostNet:
