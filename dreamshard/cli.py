@@ -339,11 +339,13 @@ def device_summary(plan, title: str, report=None) -> Table:
 @click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="for the planners that search on a cost backend (oracle): the simulator, or a kernel measured by the sequential runner")
 @click.option("--split", is_flag=True, help="let the planner cut tables into column shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: a split search; neuroshard always splits)")
+@click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET),
+              help="for the search planners: the work of each task's search (oracle: evaluations; neuroshard: beam-search steps; dreamshard --split: split moves) [planner's]")
 @click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON document of what was planned (per plan: devices, splits, the planner's prediction, notes) instead of tables")
 @click.option("--quiet", "-q", is_flag=True, help="print the one summary line only")
 @click.pass_context
-def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, out, as_json, quiet) -> None:
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, budget, out, as_json, quiet) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     import contextlib
 
@@ -365,6 +367,10 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         raise OptionError(f"--backend is for the planners that search on a cost backend ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'backend' in c.options())}), not {planner_name!r}")
     if split and "split" not in options:
         raise OptionError(f"--split: planner {planner_name!r} does not split tables; these do: {', '.join(n for n, c in sorted(PLANNERS.items()) if 'split' in c.options())}")
+    bound = PLANNERS[planner_name].budget_option
+    if budget is not None and (bound is None or (PLANNERS[planner_name].budget_with_split_only and not split)):
+        searches = ", ".join(f"{n}{' --split' if c.budget_with_split_only else ''}" for n, c in sorted(PLANNERS.items()) if c.budget_option)
+        raise OptionError(f"--budget is for the search planners ({searches}); {planner_name}{' without --split' if bound else ''} does a fixed amount of work per task")
     if tasks_file:
         if devices is not None or max_memory is not None:
             raise OptionError("--devices and --max-memory are for TABLES_FILE; a task file gives its own")
@@ -381,13 +387,20 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         kwargs["model"] = model_path
     if split:
         kwargs["split"] = True
+    if budget is not None:
+        kwargs[bound[0]] = budget
     if backend_name is not None:
         kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto")[0]
     planner = get_planner(planner_name, **kwargs)
+    if backend_name is not None and backend_name != "sim" and budget is None and bound is not None and bound[1] == "evaluations":
+        refuse_long_search(planner_name, options[bound[0]], kwargs["backend"], tasks)
     plans, unplaced, planned = [], [], []
     # --json: stdout is the document's alone, whatever a library prints while planning
     with _stdout_to_stderr() if as_json else contextlib.nullcontext(), progress_bar() as bar:
         job = bar.add_task(f"planning with {planner_name}", total=len(tasks))
+        if bound is not None:
+            search = bar.add_task(f"  {planner_name}'s search ({bound[1]})", total=None)
+            planner.progress = lambda done, total: bar.update(search, completed=done, total=total)
         for i, task in enumerate(tasks):
             try:
                 plans.append(planner.plan(task))
@@ -463,6 +476,46 @@ def plan_record(plan, task: int) -> dict:
             "per_device": [{"device": d, "tables": len(held), "memory_bytes": used[d], "dim_sum": sum(x.dim for x in held)}
                            for d, held in enumerate(plan.device_tables())],
             "predicted": plan.predicted, "notes": list(plan.notes)}
+
+
+# A default budget expected to run longer than this on a measured backend is refused up front:
+# past it a user who did not choose the budget is better told how to lower it than kept waiting.
+MAX_DEFAULT_SEARCH_S = 600.0
+
+
+def refuse_long_search(planner_name: str, default_budget: int, backend, tasks) -> None:
+    """OptionError when `default_budget` evaluations per task on the measured `backend` would take
+    longer than MAX_DEFAULT_SEARCH_S: an evaluation's cost is timed on the lookup plan of the
+    largest task (the faster of two, the first paying the kernels' warm-up)."""
+    import time
+
+    from dreamshard.planners.heuristics import LookupGreedyPlanner
+
+    task = max(tasks, key=lambda t: len(t.tables))
+    try:
+        probe = LookupGreedyPlanner().plan(task)
+    except InputError:
+        return  # no table-wise plan to time: the search itself will say what it can do
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        backend.evaluate_plan(probe)
+        seconds.append(time.perf_counter() - start)
+    each = min(seconds)
+    expected = default_budget * each * len(tasks)
+    if expected > MAX_DEFAULT_SEARCH_S:
+        fits = max(1, int(MAX_DEFAULT_SEARCH_S / (each * len(tasks))))
+        raise OptionError(f"planner {planner_name} on the {backend.name}: its default budget of {default_budget:,} evaluations per task would take about "
+                          f"{format_duration(expected)} ({each * 1e3:,.1f} ms each, measured); give --budget N (--budget {fits:,} takes about "
+                          f"{format_duration(fits * each * len(tasks))}) or --backend sim")
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def predicted_table(predicted: dict) -> Table:

@@ -32,6 +32,7 @@ from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec, table_from_record
 from dreamshard.tasks import Task, Workload
 from dreamshard.validation import (
+    loads_unique,
     DIM_MULTIPLE,
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
@@ -352,11 +353,24 @@ class Plan:
         return plan
 
 
+def _indented(d: dict) -> str:
+    """A plan as JSON for people: a line per key and a line per table. json's C encoder writes
+    each line; json.dumps with `indent` runs the pure-Python encoder, 4.5 s for 20,000 tables."""
+    parts = []
+    for key, value in d.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            body = ",\n  ".join(json.dumps(item) for item in value)
+            parts.append(f" {json.dumps(key)}: [\n  {body}\n ]")
+        else:
+            parts.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
 def save_plans(plans: Sequence[Plan], path: str | Path) -> None:
     """One plan → indented JSON; several (or a .jsonl path) → JSON lines. Written atomically."""
     path = Path(path)
     if len(plans) == 1 and path.suffix != ".jsonl":
-        text = json.dumps(plans[0].to_json(), indent=1)
+        text = _indented(plans[0].to_json())
     else:
         text = "".join(json.dumps(p.to_json()) + "\n" for p in plans)
     atomic_write(path, text)
@@ -380,7 +394,7 @@ def load_plans(path: str | Path) -> list[Plan]:
     plans = []
     for where, doc in docs:
         try:
-            d = json.loads(doc)
+            d = loads_unique(doc, where, PlanError, lines=len(docs) == 1)
         except json.JSONDecodeError as e:
             raise PlanError(f"{where}: line {e.lineno}: invalid JSON ({e.msg})" if len(docs) == 1 else f"{where}: invalid JSON ({e.msg})") from None
         except RecursionError:

@@ -18,6 +18,7 @@ from dreamshard.files import atomic_write
 from dreamshard.packing import format_bytes, pack
 from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec, load_tables
 from dreamshard.validation import (
+    loads_unique,
     MAX_BATCH_SIZE,
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
@@ -155,7 +156,7 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
         if len(tasks) >= MAX_TASKS:
             raise TaskError(f"{where}: more than {MAX_TASKS:,} tasks (the limit)")
         try:
-            d = json.loads(line)
+            d = loads_unique(line, where, TaskError, lines=False)
         except json.JSONDecodeError as e:
             raise TaskError(f"{where}: invalid JSON ({e.msg}){_json_lines_hint(text)}") from None
         except RecursionError:

@@ -12,6 +12,7 @@ the limit named, instead of letting a plan claiming a billion devices run for mi
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Iterable
@@ -89,6 +90,73 @@ MAX_CHUNK_BYTES = 2**32  # bytes one rank sends another in `calibrate comm --siz
 def one_line(text: Any) -> str:
     """A message (an exception's, say) folded onto one line."""
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _unique_pairs(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):  # the fast check: only a file with a duplicate pays for finding it
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return d
+
+
+def loads_unique(text: str, where: str, error: type[InputError], lines: bool = True) -> Any:
+    """json.loads, refusing an object that names a key twice (json keeps the last one silently,
+    so a hand-edited file would mean something other than it says): `error` naming `where`, the
+    line of the second key (with `lines`: a document over several lines) and the key. Invalid
+    JSON raises json's own errors, as json.loads does."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as e:
+        line = _duplicate_line(text) if lines and len(text) <= LINE_SEARCH_CHARS else None
+        raise error(f"{where}: {f'line {line}: ' if line else ''}key {_show(e.key)} is given twice in one object") from None
+
+
+# The line of a duplicate key is found by parsing again in pure Python, about 3 s per 10 MB on a
+# slow CPU: a larger file is refused without it rather than kept waiting.
+LINE_SEARCH_CHARS = 4_000_000
+
+
+def _duplicate_line(text: str) -> int | None:
+    """The line of the first object member that repeats a key of its object: the document parsed
+    again by json's pure-Python scanner, whose object parser sees each value's offset. Slow, so
+    only once a duplicate is known."""
+    import json.decoder
+    import json.scanner
+
+    found: list[int] = []
+
+    def parse_object(s_and_end, strict, scan_once, object_hook, object_pairs_hook, memo=None):
+        starts: list[int] = []
+
+        def scan(s, idx):  # called for each of this object's values, at its offset
+            starts.append(idx)
+            return scan_once(s, idx)
+
+        pairs, end = json.decoder.JSONObject(s_and_end, strict, scan, None, list, memo)
+        seen = set()
+        for (k, _), at in zip(pairs, starts):
+            if k in seen and not found:
+                found.append(s_and_end[0].count("\n", 0, at) + 1)
+            seen.add(k)
+        return dict(pairs), end
+
+    decoder = json.JSONDecoder()
+    decoder.parse_object = parse_object
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    try:
+        decoder.decode(text)
+    except (ValueError, RecursionError):
+        return None
+    return found[0] if found else None
 
 
 def _number(value: Any, where: str, key: str, error: type[InputError], text: bool = True) -> int | float:

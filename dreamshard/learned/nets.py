@@ -225,8 +225,19 @@ def mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+ONE_HOT_LIMIT = 2**26  # elements of shard_sum's one-hot (256 MB as float32) above which it sums by index
+
+
 def shard_sum(enc: torch.Tensor, placement: torch.Tensor, devices: int) -> torch.Tensor:
     """[E, T, H] per-table encodings + [E, T] devices (-1 = none) → [E, D, H] per-device sums."""
+    E, T = placement.shape
+    if E * T * devices > ONE_HOT_LIMIT:
+        # a one-hot [E, T, D] of a large task is gigabytes (6 plans of 100,000 tables on 1,024
+        # devices: 2.5 GB, and twice that while built): sum by index instead; below the limit
+        # the einsum, whose sums are deterministic on GPUs too (index_add's are not)
+        enc = enc.expand(E, T, enc.shape[-1]) * (placement >= 0).unsqueeze(-1).to(enc.dtype)
+        at = (torch.arange(E, device=placement.device).unsqueeze(1) * devices + placement.clamp(min=0)).reshape(-1)
+        return enc.new_zeros(E * devices, enc.shape[-1]).index_add(0, at, enc.reshape(E * T, -1)).view(E, devices, -1)
     onehot = F.one_hot(placement.clamp(min=0), devices).to(enc.dtype) * (placement >= 0).unsqueeze(-1).to(enc.dtype)
     return torch.einsum("etd,eth->edh", onehot, enc)
 

@@ -6,7 +6,7 @@ import importlib
 import inspect
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
@@ -67,6 +67,12 @@ class Planner(ABC):
     description: str = ""
     kind: str = "?"  # "heuristic", "search" (over plans, scored by a model) or "learned" (a trained policy)
     requires: tuple[str, ...] = ()  # options it cannot plan without, though they default to None (so a missing one is a one-line error)
+    # (constructor option, what one unit of it is) that bounds a search's work: what `plan --budget`
+    # sets; None for planners whose work is fixed by the task alone
+    budget_option: tuple[str, str] | None = None
+    budget_with_split_only = False  # whether the search it bounds runs only with `split`
+    # called by a long search with (units done, units in all) of the task it plans: the CLI's bar
+    progress: Callable[[int, int], None] | None = None
 
     @classmethod
     def options(cls) -> dict[str, object]:

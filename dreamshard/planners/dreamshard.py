@@ -164,6 +164,8 @@ class DreamShardPlanner(LearnedPlanner):
 
     name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
     CONFIGS, default_config = lazy_attr("dreamshard.learned.dreamshard", "CONFIGS"), "default"
+    budget_option = ("max_splits", "split moves")
+    budget_with_split_only = True  # without split there is no search: the policy plays one batch of episodes
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8,
                  comm_model: str | Path | None = None, heuristic_candidates: bool = True):

@@ -41,6 +41,15 @@ def greedy(task: Task, proxy: list[float], groups: list[int] | None = None) -> l
     held: dict[int, list[int]] = {}
     for i in sorted(range(len(proxy)), key=lambda i: -proxy[i]):
         size = task.table_bytes(task.tables[i])
+        if groups is None or not held.get(groups[i]):
+            d = int(load.argmin())  # the least loaded of all devices, when it has room, is the answer
+            if free[d] >= size:  # (one pass over the devices instead of four: 100,000 tables × 1,024 devices)
+                free[d] -= size
+                load[d] += proxy[i]
+                placement[i] = d
+                if groups is not None:
+                    held.setdefault(groups[i], []).append(d)
+                continue
         legal = free >= size
         score = np.where(legal, load, np.inf)
         if groups is not None and held.get(groups[i]):

@@ -37,6 +37,7 @@ from dreamshard.planners import splits
 from dreamshard.planners.base import LazyImports, Planner, register
 from dreamshard.planners.heuristics import place_or_pack
 from dreamshard.tasks import Task
+from dreamshard.validation import OptionError
 
 # the cost net (torch): bound when a planner is built (base.LazyImports), so listing the registry
 # does not import torch
@@ -67,13 +68,14 @@ def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.n
 class NeuroShardPlanner(Planner):
     name = "neuroshard"
     kind = "search"
+    budget_option = ("depth", "beam-search steps")
     description = "NeuroShard (MLSys 2023): beam search over column halvings, greedy under a swept dim-sum cap, scored by the cost net (--model)"
 
     def __init__(self, model: str | Path | None = None, beam: int = 3, depth: int = 10, top: int = 10, caps: int = 11, comm_model: str | Path | None = None):
         """`comm_model`: the comm model (file) whose collectives price row splits; None: the
         shipped H200 NCCL model, the shipped cost net's hardware."""
         if min(beam, top, caps) < 1 or depth < 0:
-            raise ValueError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
+            raise OptionError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
         lazy.load()
         self.model = DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if comm_model is not None else None  # None: the shipped model of each task's device count
@@ -90,7 +92,9 @@ class NeuroShardPlanner(Planner):
             cost, devices = greedy_batch(scorer, [start], np.array([splits.NO_DIM_CAP]))
         best = (float(cost[0]), start, devices[0])
         beams = [start]
-        for _ in range(self.depth):
+        for step in range(self.depth):
+            if self.progress is not None:
+                self.progress(step, self.depth)
             seen, candidates = set(), []
             for pieces in beams:
                 for i, new in self._moves(scorer, pieces):

@@ -59,8 +59,8 @@ P_SPLIT, P_MERGE = 0.12, 0.06  # chance that a step cuts a piece / merges two (w
 class Pricer:
     """Prices placements of pieces with the backend and counts every placement priced."""
 
-    def __init__(self, backend: "CostBackend", task: Task, budget: int):
-        self.backend, self.task, self.budget = backend, task, budget
+    def __init__(self, backend: "CostBackend", task: Task, budget: int, progress=None):
+        self.backend, self.task, self.budget, self.progress = backend, task, budget, progress
         self.used = 0
         self.batched = callable(getattr(backend, "costs_batch", None))
         self._specs: dict[Piece, object] = {}
@@ -88,6 +88,8 @@ class Pricer:
             raise AssertionError("oracle: pricing past its budget")  # a bug: callers cap N
         specs = [self.spec(p) for p in pieces]
         self.used += N
+        if self.progress is not None:
+            self.progress(self.used, self.budget)
         if self.batched:
             return np.asarray(self.backend.costs_batch(specs, placements, D, workload=self.task.workload)).sum(axis=-1)
         out = np.empty((N, D))
@@ -100,6 +102,8 @@ class Pricer:
 
     def report(self, plan: Plan) -> "CostReport":
         self.used += 1
+        if self.progress is not None:
+            self.progress(self.used, self.budget)
         return self.backend.evaluate_plan(plan)
 
 
@@ -129,6 +133,7 @@ class OraclePlanner(Planner):
     name, description = "oracle", "simulated annealing on a cost backend's true cost: moves, swaps, column splits (needs backend=)"
     kind = "search"
     requires = ("backend",)
+    budget_option = ("budget", "evaluations")
 
     def __init__(self, backend: "CostBackend | None" = None, budget: int = 20_000, restarts: int = 4, seed: int = 0, split: bool = True):
         if backend is None or not callable(getattr(backend, "evaluate", None)):
@@ -143,7 +148,7 @@ class OraclePlanner(Planner):
 
     def plan(self, task: Task) -> Plan:
         rng = np.random.default_rng(self.seed)
-        pricer = Pricer(self.backend, task, self.budget)
+        pricer = Pricer(self.backend, task, self.budget, self.progress)
         starts = self._starts(task)
         best: tuple[float, list[Piece], np.ndarray] | None = None
         start_cost = None
