@@ -8,9 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from dreamshard.cli import cli
 from dreamshard.costs.sim import SimBackend
 from dreamshard.plan import load_plans
 from dreamshard.planners import get_planner
@@ -18,19 +16,11 @@ from dreamshard.planners.dreamshard import DreamShardPlanner
 from dreamshard.planners.neuroshard import NeuroShardPlanner
 from dreamshard.tables import load_tables
 from dreamshard.tasks import Task
+from cli_helpers import invoke, one_line_error
 
 FOUR = "name,rows,dim,pooling_factor,distribution\na,1000,16,4,uniform\nb,2000,32,8,uniform\nc,500,16,2,uniform\nd,3000,64,10,uniform\n"
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_line_error(r, status: int = 2) -> str:
-    assert r.exit_code == status, (r.exit_code, r.stderr, r.exception)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
-    return lines[0]
 
 
 @pytest.fixture()

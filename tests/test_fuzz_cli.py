@@ -34,11 +34,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dreamshard.cli import cli
 from dreamshard.plan import load_plans
 from dreamshard.planners import PLANNERS
 from dreamshard.report import missing_arguments
@@ -46,6 +44,7 @@ from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.tables import BIN_COLUMNS, NUM_BINS
 from dreamshard.tasks import load_tasks
 from dreamshard.validation import MAX_DEVICES, MAX_MEMORY_BYTES, MAX_ROWS, MAX_SEED
+from cli_helpers import invoke
 
 EXAMPLES = int(os.environ.get("DREAMSHARD_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="DREAMSHARD_FUZZ_EXAMPLES" not in os.environ, database=None,
@@ -81,9 +80,6 @@ def base_plan(pool, tmp_path_factory) -> dict:
     assert devices.count(1) >= 3 and set(devices) == {0, 1}
     return plan
 
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def check(result, valid: bool, outputs: list[Path], names: str | None = None, case=None) -> None:

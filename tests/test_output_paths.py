@@ -15,26 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from dreamshard import files
 from dreamshard.cli import cli
 from dreamshard.files import atomic_write
 from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.validation import OptionError
+from cli_helpers import invoke, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_line_error(r, status: int = 2) -> str:
-    assert r.exit_code == status, (r.exit_code, r.stderr, r.exception)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -13,26 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from dreamshard.cli import cli
 from dreamshard.costs.calibrate import load_records
 from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.validation import MAX_SEED, DataError
+from cli_helpers import invoke, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "cpu_fbgemm_calib_records.jsonl"  # 60 CPU shards measured with fbgemm
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def one_line_error(r, status: int = 2) -> str:
-    assert r.exit_code == status, (r.exit_code, r.stderr, r.exception)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

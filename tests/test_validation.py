@@ -15,7 +15,6 @@ from pathlib import Path
 import click
 import pytest
 import torch
-from click.testing import CliRunner
 
 from dreamshard import validation
 from dreamshard.cli import cli
@@ -24,19 +23,11 @@ from dreamshard.files import atomic_write, remove_stale_temps
 from dreamshard.learned.nets import DreamShardModel
 from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.validation import DataError, InputError, ModelError, check_dlrm_file, parse_float, parse_int
+from cli_helpers import invoke, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def invoke(*args, **kwargs):
-    return CliRunner().invoke(cli, [str(a) for a in args], **kwargs)
-
-
-def one_line_error(r, status: int = 2) -> str:
-    assert r.exit_code == status, (r.exit_code, r.stderr, r.exception)
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
