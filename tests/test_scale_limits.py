@@ -35,7 +35,8 @@ def test_shard_sum_of_six_plans_at_the_limits_stays_small():
             "assert torch.allclose(z.sum((1, 2)), torch.full((6,), 3.3e6)); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert int(r.stdout) < 1_000_000, f"peak {int(r.stdout) / 1e6:.1f} GB"  # KB
+    # KB: the process peaks at ~1 GB (torch's own ~0.4 GB, the inputs, the sums); the one-hot path at 2.5-5 GB
+    assert int(r.stdout) < 2_000_000, f"peak {int(r.stdout) / 1e6:.1f} GB"
 
 
 def test_spec_dict_has_every_field():
