@@ -18,3 +18,12 @@ def one_line_error(r, status: int = 2) -> str:
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
     return lines[0]
+
+
+def small_pool(tmp_path_factory, tables: int, seed: int, name: str = "pool"):
+    """A synthetic pool of `tables` tables (seed `seed`) written to a fresh folder (tables.csv, ...)."""
+    from dreamshard.synth import PoolConfig, synth_pool, write_pool
+
+    out = tmp_path_factory.mktemp(name)
+    write_pool(synth_pool(PoolConfig(tables=tables, seed=seed)), out, PoolConfig(tables=tables, seed=seed))
+    return out

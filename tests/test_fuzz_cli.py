@@ -40,11 +40,10 @@ from hypothesis import strategies as st
 from dreamshard.plan import load_plans
 from dreamshard.planners import PLANNERS
 from dreamshard.report import missing_arguments
-from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.tables import BIN_COLUMNS, NUM_BINS
 from dreamshard.tasks import load_tasks
 from dreamshard.validation import MAX_DEVICES, MAX_MEMORY_BYTES, MAX_ROWS, MAX_SEED
-from cli_helpers import invoke
+from cli_helpers import invoke, small_pool
 
 EXAMPLES = int(os.environ.get("DREAMSHARD_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="DREAMSHARD_FUZZ_EXAMPLES" not in os.environ, database=None,
@@ -63,9 +62,7 @@ BIG_MEMORY = 10**13  # every valid case fits: its failures can only come from ba
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fuzzpool")
-    write_pool(synth_pool(PoolConfig(tables=8, seed=5)), out, PoolConfig(tables=8, seed=5))
-    return out
+    return small_pool(tmp_path_factory, 8, 5, "fuzzpool")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +76,6 @@ def base_plan(pool, tmp_path_factory) -> dict:
     assert plan["format"] == "dreamshard.plan/2" and all(len(e["shards"]) == 1 for e in plan["tables"])
     assert devices.count(1) >= 3 and set(devices) == {0, 1}
     return plan
-
 
 
 def check(result, valid: bool, outputs: list[Path], names: str | None = None, case=None) -> None:

@@ -19,20 +19,15 @@ import torch
 from dreamshard import files
 from dreamshard.cli import cli
 from dreamshard.files import atomic_write
-from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.validation import OptionError
-from cli_helpers import invoke, one_line_error
+from cli_helpers import invoke, one_line_error, small_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pool")
-    write_pool(synth_pool(PoolConfig(tables=6, seed=3)), out, PoolConfig(tables=6, seed=3))
-    return out
+    return small_pool(tmp_path_factory, 6, 3)
 
 
 @pytest.fixture()

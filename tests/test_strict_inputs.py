@@ -16,21 +16,17 @@ import pytest
 
 from dreamshard.cli import cli
 from dreamshard.costs.calibrate import load_records
-from dreamshard.synth import PoolConfig, synth_pool, write_pool
+from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.validation import MAX_SEED, DataError
-from cli_helpers import invoke, one_line_error
+from cli_helpers import invoke, one_line_error, small_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "cpu_fbgemm_calib_records.jsonl"  # 60 CPU shards measured with fbgemm
 
 
-
-
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pool")
-    write_pool(synth_pool(PoolConfig(tables=6, seed=3)), out, PoolConfig(tables=6, seed=3))
-    return out
+    return small_pool(tmp_path_factory, 6, 3)
 
 
 @pytest.fixture(scope="module")

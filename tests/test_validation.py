@@ -21,20 +21,15 @@ from dreamshard.cli import cli
 from dreamshard.costs.runners.distributed import failure_message
 from dreamshard.files import atomic_write, remove_stale_temps
 from dreamshard.learned.nets import DreamShardModel
-from dreamshard.synth import PoolConfig, synth_pool, write_pool
 from dreamshard.validation import DataError, InputError, ModelError, check_dlrm_file, parse_float, parse_int
-from cli_helpers import invoke, one_line_error
+from cli_helpers import invoke, one_line_error, small_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pool")
-    write_pool(synth_pool(PoolConfig(tables=6, seed=2)), out, PoolConfig(tables=6, seed=2))
-    return out
+    return small_pool(tmp_path_factory, 6, 2)
 
 
 # --------------------------------------------------------------------------------------------
