@@ -338,14 +338,16 @@ def device_summary(plan, title: str, report=None) -> Table:
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="for the planners with a model (dreamshard, neuroshard: the shipped H200 model by default; autoshard, rnn: required): a model from `dreamshard train --planner NAME`")
 @click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="for the planners that search on a cost backend (oracle): the simulator, or a kernel measured by the sequential runner")
-@click.option("--split", is_flag=True, help="let the planner cut tables into column shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: a split search; neuroshard always splits)")
+@click.option("--split/--no-split", default=None, help="let the planner cut tables into shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: its search, on by default; neuroshard always splits) [planner's]")
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET),
-              help="for the search planners: the work of each task's search (oracle: evaluations; neuroshard: beam-search steps; dreamshard --split: split moves) [planner's]")
+              help="for the search planners: the work of each task's search (oracle: evaluations; neuroshard: beam-search steps; dreamshard: split moves of a descent) [planner's]")
+@click.option("--budget-ms", type=click.FloatRange(1, 3.6e6), help="dreamshard: plan each task for this long, more rounds of the learned search while time is left [one round]")
 @click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON document of what was planned (per plan: devices, splits, the planner's prediction, notes) instead of tables")
 @click.option("--quiet", "-q", is_flag=True, help="print the one summary line only")
 @click.pass_context
-def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, budget, out, as_json, quiet) -> None:
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, budget, budget_ms, out,
+             as_json, quiet) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     import contextlib
 
@@ -367,10 +369,14 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         raise OptionError(f"--backend is for the planners that search on a cost backend ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'backend' in c.options())}), not {planner_name!r}")
     if split and "split" not in options:
         raise OptionError(f"--split: planner {planner_name!r} does not split tables; these do: {', '.join(n for n, c in sorted(PLANNERS.items()) if 'split' in c.options())}")
+    splits_on = split if split is not None else bool(options.get("split", False))
     bound = PLANNERS[planner_name].budget_option
-    if budget is not None and (bound is None or (PLANNERS[planner_name].budget_with_split_only and not split)):
-        searches = ", ".join(f"{n}{' --split' if c.budget_with_split_only else ''}" for n, c in sorted(PLANNERS.items()) if c.budget_option)
-        raise OptionError(f"--budget is for the search planners ({searches}); {planner_name}{' without --split' if bound else ''} does a fixed amount of work per task")
+    if (budget is not None or budget_ms is not None) and (bound is None or (PLANNERS[planner_name].budget_with_split_only and not splits_on)):
+        searches = ", ".join(n for n, c in sorted(PLANNERS.items()) if c.budget_option)
+        flag = "--budget" if budget is not None else "--budget-ms"
+        raise OptionError(f"{flag} is for the search planners ({searches}); {planner_name}{' with --no-split' if bound else ''} does a fixed amount of work per task")
+    if budget_ms is not None and "budget_ms" not in options:
+        raise OptionError(f"--budget-ms is for the planners with a time budget ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'budget_ms' in c.options())}), not {planner_name!r}")
     if tasks_file:
         if devices is not None or max_memory is not None:
             raise OptionError("--devices and --max-memory are for TABLES_FILE; a task file gives its own")
@@ -385,10 +391,12 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
     kwargs = {"seed": seed} if "seed" in options else {}
     if model_path is not None:
         kwargs["model"] = model_path
-    if split:
-        kwargs["split"] = True
+    if split is not None and "split" in options:
+        kwargs["split"] = split
     if budget is not None:
         kwargs[bound[0]] = budget
+    if budget_ms is not None:
+        kwargs["budget_ms"] = budget_ms
     if backend_name is not None:
         kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto")[0]
     planner = get_planner(planner_name, **kwargs)
@@ -1022,7 +1030,8 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     names, skipped = every_planner()
     for name, needs in skipped.items():
         console.print(f"[dim]skipped planner {name}: it needs {', '.join(needs)}[/dim]")
-    # every planner as it comes, and those that can cut tables also with --split
+    # every planner as it comes, and those that can cut tables also the other way (--split, or
+    # --no-split for dreamshard, whose search cuts by default)
     planners = {}
     for n in names:
         try:
@@ -1030,8 +1039,9 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
         except OptionError as e:  # e.g. torchrec where TorchRec is not installed
             console.print(f"[dim]skipped planner {n}: {one_line(e)}[/dim]")
             continue
-        if "split" in PLANNERS[n].options():
-            planners[f"{n} --split"] = get_planner(n, split=True)
+        default = PLANNERS[n].options().get("split")
+        if default is not None:
+            planners[f"{n} --no-split" if default else f"{n} --split"] = get_planner(n, split=not default)
     results = evaluate(planners, [task], SimBackend())  # dreamshard: the shipped model, trained on the pool's train tables
     placed = [row for row in results.rows if row.ok]
     for row in results.rows:

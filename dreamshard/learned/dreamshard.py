@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, check_training_tasks, complete, decay_lr, finished_run, make_config, mape, measure, numpy_rng_restorer, run_meta, spearman
-from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, Prepared, best_placement, predict, prepare, rollout
+from dreamshard.learned.mdp import CutSet, EpisodeBatch, FastPlayer, Prepared, best_placement, cut_set, plan_cuts, predict, prepare, rollout, rollout_cuts
 from dreamshard.learned.nets import SCORES, CommFormula, DreamShardModel, KernelFeatures, Measured, ReplayBuffer, collate, plan_cost
 from dreamshard.tasks import Task
 from dreamshard.validation import OptionError
@@ -102,6 +102,9 @@ class Config(BudgetConfig):
     kernel_product_path: bool = True
     comm: str = "head"
     keep_room: bool = False  # MDP: a device is legal only if the largest table to come still fits somewhere
+    # the split action (nets.CutNet, mdp.choose_cuts): each episode first chooses per table whole,
+    # column halves or quarters, then places the pieces; measured plans are plans of those pieces
+    cuts: bool = False
     # what a plan costs on the estimated MDP (RL reward = minus it; best-of-K ranks by it):
     # "overall" head (reference) or "max_device" (nets.plan_cost)
     score: str = "overall"
@@ -149,6 +152,7 @@ CONFIGS: dict[str, Config] = {
         score="max_device",
         best_of=16,
         keep_room=True,  # no effect at 5 GB per device; stops memory fallbacks where memory is tight
+        cuts=True,  # the policy learns which tables to cut (the planner's search starts from its cuts)
         # tried and left out (no gain beyond seed noise, slower training): policy_sees_table,
         # advantage="task" with 4 tasks × 16 episodes per RL batch
     ),
@@ -178,7 +182,7 @@ def create_model(cfg: Config, tasks: Sequence[Task], backend: CostBackend) -> Dr
         comm = CommFormula.of(params, cfg.batch_size)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        return DreamShardModel.create(cfg.policy_sees_table, cfg.normalization, cfg.best_of, cfg.score, cfg.linear_features, cfg.keep_room, kernel, comm)
+        return DreamShardModel.create(cfg.policy_sees_table, cfg.normalization, cfg.best_of, cfg.score, cfg.linear_features, cfg.keep_room, kernel, comm, cfg.cuts)
 
 
 def to_measured(p: Prepared, placement: np.ndarray, report: CostReport) -> Measured:
@@ -186,15 +190,37 @@ def to_measured(p: Prepared, placement: np.ndarray, report: CostReport) -> Measu
     return Measured(p.x, placement.astype(np.int64), dev, float(report.overall_ms))
 
 
-def sample_placements(model: DreamShardModel, tasks: Sequence[Task], prepared: Sequence[Prepared], idx: Sequence[int], keep_room: bool,
-                      gen: torch.Generator) -> tuple[list[np.ndarray], float]:
-    """One sampled episode of the current policy on each task `idx[k]`, a stuck one replaced by a
-    memory packing (`loop.complete`): the plans to measure, or to price for the prior; and the
-    fraction of episodes that got stuck."""
+@dataclass
+class Sampled:
+    """Plans sampled on training tasks, as the backend measures them: with cuts, each plan's task
+    is its pieces as tables (a column piece is a table of its own width)."""
+
+    tasks: list[Task]
+    prepared: list[Prepared]
+    placements: list[np.ndarray]
+    stuck: float  # the fraction of episodes that ran out of memory (packed instead)
+
+
+def sample_plans(model: DreamShardModel, tasks: Sequence[Task], prepared: Sequence[Prepared], sets: Sequence[CutSet] | None, idx: Sequence[int],
+                 keep_room: bool, gen: torch.Generator) -> Sampled:
+    """One sampled episode of the current policy (and its cut net, with `sets`) on each task
+    `idx[k]`, a stuck one replaced by a memory packing (`loop.complete`): the plans to measure, or
+    to price for the prior."""
     with torch.no_grad():
-        ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared[i] for i in idx]), greedy=False, generator=gen, keep_room=keep_room, comm=model.comm)
-    placements = [complete(tasks[i], ro.placement[k, : len(tasks[i].tables)].numpy(), bool(ro.stuck[k])) for k, i in enumerate(idx)]
-    return placements, float(ro.stuck.float().mean())
+        if sets is None:
+            ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared[i] for i in idx]), greedy=False, generator=gen, keep_room=keep_room,
+                         comm=model.comm)
+            ptasks, pprep, placed = [tasks[i] for i in idx], [prepared[i] for i in idx], [ro.placement[k].numpy() for k in range(len(idx))]
+        else:
+            cuts, ro = rollout_cuts(model, [sets[i] for i in idx], greedy=False, generator=gen, keep_room=keep_room)
+            ptasks, pprep, placed = [], [], []
+            for k, i in enumerate(idx):
+                task, prep, _ = sets[i].pieces_task(cuts.active[k, : len(sets[i].pieces)])
+                ptasks.append(task)
+                pprep.append(prep)
+                placed.append(ro.placement[k, np.flatnonzero(cuts.active[k])].numpy())
+    placements = [complete(t, p[: len(t.tables)], bool(ro.stuck[k])) for k, (t, p) in enumerate(zip(ptasks, placed))]
+    return Sampled(ptasks, pprep, placements, float(ro.stuck.float().mean()))
 
 
 def cost_loss(cost_net, b: dict[str, torch.Tensor], comm_head: bool = True) -> torch.Tensor:
@@ -231,7 +257,7 @@ def prior_steps(cfg: Config) -> int:
     return -(-cfg.prior_epochs * cfg.prior_plans // cfg.cost_batch)
 
 
-def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepared: Sequence[Prepared], prior: CostBackend,
+def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepared: Sequence[Prepared], sets: Sequence[CutSet] | None, prior: CostBackend,
               rng: np.random.Generator, gen: torch.Generator, bar: Progress) -> tuple[ReplayBuffer, float]:
     """The simulator prior: `prior_plans` plans sampled by the (initial) policy on random training
     tasks, priced by `prior` (no measurement), and `prior_steps` cost-net steps on them alone; sets
@@ -240,11 +266,10 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
     idx = rng.integers(len(tasks), size=cfg.prior_plans)
     bar.phase(0, f"pricing {cfg.prior_plans} prior plans")
     for s in range(0, len(idx), PRIOR_CHUNK):
-        chunk = idx[s : s + PRIOR_CHUNK]
-        placements, _ = sample_placements(model, tasks, prepared, chunk, cfg.keep_room, gen)
-        reports = measure(prior, [tasks[i] for i in chunk], placements, cfg.batch_size)
-        for i, p, r in zip(chunk, placements, reports):
-            buffer.add(to_measured(prepared[i], p, r))
+        got = sample_plans(model, tasks, prepared, sets, idx[s : s + PRIOR_CHUNK], cfg.keep_room, gen)
+        reports = measure(prior, got.tasks, got.placements, cfg.batch_size)
+        for p, placement, r in zip(got.prepared, got.placements, reports):
+            buffer.add(to_measured(p, placement, r))
     cost_net = model.cost_net
     cost_net.scale.fill_(float(np.mean([m.overall for m in buffer.items])))
     optimizer = torch.optim.Adam(cost_net.parameters(), lr=cfg.lr)
@@ -323,7 +348,7 @@ def train(
     # --- state: nets, optimizer, replay buffer, random streams, measurements ------------------
     model = create_model(cfg, tasks, backend)
     cost_net, policy = model.cost_net, model.policy
-    optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     buffer, prior_buffer = ReplayBuffer(), ReplayBuffer()
     rng = np.random.default_rng(cfg.seed)  # which tasks, which replay samples
     gen = torch.Generator().manual_seed(cfg.seed)  # which actions
@@ -333,7 +358,7 @@ def train(
         ck = checkpoint.resume(cfg, task_ids, backend.name)
         model = DreamShardModel.from_state(ck["model"], f"{checkpoint.path}, key 'model'")
         cost_net, policy = model.cost_net, model.policy
-        optimizer = torch.optim.Adam(list(cost_net.parameters()) + list(policy.parameters()), lr=cfg.lr)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         if ck["prior_backend"] != prior_name:  # the prior's plans must be priced as they were
             raise OptionError(f"--resume: the checkpoint's prior is {ck['prior_backend'] or 'none'}, not {prior_name or 'none'}; rerun with the same prior")
         finished = finished_run(checkpoint, ck, cfg.iterations, out, DreamShardModel.from_state)
@@ -343,10 +368,10 @@ def train(
                                 "torch_rng": gen.set_state, "numpy_rng": numpy_rng_restorer(rng)})
         start, measurer.used = ck["iteration"], ck["measurements"]
     prepared = [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in tasks]
-    eval_prepared = [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in eval_tasks] if eval_tasks else []
+    sets = [cut_set(t, model) for t in tasks] if model.cut is not None else None
     comm_head = model.comm is None
-    cost_net.train()
-    policy.train()
+    for net in model.nets():
+        net.train()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     run_log = RunLog(log, resume, start)
 
@@ -354,7 +379,7 @@ def train(
     prior_row: dict = {}
     if start == 0 and cfg.prior_plans:
         t0 = time.time()
-        prior_buffer, prior_loss = fit_prior(cfg, model, tasks, prepared, prior, rng, gen, bar)
+        prior_buffer, prior_loss = fit_prior(cfg, model, tasks, prepared, sets, prior, rng, gen, bar)
         prior_row = {"prior/plans": len(prior_buffer), "prior/loss": prior_loss, "prior/seconds": time.time() - t0}
         if cfg.prior_share == 0:
             prior_buffer = ReplayBuffer()
@@ -369,15 +394,15 @@ def train(
         if n > 0:
             bar.phase(it, "measuring")
             idx = rng.integers(len(tasks), size=n)
-            placements, stuck = sample_placements(model, tasks, prepared, idx, cfg.keep_room, gen)
-            reports = measurer.sample([tasks[i] for i in idx], placements)
-            new = [to_measured(prepared[i], p, r) for i, p, r in zip(idx, placements, reports)]
+            got = sample_plans(model, tasks, prepared, sets, idx, cfg.keep_room, gen)
+            reports = measurer.sample(got.tasks, got.placements)
+            new = [to_measured(p, placement, r) for p, placement, r in zip(got.prepared, got.placements, reports)]
             if len(buffer) == 0 and not cfg.prior_plans:
                 # Targets in units of the first plans' mean cost (the prior's, with one): numbers near 1 on any hardware.
                 cost_net.scale.fill_(float(np.mean([m.overall for m in new])))
             # held-out accuracy: the cost net has not seen these plans yet
             fresh = collate(new)
-            dev_pred, ov_pred = predict(cost_net, EpisodeBatch.of([prepared[i] for i in idx]), fresh["placement"], model.comm)
+            dev_pred, ov_pred = predict(cost_net, EpisodeBatch.of(got.prepared), fresh["placement"], model.comm)
             scale = float(cost_net.scale)
             ov_pred, ov_true = ov_pred.numpy() * scale, fresh["overall"].numpy()
             mask = fresh["device_mask"].numpy()
@@ -385,7 +410,7 @@ def train(
             row.update({
                 "collect/measured_ms": float(ov_true.mean()),
                 "collect/predicted_ms": float(ov_pred.mean()),
-                "collect/stuck": stuck,
+                "collect/stuck": got.stuck,
                 "cost/mape_overall": mape(ov_pred, ov_true),
                 "cost/spearman_overall": spearman(ov_pred, ov_true),
                 "cost/mape_device": mape(dv_pred, dv_true),
@@ -411,9 +436,12 @@ def train(
         stats = {"rl/loss": [], "rl/policy_loss": [], "rl/entropy": [], "rl/predicted_ms": [], "rl/stuck": []}
         for _ in range(cfg.rl_batches if len(buffer) else 0):
             chosen = rng.integers(len(tasks), size=cfg.rl_tasks_per_batch)
-            items = [prepared[i] for i in chosen for _ in range(cfg.rl_episodes_per_task)]
+            episodes = [i for i in chosen for _ in range(cfg.rl_episodes_per_task)]
             groups = torch.arange(cfg.rl_tasks_per_batch).repeat_interleave(cfg.rl_episodes_per_task)
-            ro = rollout(cost_net, policy, EpisodeBatch.of(items), greedy=False, generator=gen, keep_room=cfg.keep_room, comm=model.comm)
+            if sets is None:
+                ro = rollout(cost_net, policy, EpisodeBatch.of([prepared[i] for i in episodes]), greedy=False, generator=gen, keep_room=cfg.keep_room, comm=model.comm)
+            else:
+                cuts, ro = rollout_cuts(model, [sets[i] for i in episodes], greedy=False, generator=gen, keep_room=cfg.keep_room)
             ok = ~ro.stuck
             cost = plan_cost(ro.device_costs, ro.overall, cfg.score)
             adv = advantages(-cost, groups, ok, cfg.advantage)
@@ -422,6 +450,10 @@ def train(
             # reference: mean over all steps of -log π(a) × normalised return, minus entropy bonus
             policy_loss = -(ro.log_prob * adv.unsqueeze(1) * steps).sum() / n_steps
             entropy = (ro.entropy * steps).sum() / n_steps
+            if sets is not None:  # the cut decisions: the same return, averaged over the decisions
+                n_cuts = cuts.decisions.sum().clamp(min=1)
+                policy_loss = policy_loss - (cuts.log_prob * adv).sum() / n_cuts
+                entropy = entropy + cuts.entropy.sum() / n_cuts
             loss = policy_loss - cfg.entropy_weight * entropy
             optimizer.zero_grad()
             loss.backward()
@@ -434,12 +466,11 @@ def train(
 
         if eval_tasks:
             bar.phase(it, "evaluating")
-            cost_net.eval()
-            policy.eval()
-            placements = plan_placements(model, eval_prepared, eval_tasks)
-            row["eval/mean_ms"] = measurer.mean_cost(eval_tasks, placements)
-            cost_net.train()
-            policy.train()
+            for net in model.nets():
+                net.eval()
+            row["eval/mean_ms"] = measurer.mean_cost(*plan_placements(model, eval_tasks))
+            for net in model.nets():
+                net.train()
 
         # --- log, checkpoint --------------------------------------------------------------------
         row["seconds"] = time.time() - t0
@@ -456,17 +487,25 @@ def train(
             bar.close()
             return model
     bar.close()
-    cost_net.eval()
-    policy.eval()
+    for net in model.nets():
+        net.eval()
     model.save(out)
     return model
 
 
-def plan_placements(model: DreamShardModel, prepared: Sequence[Prepared], tasks: Sequence[Task], seed: int = 0) -> list[np.ndarray]:
-    """The planner's placements for many tasks (stuck ones packed), as the `dreamshard` planner."""
+def plan_placements(model: DreamShardModel, tasks: Sequence[Task], seed: int = 0) -> tuple[list[Task], list[np.ndarray]]:
+    """The policy's plans for many tasks (stuck ones packed), as the tasks the backend measures
+    (with a cut net: its greedy cuts' pieces as tables) and their placements: best of the model's
+    `best_of` episodes by the cost net, without the planner's search."""
     player = FastPlayer(model.cost_net, model.policy, model.keep_room, model.comm)
-    out = []
-    for p, t in zip(prepared, tasks):
+    out_tasks, out = [], []
+    for t in tasks:
+        if model.cut is not None:
+            s = cut_set(t, model)
+            t, p, _ = s.pieces_task(s.active(plan_cuts(model, s, np.ones(1, bool), np.random.default_rng(seed)))[0])
+        else:
+            p = prepare(t, model.normalization, model.linear_features, model.kernel)
         placement, _, _ = best_placement(model, p, model.best_of, seed, player)
+        out_tasks.append(t)
         out.append(complete(t, placement, False) if placement is not None else complete(t, None, True))
-    return out
+    return out_tasks, out

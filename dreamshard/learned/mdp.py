@@ -22,8 +22,10 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from dreamshard.learned.nets import CommFormula, CostNet, DreamShardModel, KernelFeatures, PolicyNet, a2a_dims, plan_cost, replace_comm, shard_sum, table_features
+from dreamshard.learned.nets import CUT_CONTEXT, CUT_PARTS, CommFormula, CostNet, CutNet, DreamShardModel, KernelFeatures, PolicyNet, a2a_dims, plan_cost, replace_comm, shard_sum, table_features
+from dreamshard.plan import Shard, column_cuts
 from dreamshard.tasks import Task
+from dreamshard.validation import DIM_MULTIPLE
 
 
 @dataclass
@@ -62,7 +64,9 @@ class EpisodeBatch:
     elt: np.ndarray | None = None  # [E, 1] bytes per element
 
     @staticmethod
-    def of(items: list[Prepared]) -> "EpisodeBatch":
+    def of(items: list[Prepared], active: np.ndarray | None = None) -> "EpisodeBatch":
+        """Episodes of `items` (padded); `active` [E, T] bool (optional): episode e places only the
+        tables it marks, the others are padding (the pieces of a cut set an episode's cuts chose)."""
         E, T, D = len(items), max(len(p.sizes) for p in items), max(p.devices for p in items)
         x = np.zeros((E, T, items[0].x.shape[1]), np.float32)
         sizes = np.zeros((E, T), np.int64)
@@ -72,6 +76,9 @@ class EpisodeBatch:
         for i, p in enumerate(items):
             n = len(p.sizes)
             x[i, :n], sizes[i, :n], tmask[i, :n], dmask[i, : p.devices], dims[i, :n] = p.x, p.sizes, True, True, p.a2a()
+        if active is not None:
+            tmask[:, : active.shape[1]] &= active
+            sizes[~tmask], dims[~tmask] = 0, 0.0
         cap = torch.tensor([p.cap for p in items], dtype=torch.int64)
         elt = np.array([[p.elt] for p in items], np.float64)
         return EpisodeBatch(torch.from_numpy(x), torch.from_numpy(sizes), torch.from_numpy(tmask), torch.from_numpy(dmask), cap, dims, elt)
@@ -174,7 +181,8 @@ def rollout(
     stuck = torch.zeros(E, dtype=torch.bool)
     actions, log_probs, entropies, decided = [], [], [], []
     first_device = F.one_hot(torch.zeros(E, dtype=torch.long), D).bool()
-    for k in range(T):
+    steps = int(batch.table_mask.sum(1).max()) if E else 0  # padding comes last in the order: nothing after
+    for k in range(steps):
         legal = batch.device_mask & (used + sizes_o[:, k : k + 1] <= batch.cap.unsqueeze(1))
         if keep_room:
             free = torch.where(batch.device_mask, batch.cap.unsqueeze(1) - used, torch.full_like(used, -1))
@@ -203,11 +211,11 @@ def rollout(
         csum = csum + onehot.unsqueeze(-1) * cenc_o[:, k].unsqueeze(1)
         dsum = dsum + onehot * dims_o[:, k : k + 1]
         psum = psum + onehot.unsqueeze(-1) * penc_o[:, k].unsqueeze(1)
-    if T:
-        placed_o = torch.stack(actions, 1)
+    if steps:
+        placed_o = torch.cat([torch.stack(actions, 1), torch.full((E, T - steps), -1, dtype=torch.long)], 1)
         log_prob, entropy, dec = torch.stack(log_probs, 1), torch.stack(entropies, 1), torch.stack(decided, 1)
     else:
-        placed_o = torch.zeros(E, 0, dtype=torch.long)
+        placed_o = torch.full((E, T), -1, dtype=torch.long)
         log_prob = entropy = torch.zeros(E, 0)
         dec = torch.zeros(E, 0, dtype=torch.bool)
     placement = torch.full((E, T), -1, dtype=torch.long).scatter(1, order, placed_o)
@@ -226,6 +234,156 @@ def predict(cost_net: CostNet, batch: EpisodeBatch, placement: torch.Tensor, com
             dims = torch.from_numpy(batch.dims).unsqueeze(-1)
             costs = replace_comm(costs, batch.comm_units(comm, shard_sum(dims, placement, batch.device_mask.shape[1])[..., 0], float(cost_net.scale)))
     return costs * batch.device_mask.unsqueeze(-1), overall
+
+
+# --------------------------------------------------------------------------------------------
+# The split action: a cut per table, chosen before the placement episode
+# --------------------------------------------------------------------------------------------
+#
+# An episode of a model with a cut net (`CutNet`) first chooses, for every table at once, whether
+# to place it whole or cut into column halves or quarters (CUT_PARTS); then the policy places the
+# pieces it chose, one at a time, as tables of their own (a column piece is a table of its own
+# width reading the whole index stream). Every option's pieces are in one list, the task's cut
+# set; an episode's cuts mark the pieces it places (`EpisodeBatch.of(active=)`), so episodes of
+# different cuts of one task play in one batch. The reward is the one of the placement: minus the
+# cost net's predicted cost of the plan of pieces. Row splits are not an action: a table's blocks
+# would need distinct devices, which this MDP's legality does not know (the planner's search
+# offers them).
+
+CUT_SHARE = 0.25  # a table is offered cuts where alone it is predicted at least this share of a device's mean load
+CUT_MAX = 256  # and among the CUT_MAX costliest such tables (a task of thousands of tables)
+
+
+@dataclass
+class CutSet:
+    """A task and every cut its episodes may choose, as one list of pieces (`prepared`: the pieces
+    as tables): per table its whole piece, and for the tables offered cuts their halves and
+    quarters where the width allows (`legal`)."""
+
+    task: Task
+    prepared: Prepared
+    pieces: list[Shard]
+    owner: np.ndarray  # [P] the table of each piece
+    option: np.ndarray  # [P] its option: index into CUT_PARTS
+    first: np.ndarray  # [P] bool: the first piece of its (table, option)
+    whole: np.ndarray  # [T] each table's whole piece
+    legal: np.ndarray  # [T, len(CUT_PARTS)] bool
+
+    def active(self, options: np.ndarray) -> np.ndarray:
+        """[K, T] options → [K, P] bool: the pieces each episode places."""
+        return options[:, self.owner] == self.option[None]
+
+    def pieces_task(self, active: np.ndarray) -> tuple[Task, Prepared, list[Shard]]:
+        """An episode's pieces ([P] bool) as a task of tables, as the MDP sees it, and as pieces."""
+        idx = np.flatnonzero(active)
+        pieces = [self.pieces[i] for i in idx]
+        p = self.prepared
+        prepared = Prepared(p.x[idx], p.sizes[idx], p.devices, p.cap, None if p.dims is None else p.dims[idx], p.elt)
+        task = Task([q.spec(self.task.tables[q.table]) for q in pieces], self.task.devices, self.task.max_memory_bytes, self.task.workload, self.task.pool)
+        return task, prepared, pieces
+
+
+def cut_set(task: Task, model: DreamShardModel, offered: np.ndarray | None = None) -> CutSet:
+    """The cut set of `task` for `model`'s features; `offered` [T] bool: the tables offered cuts
+    (None: every table whose width allows one)."""
+    pieces, owner, option = [], [], []
+    legal = np.zeros((len(task.tables), len(CUT_PARTS)), bool)
+    for i, t in enumerate(task.tables):
+        for o, parts in enumerate(CUT_PARTS):
+            if parts == 1 or ((offered is None or offered[i]) and parts <= t.dim // DIM_MULTIPLE):
+                legal[i, o] = True
+                pieces += [Shard(i, -1, a, b) for a, b in column_cuts(t.dim, parts)]
+                owner += [i] * parts
+                option += [o] * parts
+    owner_a, option_a = np.array(owner, np.int64), np.array(option, np.int64)
+    first = np.ones(len(pieces), bool)
+    first[1:] = (owner_a[1:] != owner_a[:-1]) | (option_a[1:] != option_a[:-1])
+    whole = np.flatnonzero(first & (option_a == 0))
+    ptask = Task([q.spec(task.tables[q.table]) for q in pieces], task.devices, task.max_memory_bytes, task.workload, task.pool)
+    prepared = prepare(ptask, model.normalization, model.linear_features, model.kernel)
+    return CutSet(task, prepared, pieces, owner_a, option_a, first, whole, legal)
+
+
+def alone_costs(cost_net: CostNet, comm: CommFormula | None, batch: EpisodeBatch, cenc: torch.Tensor) -> torch.Tensor:
+    """[E, T] each table's predicted cost alone on a device (fwd + bwd + comm, units), padding −inf."""
+    single = cost_net.shard_costs(cenc)
+    if comm is not None:
+        dims = torch.from_numpy(batch.dims if batch.dims is not None else np.zeros(batch.sizes.shape))
+        single = replace_comm(single, batch.comm_units(comm, dims, float(cost_net.scale)))
+    return single.sum(-1).masked_fill(~batch.table_mask, float("-inf"))
+
+
+@dataclass
+class CutChoice:
+    options: np.ndarray  # [E, T] chosen option per table (-1 on padding)
+    active: np.ndarray  # [E, P] bool: the pieces each episode places
+    log_prob: torch.Tensor  # [E] Σ over the tables with a choice of log π(option)
+    entropy: torch.Tensor  # [E] Σ of their entropies
+    decisions: torch.Tensor  # [E] how many tables had a choice
+
+
+def cut_logits(model: DreamShardModel, sets: list[CutSet]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """The cut net's logits [E, T, len(CUT_PARTS)] for the tables of `sets` (one per episode,
+    padded; −inf where a cut is illegal, padding's only legal option "whole"), `legal` and
+    `real` [E, T]. A table's context (`CutNet`): per option, log of one piece's predicted cost
+    alone over the task's mean device load (0 where illegal); log2 of the device count."""
+    E = len(sets)
+    T = max(len(s.whole) for s in sets)
+    x = np.zeros((E, T, sets[0].prepared.x.shape[1]), np.float32)
+    context = np.zeros((E, T, CUT_CONTEXT), np.float32)
+    legal = np.zeros((E, T, len(CUT_PARTS)), bool)
+    legal[..., 0] = True
+    real = np.zeros((E, T), bool)
+    with torch.no_grad():
+        batch = EpisodeBatch.of([s.prepared for s in sets])
+        alone = alone_costs(model.cost_net, model.comm, batch, model.cost_net.encode(batch.x)).numpy()
+    for e, s in enumerate(sets):
+        n = len(s.whole)
+        x[e, :n] = s.prepared.x[s.whole]
+        legal[e, :n], real[e, :n] = s.legal, True
+        share = alone[e, : len(s.pieces)] / max(float(alone[e, s.whole].sum()) / s.prepared.devices, 1e-9)
+        f = np.flatnonzero(s.first)
+        context[e, s.owner[f], s.option[f]] = np.log(np.maximum(share[f], 1e-6))
+        context[e, :n, -1] = np.log2(s.prepared.devices)
+    return model.cut.logits(torch.from_numpy(x), torch.from_numpy(context), torch.from_numpy(legal)), legal, real
+
+
+def choose_cuts(model: DreamShardModel, sets: list[CutSet], greedy: bool | np.ndarray = False, generator: torch.Generator | None = None) -> CutChoice:
+    """The cut net's options for episodes of `sets` (one per episode): argmax where `greedy`, else
+    sampled (Gumbel-max through `generator`). Gradients flow into the cut net (log-probs,
+    entropy); the cost net's context is detached."""
+    logits, legal, real = cut_logits(model, sets)
+    E, P = len(sets), max(len(s.pieces) for s in sets)
+    logp = torch.log_softmax(logits, dim=-1)
+    u = torch.rand(logits.shape, generator=generator).clamp_(1e-10, 1.0)
+    greedy_t = torch.as_tensor(greedy, dtype=torch.bool).expand(E)[:, None, None]
+    options = torch.where(greedy_t, logits, logits.detach() - torch.log(-torch.log(u))).argmax(-1)
+    choice = torch.from_numpy(real & (legal.sum(-1) > 1))
+    log_prob = (logp.gather(-1, options.unsqueeze(-1)).squeeze(-1) * choice).sum(1)
+    entropy = (-(logp.exp() * logp.masked_fill(~torch.from_numpy(legal), 0.0)).sum(-1) * choice).sum(1)
+    opts = np.where(real, options.numpy(), -1)
+    active = np.zeros((E, P), bool)
+    for e, s in enumerate(sets):
+        active[e, : len(s.pieces)] = s.active(opts[e : e + 1, : len(s.whole)])[0]
+    return CutChoice(opts, active, log_prob, entropy, choice.sum(1))
+
+
+def plan_cuts(model: DreamShardModel, s: CutSet, greedy: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The planner's cuts: [K, T] options of K episodes of one task, argmax where `greedy`, else
+    sampled from the cut net (its logits computed once)."""
+    with torch.inference_mode():
+        logits = cut_logits(model, [s])[0][0].numpy()  # [T, O]
+    noise = -np.log(-np.log(np.clip(rng.random((len(greedy), *logits.shape)), 1e-10, 1.0)))
+    noise[np.asarray(greedy, bool)] = 0.0
+    return (logits[None] + noise).argmax(-1)
+
+
+def rollout_cuts(model: DreamShardModel, sets: list[CutSet], greedy: bool | np.ndarray = False, generator: torch.Generator | None = None,
+                 keep_room: bool = False) -> tuple[CutChoice, Rollout]:
+    """One episode per set: the cut net's cuts, then the policy places the chosen pieces."""
+    cuts = choose_cuts(model, sets, greedy, generator)
+    batch = EpisodeBatch.of([s.prepared for s in sets], cuts.active)
+    return cuts, rollout(model.cost_net, model.policy, batch, greedy, generator, keep_room, model.comm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,6 +572,8 @@ class FastPlayer:
         # (O(K) net work per step instead of O(K·D), which is what 1,024 devices need).
         shard_logits = None if self.policy.sees_table else self._shard_logits(cw, hq)
         for step, t in enumerate(order):
+            if active is not None and not active[:, t].any():
+                continue  # a piece of a cut no episode chose
             legal = used + sizes[step] <= p.cap
             if self.keep_room and D > 1:  # as `keeps_room`
                 free = p.cap - used

@@ -315,6 +315,37 @@ class PolicyNet(nn.Module):
 
 SCORES = ("overall", "max_device")
 
+# The cut net's options for a table: placed whole, or cut into column halves or quarters (each
+# piece a table of its own width that reads the whole index stream: `plan.column_cuts`).
+CUT_PARTS = (1, 2, 4)
+CUT_CONTEXT = len(CUT_PARTS) + 1  # per option the log share of one piece, and log2 of the device count
+
+
+class CutNet(nn.Module):
+    """The split action of the estimated MDP: per table, logits over CUT_PARTS from the table's
+    features and a context the cost net gives (`mdp.cut_context`): what one piece of each cut is
+    predicted to cost alone, as a share of a device's mean load (the task's whole tables alone,
+    summed, over the devices), and the device count. A cut pays only where a table would set the
+    step; how much a piece saves is the cost net's (a column piece still does every lookup).
+
+    The last layer's bias starts at CUT_PRIOR for "whole": an untrained net cuts a table with
+    probability ~0.1, so the first measured plans look like the table-wise ones the cost net can
+    price, and the cuts that pay are learned from there."""
+
+    CUT_PRIOR = 3.0
+
+    def __init__(self, features: int = NUM_FEATURES, hidden: int = 64):
+        super().__init__()
+        self.net = mlp([features + CUT_CONTEXT, hidden, hidden, len(CUT_PARTS)], last_relu=False)
+        with torch.no_grad():
+            self.net[-1].bias.zero_()
+            self.net[-1].bias[0] = self.CUT_PRIOR
+
+    def logits(self, x: torch.Tensor, context: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
+        """x [..., T, F] table features, context [..., T, CUT_CONTEXT], legal [..., T, len(CUT_PARTS)]
+        bool → logits (−inf where the table's width does not allow the cut)."""
+        return self.net(torch.cat([x, context], dim=-1)).masked_fill(~legal, float("-inf"))
+
 
 def plan_cost(device_costs, overall, score: str):
     """The predicted cost of plans that RL minimises and best-of-K ranks by.
@@ -428,12 +459,20 @@ class DreamShardModel:
     meta: dict | None = None  # where it came from: backend, tasks, config, measurements, date
     kernel: KernelFeatures | None = None  # kernel-term features (Config.kernel_features), with their scale
     comm: CommFormula | None = None  # the comm model's all-to-all in place of the comm head (Config.comm "model")
+    cut: CutNet | None = None  # the learned split action (Config.cuts); None: a table-wise policy
 
     @staticmethod
     def create(sees_table: bool, normalization: str, best_of: int = 1, score: str = "overall", linear_features: bool = False, keep_room: bool = False,
-               kernel: KernelFeatures | None = None, comm: CommFormula | None = None) -> "DreamShardModel":
+               kernel: KernelFeatures | None = None, comm: CommFormula | None = None, cuts: bool = False) -> "DreamShardModel":
         f = feature_count(linear_features, kernel)
-        return DreamShardModel(CostNet(features=f), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {}, kernel, comm)
+        return DreamShardModel(CostNet(features=f), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {}, kernel, comm,
+                               CutNet(features=f) if cuts else None)
+
+    def nets(self) -> list[nn.Module]:
+        return [self.cost_net, self.policy] + ([self.cut] if self.cut is not None else [])
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for net in self.nets() for p in net.parameters()]
 
     def features(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
         """The nets' input for these tables (`table_features` with this model's settings)."""
@@ -454,6 +493,7 @@ class DreamShardModel:
             # only where set: a model without them is stored as before
             **({"kernel_features": self.kernel.to_json()} if self.kernel is not None else {}),
             **({"comm": self.comm.to_json()} if self.comm is not None else {}),
+            **({"cut": self.cut.state_dict()} if self.cut is not None else {}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -489,8 +529,11 @@ class DreamShardModel:
             state.get("keep_room", False),
             _kernel_from_state(state.get("kernel_features"), where),
             _comm_from_state(state.get("comm"), where),
+            "cut" in state,
         )
-        for key, net in (("cost_net", model.cost_net), ("policy", model.policy)):
+        for key, net in (("cost_net", model.cost_net), ("policy", model.policy), ("cut", model.cut)):
+            if net is None:
+                continue
             if not isinstance(state[key], dict):
                 raise ModelError(f"{where}, key {key!r}: expected a state dict of tensors")
             try:
@@ -498,8 +541,8 @@ class DreamShardModel:
             except (RuntimeError, TypeError, KeyError, AttributeError) as e:  # missing/unexpected keys, shapes, non-tensors
                 raise ModelError(f"{where}, key {key!r}: does not fit the network ({one_line(e)[:200]})") from None
         model.meta = dict(meta or {})
-        model.cost_net.eval()
-        model.policy.eval()
+        for net in model.nets():
+            net.eval()
         return model
 
     @staticmethod

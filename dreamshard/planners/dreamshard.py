@@ -1,36 +1,40 @@
-"""The `dreamshard` planner: a trained policy plays the cost net's MDP — milliseconds, no GPU.
+"""The `dreamshard` planner: a trained policy plays the cost net's MDP, and a search at plan time
+spends more of the same policy where the cost net says it pays — milliseconds, no GPU.
 A `LearnedPlanner`: `fit` trains a model (the loop of dreamshard/learned/dreamshard.py, as
-`dreamshard train` does), `save`/`load` or the `model` option give its file; the shipped H200
-model by default.
+`dreamshard train` does), `save`/`load` or the `model` option give its file; the shipped model
+by default.
 
-With `best_of` K > 1 it plays the greedy episode and K − 1 sampled ones in one batch and keeps
-the placement the cost net predicts cheapest. The greedy heuristics' plans compete with it by the
-same cost net (`heuristic_candidates`, on by default; off, they are used only when every episode
-runs out of memory); the notes say when one of them won. The returned plan carries the cost net's
-predicted per-device costs.
+Table-wise: the policy plays the greedy episode and `best_of` − 1 sampled ones in one batch; the
+greedy heuristics' plans compete with it by the same cost net (`heuristic_candidates`, on by
+default; off, they are used only when every episode runs out of memory); the cheapest is kept.
 
-With `split=True` it also decides which tables to cut into column shards — a split search with
-the policy inside (docs/dreamshard.md, "Splitting"): from the policy's table-wise plan, the cost
-net repeatedly halves a piece on the device it predicts slowest and moves one half to the device
-that lowers the predicted step most (`split_descent`, at most `max_splits` cuts, each kept only if
-it lowers the prediction); the policy then places the pieces afresh as tables of their own. Of
-the table-wise plan, the plan of the descent and the policy's plan of its pieces, the one the cost
-net predicts cheapest is returned, so a split is made only where the model says it pays.
-
-Row-wise shards (docs/rowwise.md): a step of the descent may also split a whole table on the slowest
-device by rows over k devices (`splits.row_parts`: 2, 4, ... and all D; TorchRec's row-wise
-layout, block r on device r for a split over all D, else the table's device and the k − 1
-devices predicted fastest with memory for a block), scored with its pieces' own features and
-the reduce-scatter + all-gather the simulator charges (scoring.py); the step kept is the cheapest
-cut or row split, only if it lowers the prediction. The policy's ladder stays column cuts (its
-MDP has no notion of a table's blocks needing distinct devices). A table larger than a device is
-placeable only split by rows: with `split`, the search starts from it split so
+The search (`split`, on by default; docs/dreamshard.md, "Splitting"). Candidates, all priced by
+the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
+`predicted["candidate"]`:
+- the table-wise plan above ("policy", or "heuristic NAME");
+- the learned split action ("learned cuts"): a model with a cut net (`nets.CutNet`, trained in
+  the estimated MDP: per table whole, column halves or quarters) plays `best_of` episodes of cuts
+  and placements on the task's cut set in one batch (`_learned_cuts`); a model without one has the
+  policy place a ladder of hand-made cuts instead ("cut ladder");
+- row splits (docs/rowwise.md; not an action of the MDP, whose legality cannot keep a table's
+  blocks on distinct devices): the 1 and 2 costliest tables that may pay split by rows over every
+  device, placed by NeuroShard's greedy on the cost net ("row ladder");
+- the split descent from the cheapest of those (" + descent", `split_descent`): the cost net
+  repeatedly halves a piece on the device it predicts slowest and moves one half, or splits a
+  whole table there by rows over k devices, while that lowers the prediction (at most
+  `max_splits` moves).
+With `budget_ms`, rounds of sampled cuts (another seed each) and their descents go on until the
+time is spent: more planning time buys more candidates. A table larger than a device is
+placeable only split by rows: the search then starts from it split so
 (`splits.forced_row_splits`), its pieces placed by NeuroShard's greedy on the cost net
-(`scoring.greedy_batch`) instead of the policy; without `split` such a task is infeasible.
+(`scoring.greedy_batch`); with `split` off such a task is infeasible.
 """
+
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
 lazy = LazyImports(globals(), {
     "torch": None,
     "dreamshard.learned.dreamshard": "train",
-    "dreamshard.learned.mdp": "EpisodeBatch FastPlayer best_placement predict prepare",
+    "dreamshard.learned.mdp": "CUT_MAX CutSet EpisodeBatch FastPlayer best_placement cut_set plan_cuts predict prepare",
     "dreamshard.learned.nets": "DreamShardModel plan_cost",
     "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch predicted_dict",
 })
@@ -160,17 +164,20 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
 
 @register
 class DreamShardPlanner(LearnedPlanner):
-    """`model`: a model file, a `DreamShardModel`, or None for the shipped H200 model."""
+    """`model`: a model file, a `DreamShardModel`, or None for the shipped model."""
 
-    name, description = "dreamshard", "DreamShard: RL policy on a learned cost model (--model, default: shipped H200 model); --split: it also cuts tables"
+    name, description = "dreamshard", "DreamShard: RL policy and learned cuts on a learned cost model, with a search at plan time (--model, default: the shipped model)"
     CONFIGS, default_config = lazy_attr("dreamshard.learned.dreamshard", "CONFIGS"), "default"
-    budget_option = ("max_splits", "split moves")
+    budget_option = ("max_splits", "split moves of a descent")
     budget_with_split_only = True  # without split there is no search: the policy plays one batch of episodes
 
-    def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = False, max_splits: int = 8,
-                 comm_model: str | Path | None = None, heuristic_candidates: bool = True):
-        """`comm_model`: the comm model (file) whose collectives price row splits; None: the
-        shipped H200 NCCL model, the shipped cost net's hardware. `heuristic_candidates`: the
+    def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
+                 budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True):
+        """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
+        with `split`, the search goes on with further rounds of sampled cuts until this much time
+        has passed since `plan` began (None: one round, the same plan on every machine).
+        `comm_model`: the comm model (file) whose collectives price row splits; None: the
+        shipped NCCL model, the shipped cost net's hardware. `heuristic_candidates`: the
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
         policy alone; the heuristics only when every episode runs out of memory)."""
         lazy.load()
@@ -181,6 +188,9 @@ class DreamShardPlanner(LearnedPlanner):
         if self.best_of < 1:
             raise ValueError(f"best_of must be >= 1, got {best_of}")
         self.seed, self.split, self.max_splits = seed, bool(split), int(max_splits)
+        if budget_ms is not None and not budget_ms > 0:
+            raise ValueError(f"budget_ms must be > 0, got {budget_ms}")
+        self.budget_ms = budget_ms
         self.heuristic_candidates = bool(heuristic_candidates)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
@@ -202,6 +212,7 @@ class DreamShardPlanner(LearnedPlanner):
         self.model.save(path)
 
     def plan(self, task: Task) -> Plan:
+        deadline = time.perf_counter() + self.budget_ms / 1e3 if self.budget_ms is not None else None
         if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
             if self.split and self.max_splits > 0:
                 return self._split_rows_first(task)  # a table larger than a device: split by rows, or InfeasibleError
@@ -209,16 +220,16 @@ class DreamShardPlanner(LearnedPlanner):
         p = prepare(task, self.model.normalization, self.model.linear_features, self.model.kernel)
         placement, device_costs, overall = best_placement(self.model, p, self.best_of, self.seed, self.player)
         if placement is not None and not self.heuristic_candidates:
-            plan = Plan.table_wise(task, [int(d) for d in placement], self.name)
+            plan, source = Plan.table_wise(task, [int(d) for d in placement], self.name), "policy"
         else:
-            plan, device_costs, overall = self._cheapest(task, p, placement)
+            plan, device_costs, overall, source = self._cheapest(task, p, placement)
         plan.predicted = predicted_dict(device_costs, overall, self.label)
-        return self._split(task, plan) if self.split and self.max_splits > 0 else plan
+        return self._split(task, plan, source, deadline) if self.split and self.max_splits > 0 else plan
 
-    def _cheapest(self, task: Task, p, placement: np.ndarray | None) -> tuple[Plan, np.ndarray, float]:
+    def _cheapest(self, task: Task, p, placement: np.ndarray | None) -> tuple[Plan, np.ndarray, float, str]:
         """The policy's placement (None: every episode ran out of memory) and the greedy
         heuristics' plans (each its greedy, or its proxy balanced by a memory packing), priced in
-        one batch by the cost net: the cheapest. The heuristics cost milliseconds, and where the
+        one batch by the cost net: the cheapest, and where it came from. The heuristics cost milliseconds, and where the
         policy misplaces a family it never trained on (hot tables at tight memory) one of them is
         often what the cost net itself prefers. Raises InfeasibleError if nothing fits."""
         plans = [Plan.table_wise(task, [int(d) for d in placement], "dreamshard policy")] if placement is not None else []
@@ -240,7 +251,8 @@ class DreamShardPlanner(LearnedPlanner):
             notes = [f"used the {chosen.planner} plan: the cost net predicts it cheaper than the policy's"]
         else:
             notes = []
-        return Plan.table_wise(task, chosen.placement, self.name, notes=notes), costs[k].numpy() * scale, float(ov[k]) * scale
+        source = "policy" if placement is not None and k == 0 else f"heuristic {chosen.planner}"
+        return Plan.table_wise(task, chosen.placement, self.name, notes=notes), costs[k].numpy() * scale, float(ov[k]) * scale, source
 
     def _split_rows_first(self, task: Task) -> Plan:
         """A task with a table larger than a device: the tables too large split by rows
@@ -256,11 +268,11 @@ class DreamShardPlanner(LearnedPlanner):
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label),
                              notes=["a table larger than a device: split by rows first"])
 
-    def _row_ladder(self, scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], state: np.ndarray, cost: float) -> tuple[float, list[Shard], list[int]] | None:
+    def _row_ladder(self, scorer: PieceScorer, whole: list[Shard], placement: list[int], state: np.ndarray, cost: float) -> tuple[float, list[Shard], list[int]] | None:
         """The cheapest placement by NeuroShard's greedy on the cost net (`scoring.greedy_batch`,
         dim caps 1.0–1.5) of the `row_ladder` cuts, or None (the policy's MDP cannot keep a
         table's blocks on distinct devices, so the greedy places these)."""
-        ladder = row_ladder(scorer, whole, descent, placement, state, cost)
+        ladder = row_ladder(scorer, whole, placement, state, cost)
         best = None
         for pieces in ladder:
             cost, devices = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
@@ -268,48 +280,120 @@ class DreamShardPlanner(LearnedPlanner):
                 best = (float(cost[0]), pieces, [int(d) for d in devices[0]])
         return best
 
-    def _split(self, task: Task, table_wise: Plan) -> Plan:
-        """The cheapest by the cost net of: the table-wise plan, the split descent from it, and
-        the policy's placements of a ladder of cuts (`cut_ladder`), all played in one batch."""
+    def _split(self, task: Task, table_wise: Plan, source: str, deadline: float | None) -> Plan:
+        """The search at plan time (docs/dreamshard.md, "Splitting"): candidates from the learned
+        policy — its table-wise plan (or the heuristic's that the cost net preferred, `source`),
+        its cut net's cuts placed by the policy (`_learned_cuts`; a model without a cut net: the
+        policy's placements of a ladder of cuts), the row ladder — then the split descent from the
+        cheapest; with `deadline` (`budget_ms`) further rounds of sampled cuts and their descents
+        while time is left. Every candidate is priced by the cost net (`PieceScorer`); the
+        cheapest is returned, its source in `predicted["candidate"]`."""
         scorer = PieceScorer(self.model, task, self.comm)
         whole = splits.whole(task)
         state = scorer.state(whole, np.array(table_wise.placement))
-        best = (float(scorer.score(state)), whole, table_wise.placement)
-        pieces, devices, cost = split_descent(scorer, whole, table_wise.placement, state, self.max_splits)
-        if cost < best[0]:
-            best = (cost, pieces, devices)
-        placed = self._row_ladder(scorer, whole, pieces, table_wise.placement, state, best[0])
-        if placed is not None and placed[0] < best[0]:
-            best = placed
+        best = Candidate(float(scorer.score(state)), whole, table_wise.placement, source)
+        if self.model.cut is not None:
+            s = cut_set(task, self.model, top_tables(scorer.alone(scorer.rows([whole])[0]), CUT_MAX))
+            found = self._learned_cuts(scorer, s, 0)
+        else:
+            found = self._cut_ladder(scorer, task, whole)
+        best = min(best, found, key=lambda c: c.cost) if found is not None else best
+        placed = self._row_ladder(scorer, whole, table_wise.placement, state, best.cost)
+        if placed is not None and placed[0] < best.cost:
+            best = Candidate(*placed, "row ladder")
+        best = self._descend(scorer, best)
+        rnd = 1
+        while deadline is not None and self.model.cut is not None and time.perf_counter() < deadline:
+            found = self._learned_cuts(scorer, s, rnd)
+            if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
+                best = min(best, self._descend(scorer, found), key=lambda c: c.cost)
+            rnd += 1
+        if len(best.pieces) == len(whole):
+            plan = Plan.table_wise(task, best.devices, self.name, notes=table_wise.notes)
+            plan.predicted = {**scorer.predicted(whole, np.array(best.devices), self.label), "candidate": best.source}
+            return plan
+        return splits.placed(task, best.pieces, best.devices, self.name, notes=[n for n in table_wise.notes if "heuristic" in best.source],
+                             predicted={**scorer.predicted(best.pieces, np.array(best.devices), self.label), "candidate": best.source})
+
+    def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
+        """The split descent from `start` (`split_descent`), or `start` where it finds nothing."""
+        pieces, devices, cost = split_descent(scorer, start.pieces, start.devices, scorer.state(start.pieces, np.array(start.devices)), self.max_splits)
+        return Candidate(cost, pieces, [int(d) for d in devices], start.source + " + descent") if cost < start.cost else start
+
+    def _learned_cuts(self, scorer: PieceScorer, s: CutSet, rnd: int) -> "Candidate | None":
+        """Round `rnd` of the learned split action: `best_of` episodes of the cut net and the
+        policy on the cut set `s` in one batch (round 0: the greedy cuts placed greedily, then
+        the greedy cuts and sampled cuts, each placed by sampled episodes; later rounds: sampled
+        only, from another seed), the cheapest by the cost net, or None if every one ran out of
+        memory."""
+        K = max(2, self.best_of)
+        rng = np.random.default_rng([self.seed, rnd])
+        greedy_cuts = np.zeros(K, bool)
+        greedy_place = np.zeros(K, bool)
+        if rnd == 0:
+            greedy_cuts[: K // 2] = True
+            greedy_place[0] = True
+        active = s.active(plan_cuts(self.model, s, greedy_cuts, rng))
+        placement, stuck, costs, overall = self.player.play(s.prepared, greedy_place, rng, active)
+        score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
+        e = int(score.argmin())
+        if not np.isfinite(score[e]):
+            return None
+        idx = np.flatnonzero(active[e])
+        pieces, devices = [s.pieces[i] for i in idx], [int(d) for d in placement[e, idx]]
+        return Candidate(float(scorer.score(scorer.state(pieces, np.array(devices)))), pieces, devices, "learned cuts")
+
+    def _cut_ladder(self, scorer: PieceScorer, task: Task, whole: list[Shard]) -> "Candidate | None":
+        """A model without a cut net: the policy's placements of a ladder of cuts (`cut_ladder`),
+        all played in one batch, the cheapest by the cost net."""
         cuts = cut_ladder(whole, scorer.alone(scorer.rows([whole])[0]), self.max_splits)
-        if cuts:
-            superset = list(dict.fromkeys(p for c in cuts for p in c))
-            index = {p: i for i, p in enumerate(superset)}
-            active = np.zeros((len(cuts), len(superset)), bool)
-            for j, c in enumerate(cuts):
-                active[j, [index[p] for p in c]] = True
-            K = max(1, self.best_of // len(cuts))  # about the table-wise play's episodes in all
-            greedy = np.tile(np.arange(K) == 0, len(cuts))  # per cut: the greedy episode, then sampled ones
-            prepared = prepare(splits.as_task(task, superset), self.model.normalization, self.model.linear_features, self.model.kernel)
-            placement, stuck, costs, overall = self.player.play(prepared, greedy, np.random.default_rng(self.seed), np.repeat(active, K, axis=0))
-            score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
-            e = int(score.argmin())
-            if score[e] < best[0]:
-                chosen = cuts[e // K]
-                best = (float(score[e]), chosen, [int(placement[e, index[p]]) for p in chosen])
-        cost, pieces, devices = best
-        if len(pieces) == len(whole):
-            return table_wise
-        return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, np.array(devices), self.label))
+        if not cuts:
+            return None
+        superset = list(dict.fromkeys(p for c in cuts for p in c))
+        index = {p: i for i, p in enumerate(superset)}
+        active = np.zeros((len(cuts), len(superset)), bool)
+        for j, c in enumerate(cuts):
+            active[j, [index[p] for p in c]] = True
+        K = max(1, self.best_of // len(cuts))  # about the table-wise play's episodes in all
+        greedy = np.tile(np.arange(K) == 0, len(cuts))  # per cut: the greedy episode, then sampled ones
+        prepared = prepare(splits.as_task(task, superset), self.model.normalization, self.model.linear_features, self.model.kernel)
+        placement, stuck, costs, overall = self.player.play(prepared, greedy, np.random.default_rng(self.seed), np.repeat(active, K, axis=0))
+        score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
+        e = int(score.argmin())
+        if not np.isfinite(score[e]):
+            return None
+        chosen = cuts[e // K]
+        devices = [int(placement[e, index[p]]) for p in chosen]
+        return Candidate(float(scorer.score(scorer.state(chosen, np.array(devices)))), chosen, devices, "cut ladder")
 
 
-def row_ladder(scorer: PieceScorer, whole: list[Shard], descent: list[Shard], placement: list[int], state: np.ndarray, cost: float, tables: int = 2) -> list[list[Shard]]:
-    """Row cuts to place afresh: the descent's pieces where it split a table by rows (its
-    placement was built around the table-wise one), and the 1, ..., `tables` costliest tables
-    that may pay (`PieceScorer.row_candidates`, and whose `bound_without` in the table-wise
+DESCENT_MARGIN = 0.05  # a later round's candidate within this of the best gets a descent of its own
+
+
+@dataclass
+class Candidate:
+    """A plan of the search: its predicted cost (units), pieces, their devices, where it came from."""
+
+    cost: float
+    pieces: list[Shard]
+    devices: list[int]
+    source: str
+
+
+def top_tables(single: np.ndarray, top: int) -> np.ndarray | None:
+    """[T] bool: the `top` tables costliest alone (None where every table is among them)."""
+    if len(single) <= top:
+        return None
+    offered = np.zeros(len(single), bool)
+    offered[np.argsort(-single, kind="stable")[:top]] = True
+    return offered
+
+
+def row_ladder(scorer: PieceScorer, whole: list[Shard], placement: list[int], state: np.ndarray, cost: float, tables: int = 2) -> list[list[Shard]]:
+    """Row cuts to place afresh: the 1, ..., `tables` costliest tables that may pay (`PieceScorer.row_candidates`, and whose `bound_without` in the table-wise
     `placement`, of device states `state`, beats `cost`) split by rows over every device."""
     task = scorer.task
-    ladder = [descent] if any(p.is_row_shard for p in descent) else []
+    ladder: list[list[Shard]] = []
     if task.devices > splits.MAX_ROW_PARTS:
         return ladder
     chosen: list[int] = []

@@ -1,0 +1,183 @@
+"""The learned split action: cut sets, the cut net's choices, episodes of cuts (torch and NumPy),
+training with cuts, and the planner's search with its sources."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dreamshard.costs.sim import SimBackend
+from dreamshard.learned.dreamshard import get_config, plan_placements, sample_plans, train
+from dreamshard.learned.mdp import CutSet, EpisodeBatch, FastPlayer, choose_cuts, cut_set, plan_cuts, prepare, rollout, rollout_cuts
+from dreamshard.learned.nets import CUT_PARTS, DreamShardModel
+from dreamshard.planners import get_planner
+from dreamshard.synth import PoolConfig, synth_pool
+from dreamshard.tasks import Task, sample_tasks, split_pool
+from tests.test_dreamshard import canonical, small_config
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return synth_pool(PoolConfig(tables=200, seed=0))
+
+
+def cut_model(seed: int = 3) -> DreamShardModel:
+    torch.manual_seed(seed)
+    return DreamShardModel.create(False, "fixed", best_of=4, score="max_device", linear_features=True, keep_room=True, cuts=True)
+
+
+def test_a_cut_set_holds_every_legal_cut_of_every_table_once(pool):
+    task = Task(pool[:30], 4, 10**12)
+    s = cut_set(task, cut_model())
+    for i, t in enumerate(task.tables):
+        for o, parts in enumerate(CUT_PARTS):
+            mine = [p for p, w, q in zip(s.pieces, s.owner, s.option) if w == i and q == o]
+            assert s.legal[i, o] == (parts <= t.dim // 4)
+            if s.legal[i, o]:  # the option's pieces tile the table's columns
+                assert len(mine) == parts and mine[0].start == 0 and mine[-1].stop == t.dim
+                assert all(a.stop == b.start for a, b in zip(mine, mine[1:]))
+            else:
+                assert not mine
+    assert [s.pieces[i] for i in s.whole] == [p for p in s.pieces if p.start == 0 and p.stop == task.tables[p.table].dim and s.option[s.pieces.index(p)] == 0]
+    # an episode's active pieces are exactly the pieces of its options
+    options = np.array([[o for o in np.flatnonzero(s.legal[i])][-1] for i in range(len(task.tables))])[None]
+    task_of, prepared, pieces = s.pieces_task(s.active(options)[0])
+    assert len(task_of.tables) == len(pieces) == sum(CUT_PARTS[o] for o in options[0])
+    assert [t.dim for t in task_of.tables] == [p.width for p in pieces] and len(prepared.sizes) == len(pieces)
+
+
+def test_offered_tables_alone_may_be_cut(pool):
+    task = Task(pool[:20], 4, 10**12)
+    offered = np.zeros(20, bool)
+    offered[[3, 7]] = True
+    s = cut_set(task, cut_model(), offered)
+    assert set(np.flatnonzero(s.legal[:, 1:].any(1))) <= {3, 7}
+
+
+def test_the_cut_net_chooses_legal_options_and_learns_through_its_log_probs(pool):
+    model = cut_model()
+    sets = [cut_set(Task(pool[:12], 4, 10**12), model), cut_set(Task(pool[40:45], 2, 10**12), model)]
+    gen = torch.Generator().manual_seed(0)
+    for greedy in (True, False):
+        c = choose_cuts(model, sets, greedy, gen)
+        for e, s in enumerate(sets):
+            n = len(s.whole)
+            assert s.legal[np.arange(n), c.options[e, :n]].all()
+            assert (c.options[e, n:] == -1).all()
+            assert c.decisions[e] == (s.legal.sum(1) > 1).sum()
+    c.log_prob.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.cut.parameters())
+    # an untrained net keeps most tables whole (CutNet.CUT_PRIOR)
+    many = choose_cuts(model, [sets[0]] * 200, False, gen)
+    assert (many.options[:, :12] == 0).mean() > 0.75
+    # the planner's NumPy choices: argmax where greedy, the same legal options otherwise
+    opts = plan_cuts(model, sets[0], np.array([True, False, False]), np.random.default_rng(0))
+    assert (opts[0] == choose_cuts(model, [sets[0]], True).options[0, :12]).all()
+    assert sets[0].legal[np.arange(12), opts].all()
+
+
+def test_episodes_of_cuts_place_the_chosen_pieces_as_a_task_of_them_would(pool):
+    """A batch of a cut set with an episode's pieces active plays as the task of those pieces alone
+    (greedy), in torch and in the NumPy player."""
+    model = cut_model(5)
+    task = Task(pool[:25], 4, 3 * 10**9)
+    s = cut_set(task, model)
+    rng = np.random.default_rng(1)
+    options = np.array([[rng.choice(np.flatnonzero(s.legal[i])) for i in range(25)] for _ in range(3)])
+    active = s.active(options)
+    player = FastPlayer(model.cost_net, model.policy, model.keep_room, model.comm)
+    with torch.no_grad():
+        together = rollout(model.cost_net, model.policy, EpisodeBatch.of([s.prepared] * 3, active), greedy=True, keep_room=True)
+    fast, fstuck, fcosts, _ = player.play(s.prepared, np.ones(3, bool), None, active)
+    for e in range(3):
+        _, prepared, _ = s.pieces_task(active[e])
+        with torch.no_grad():
+            alone = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared]), greedy=True, keep_room=True)
+        idx = np.flatnonzero(active[e])
+        assert canonical(together.placement[e, idx]) == canonical(alone.placement[0])
+        assert (together.placement[e, ~active[e]] == -1).all()
+        assert torch.allclose(together.device_costs[e].sort(0).values, alone.device_costs[0].sort(0).values, atol=1e-4)
+        assert bool(fstuck[e]) == bool(alone.stuck[0])
+        assert canonical(fast[e, idx]) == canonical(alone.placement[0])
+        assert np.allclose(np.sort(fcosts[e], axis=0), np.sort(alone.device_costs[0].numpy(), axis=0), atol=1e-4)
+
+
+def test_sampled_plans_with_cuts_are_plans_of_pieces_within_memory(pool):
+    model = cut_model(2)
+    with torch.no_grad():  # a net that cuts often, so the plans have pieces
+        model.cut.net[-1].bias.copy_(torch.tensor([0.0, 2.0, 2.0]))
+    tasks = [Task(pool[:20], 4, 2 * 10**9), Task(pool[30:60], 8, 10**12)]
+    sets = [cut_set(t, model) for t in tasks]
+    prepared = [prepare(t, "fixed", True) for t in tasks]
+    got = sample_plans(model, tasks, prepared, sets, [0, 1, 1], True, torch.Generator().manual_seed(0))
+    assert any(len(t.tables) > len(tasks[i].tables) for t, i in zip(got.tasks, [0, 1, 1]))
+    for t, placement, i in zip(got.tasks, got.placements, [0, 1, 1]):
+        used = np.zeros(t.devices, np.int64)
+        np.add.at(used, placement, t.sizes())
+        assert used.max() <= t.max_memory_bytes and (placement >= 0).all()
+        # the pieces of each table add up to its columns
+        for name in {x.name for x in tasks[i].tables}:
+            assert sum(x.dim for x in t.tables if x.name.split("[")[0] == name) == next(x.dim for x in tasks[i].tables if x.name == name)
+
+
+def test_training_with_cuts_saves_loads_and_resumes_exactly(pool, tmp_path):
+    train_half, test_half = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 4, (8, 12), 4, 10**12, seed=2)
+    cfg = small_config(iterations=2)
+    assert cfg.cuts
+    whole = train(cfg, tasks, SimBackend(), tmp_path / "a.pt", log=tmp_path / "a.jsonl", progress=False)
+    train(small_config(iterations=2), tasks, SimBackend(), tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, stop_after=1)
+    resumed = train(small_config(iterations=2), tasks, SimBackend(), tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, resume=True)
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    loaded = DreamShardModel.load(tmp_path / "a.pt")
+    assert loaded.cut is not None
+    for a, b in zip(whole.parameters(), loaded.parameters()):
+        assert torch.equal(a, b)
+    eval_tasks, placements = plan_placements(loaded, sample_tasks(test_half, 2, (8, 12), 4, 10**12, seed=3))
+    assert all(len(p) == len(t.tables) for t, p in zip(eval_tasks, placements))
+
+
+def test_a_model_without_a_cut_net_loads_and_trains_table_wise(pool, tmp_path):
+    train_half, _ = split_pool(pool, 0)
+    tasks = sample_tasks(train_half, 3, (6, 8), 2, 10**12, seed=4)
+    model = train(small_config(iterations=1, cuts=False), tasks, SimBackend(), tmp_path / "m.pt", progress=False)
+    assert model.cut is None and DreamShardModel.load(tmp_path / "m.pt").cut is None
+    assert "cut" not in model.state()
+
+
+@pytest.fixture(scope="module")
+def trained(pool, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cuts") / "m.pt"
+    train_half, _ = split_pool(pool, 0)
+    train(small_config(iterations=2), sample_tasks(train_half, 4, (10, 20), 4, 10**12, seed=5), SimBackend(), out, progress=False)
+    return out
+
+
+SOURCES = ("policy", "heuristic", "learned cuts", "cut ladder", "row ladder")
+
+
+def test_the_search_returns_the_cheapest_candidate_with_its_source(pool, trained):
+    _, test_half = split_pool(pool, 0)
+    sim = SimBackend()
+    for task in sample_tasks(test_half, 4, (15, 25), 4, 3 * 10**9, seed=6):
+        table_wise = get_planner("dreamshard", model=str(trained), split=False).plan(task)
+        plan = get_planner("dreamshard", model=str(trained)).plan(task)
+        plan.check()
+        source = plan.predicted["candidate"]
+        assert source.split(" + ")[0].startswith(SOURCES) and source.count(" + descent") <= 1
+        # never predicted dearer than the table-wise plan it started from
+        assert plan.predicted["max_device_ms"] <= table_wise.predicted["max_device_ms"] * (1 + 1e-4)
+        sim.evaluate_plan(plan)
+        # a time budget runs more rounds of the same search: a valid plan predicted no dearer
+        longer = get_planner("dreamshard", model=str(trained), budget_ms=50).plan(task)
+        longer.check()
+        assert longer.predicted["max_device_ms"] <= plan.predicted["max_device_ms"] * (1 + 1e-4)
+
+
+def test_budget_ms_is_checked():
+    from dreamshard.validation import OptionError
+
+    with pytest.raises((ValueError, OptionError), match="budget_ms"):
+        get_planner("dreamshard", budget_ms=0)
