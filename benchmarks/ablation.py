@@ -68,7 +68,7 @@ def run_one(name: str, base: str, overrides: dict, seed: int, args) -> dict:
     if not model_path.exists():
         train(cfg, train_tasks, sim, model_path, log=out / f"{tag}-s{seed}.jsonl", progress=False)
     seconds = time.time() - t0
-    planner = DreamShardPlanner(model_path, best_of=overrides.get("best_of"))
+    planner = DreamShardPlanner(model_path, best_of=overrides.get("best_of"), split=False)  # the ablation is of the table-wise policy
     results = evaluate({name: planner}, test_tasks, sim, cfg.batch_size)
     s = results.summary()[name]
     return {"variant": name, "seed": seed, "config": dataclasses.asdict(cfg), "best_of": planner.best_of, "mean_ms": s.mean_ms, "costs": results.costs(name),

@@ -181,7 +181,7 @@ def main() -> None:
         # whole table-wise plans, from the validation pools' test halves (tables no model trained on)
         from dreamshard.planners import get_planner
 
-        planner_objs = {p: get_planner(p) for p in planners}
+        planner_objs = {p: get_planner(p, **({"split": False} if p == "dreamshard" else {})) for p in planners}  # whole placements
         placement = 0
         for count, devices in settings:
             for f in FAMILIES:

@@ -111,7 +111,7 @@ def shipped_before_kernel_rule() -> DreamShardPlanner:
     """The shipped model as it planned in the campaigns before 2026-11-25's product-rule commit
     (39c5542): the same weights, its product-path features on every candidate of the path's model
     (nets.PRODUCT_RULES "candidate"). Their "dreamshard (shipped)" plans are this planner's."""
-    return DreamShardPlanner(with_product_rule(DreamShardModel.load(), "candidate"))
+    return DreamShardPlanner(with_product_rule(DreamShardModel.load(), "candidate"), split=False)
 
 
 def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | None = None, pool_tables: int = 300, seed_offset: int = 0):
@@ -204,7 +204,7 @@ def main() -> None:
     workload = Workload(batch)
     runner = SequentialRunner("triton" if args.device == "cuda" else "torch", device=args.device)
     sim = SimBackend()
-    models = {"dreamshard (shipped)": get_planner("dreamshard"), **{f"dreamshard ({os.path.basename(m)})": DreamShardPlanner(model=m) for m in args.model}}
+    models = {"dreamshard (shipped)": get_planner("dreamshard", split=False), **{f"dreamshard ({os.path.basename(m)})": DreamShardPlanner(model=m, split=False) for m in args.model}}
     planners = {**models, **{h: get_planner(h) for h in HEURISTICS}}
     if args.only:
         unknown = [p for p in args.only if p not in planners]

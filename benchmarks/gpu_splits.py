@@ -33,7 +33,7 @@ from dreamshard.tasks import sample_tasks, split_pool  # noqa: E402
 
 PLANNERS = {  # label → (registered name, options); the table-wise ones first
     "lookup": ("lookup", {}),
-    "dreamshard": ("dreamshard", {}),
+    "dreamshard": ("dreamshard", {"split": False}),
     "lookup --split": ("lookup", {"split": True}),
     "neuroshard": ("neuroshard", {}),
     "dreamshard --split": ("dreamshard", {"split": True}),

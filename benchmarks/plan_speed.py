@@ -156,8 +156,8 @@ def main() -> None:
     tables = [pool[i] for i in sorted(rng.choice(len(pool), args.tables, replace=False))]
     task = Task(tables, args.devices, 80 * 10**9)
     print(f"{args.tables} tables on {args.devices} devices; CPU: {cpu_model()} ({pinned}, 1 thread); torch {torch.__version__}, Python {platform.python_version()}")
-    runs = [(f"best of {DreamShardPlanner(args.model).best_of} (the model's setting)", DreamShardPlanner(args.model), args.repeats),
-            ("best of 1 (greedy)", DreamShardPlanner(args.model, best_of=1), args.repeats),
+    runs = [(f"best of {DreamShardPlanner(args.model).best_of} (the model's setting)", DreamShardPlanner(args.model, split=False), args.repeats),
+            ("best of 1 (greedy)", DreamShardPlanner(args.model, best_of=1, split=False), args.repeats),
             ("--split, the model's best of", DreamShardPlanner(args.model, split=True), args.repeats),
             ("neuroshard (no target)", NeuroShardPlanner(args.model), max(3, args.repeats // 10))]
     for label, planner, repeats in runs:

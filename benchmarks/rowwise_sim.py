@@ -53,7 +53,7 @@ from dreamshard.tasks import Task, Workload  # noqa: E402
 
 CAP = 24 * 10**9
 PRICED = "simulator; reduce-scatter/all-gather model derived from the all-to-all fit, not yet fitted"
-TABLE_WISE = {"dreamshard": ("dreamshard", {}), "size_lookup": ("size_lookup", {}), "lookup": ("lookup", {}), "torchrec table_wise": ("torchrec", {})}
+TABLE_WISE = {"dreamshard": ("dreamshard", {"split": False}), "size_lookup": ("size_lookup", {}), "lookup": ("lookup", {}), "torchrec table_wise": ("torchrec", {})}
 COLUMNS = {"dreamshard --split": ("dreamshard", {"split": True}), "neuroshard": ("neuroshard", {}),
            "size_lookup --split": ("size_lookup", {"split": True}), "lookup --split": ("lookup", {"split": True})}
 ROWS = {"dreamshard --split": ("dreamshard", {"split": True}), "neuroshard": ("neuroshard", {})}

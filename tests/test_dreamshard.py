@@ -734,7 +734,7 @@ def test_the_heuristics_plans_compete_with_the_policys_by_the_cost_net():
     from dreamshard.families import synth_family
     from dreamshard.planners.heuristics import GREEDY_PLANNERS
 
-    planner, policy_only = get_planner("dreamshard"), get_planner("dreamshard", heuristic_candidates=False)
+    planner, policy_only = get_planner("dreamshard", split=False), get_planner("dreamshard", heuristic_candidates=False, split=False)
     model = planner.model
     for task in sample_tasks(synth_family("hot", 200, 3), 8, (20, 40), 4, 4 * 10**9, seed=8):
         plan, own = planner.plan(task), policy_only.plan(task)
@@ -754,7 +754,7 @@ def test_a_heuristic_plan_replaces_a_policy_plan_the_cost_net_prices_dearer(pool
     import dreamshard.planners.dreamshard as ds
 
     monkeypatch.setattr(ds, "best_placement", lambda model, p, *a, **k: (np.zeros(len(p.sizes), int), None, None))
-    planner = get_planner("dreamshard")
+    planner = get_planner("dreamshard", split=False)
     for task in sample_tasks(pool, 3, (20, 30), 4, 10**12, seed=5):
         plan = planner.plan(task)
         assert len(set(plan.placement)) > 1
@@ -769,7 +769,7 @@ def test_a_stuck_policy_falls_back_to_the_heuristic_plan_its_cost_net_prices_che
     from dreamshard.planners.heuristics import GREEDY_PLANNERS
 
     monkeypatch.setattr(ds, "best_placement", lambda *a, **k: (None, None, None))
-    planner = get_planner("dreamshard")
+    planner = get_planner("dreamshard", split=False)
     model = planner.model
     for task in sample_tasks(pool, 4, (20, 30), 4, 10**12, seed=5):
         plan = planner.plan(task)
@@ -802,7 +802,7 @@ def test_campaign_checks_refuse_a_model_that_did_not_make_the_measured_plan(tmp_
 
     n, d, cap, seed = SETTINGS[0]
     task = sample_tasks(synth_family("mixed", 300, 11), 1, (n, n), d, cap, seed=seed, workload=Workload(65_536))[0]
-    planner = DreamShardPlanner()
+    planner = DreamShardPlanner(split=False)  # the campaign measured the policy's table-wise plans
     predicted = planner.plan(task).predicted["max_device_ms"]
     for recorded, ok in ((predicted, True), (predicted * 1.01, False)):
         path = tmp_path / f"plans_{ok}.csv"
