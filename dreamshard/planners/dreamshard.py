@@ -44,7 +44,7 @@ from dreamshard.packing import InfeasibleError, over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
 from dreamshard.planners.base import LazyImports, LearnedPlanner, lazy_attr, register
-from dreamshard.planners.heuristics import GREEDY_PLANNERS, task_infeasible
+from dreamshard.planners.heuristics import GREEDY_PLANNERS, greedy, task_infeasible
 from dreamshard.tasks import Task
 
 if TYPE_CHECKING:
@@ -231,10 +231,18 @@ class DreamShardPlanner(LearnedPlanner):
         heuristics' plans (each its greedy, or its proxy balanced by a memory packing), priced in
         one batch by the cost net: the cheapest, and where it came from. The heuristics cost milliseconds, and where the
         policy misplaces a family it never trained on (hot tables at tight memory) one of them is
-        often what the cost net itself prefers. Raises InfeasibleError if nothing fits."""
+        often what the cost net itself prefers. Above PACKED_CANDIDATES_MAX tables, where the
+        policy placed the task, a heuristic competes only with its greedy placement: its memory
+        packing takes seconds there (10,000 tables on 1,024 devices: ~9 s a heuristic). Raises InfeasibleError if nothing fits."""
         plans = [Plan.table_wise(task, [int(d) for d in placement], "dreamshard policy")] if placement is not None else []
         try:
             for cls in GREEDY_PLANNERS:
+                if placement is not None and len(task.tables) > PACKED_CANDIDATES_MAX:
+                    proxy = [cls().proxy(t, task) for t in task.tables]
+                    greedy_only = greedy(task, proxy)  # its memory packing would cost seconds here
+                    if greedy_only is not None:
+                        plans.append(Plan.table_wise(task, greedy_only, cls.name))
+                    continue
                 plans.append(cls().plan(task))
         except InfeasibleError:
             # a heuristic fails only when its memory packing does, and the packing depends on the
@@ -367,6 +375,7 @@ class DreamShardPlanner(LearnedPlanner):
         return Candidate(float(scorer.score(scorer.state(chosen, np.array(devices)))), chosen, devices, "cut ladder")
 
 
+PACKED_CANDIDATES_MAX = 2_000  # tables; see `_cheapest`
 DESCENT_MARGIN = 0.05  # a later round's candidate within this of the best gets a descent of its own
 
 
