@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dreamshard.costs.base import CostReport  # noqa: E402
 from dreamshard.costs.comm import CommModel, fit_comm  # noqa: E402
 from dreamshard.costs.runners.sequential import modelled_comm  # noqa: E402
-from dreamshard.families import HELD_OUT_FAMILY  # noqa: E402
+from dreamshard.families import HELD_OUT_FAMILIES  # noqa: E402
 from dreamshard.plan import load_plans  # noqa: E402
 
 PLANS = Path(__file__).resolve().parent / "results" / "gpu_comm"
@@ -97,7 +97,7 @@ def report(dirs: list[Path], sequential: Path | None = None) -> str:
             fwd, bwd, _ = modelled_comm(models[D], plan.device_tables(), plan.workload)
             comm_s = max(f + b for f, b in zip(fwd, bwd))
             by_kind.setdefault((D, kind), []).append((os_ / od - 1, comm_s / comm_d - 1, oe / od - 1, dist.details.get("e2e_launch_ms", oe) / od - 1))
-            detail.append([D, family + ("*" if family == HELD_OUT_FAMILY else ""), p["planner"], kind, f"{od:.3f}", f"{oe:.3f}", f"{os_:.3f}", pct(os_ / od - 1), pct(comm_s / comm_d - 1)])
+            detail.append([D, family + ("*" if family in HELD_OUT_FAMILIES else ""), p["planner"], kind, f"{od:.3f}", f"{oe:.3f}", f"{os_:.3f}", pct(os_ / od - 1), pct(comm_s / comm_d - 1)])
         rows = []
         for (D, kind), vals in sorted(by_kind.items()):
             err = [abs(v[0]) for v in vals]

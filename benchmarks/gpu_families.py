@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/gpu_families.py --out $OUT                      # one H200, ≤ 8 min
     PYTHONPATH=. python benchmarks/gpu_families.py --out /tmp/f --device cpu --quick  # logic check, seconds
 
-For every table family (dreamshard/families.py; the held-out one included, marked) it draws shards
+For every table family (dreamshard/families.py; the held-out ones included, marked) it draws shards
 from the family's pools — single tables and fused shards of 1–12 tables (calibrate.design_shards,
 fixed seeds) — measures each with our Triton TBE through the sequential runner's protocol (the path
 `dreamshard calibrate` measures with), prices each with the simulator (the shipped calibration, or
@@ -11,7 +11,7 @@ fixed seeds) — measures each with our Triton TBE through the sequential runner
 model, on 4 and 8 devices) the same way, device by device, the all-to-all from the shipped comm model.
 
 Two pools per family: shards from pool seed 10 are for calibration (training families only: the
-held-out family is never in them), shards from pool seed 11 and every placement are for validation.
+held-out families are never in them), shards from pool seed 11 and every placement are for validation.
 Written as it goes (a run cut short keeps everything measured so far):
   calib_records.jsonl  ShardRecords to fit from:  dreamshard calibrate --backend triton --device cuda
                        --from-records calib_records.jsonl --comm-model dreamshard/data/comm/h200_nccl.json --out FILE
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from dreamshard.costs.calibrate import MAX_SHARD_BYTES, ShardRecord, design_shards, takes_product_path, validation_report  # noqa: E402
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import FAMILIES, HELD_OUT_FAMILY, shard_bucket, synth_family  # noqa: E402
+from dreamshard.families import FAMILIES, HELD_OUT_FAMILIES, shard_bucket, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.tasks import Task, Workload, sample_tasks, split_pool  # noqa: E402
 from dreamshard.validation import InputError  # noqa: E402
@@ -96,7 +96,7 @@ class Campaign:
             out.append(rec)
             self.files["calib_records.jsonl" if role == "calib" else "val_records.jsonl"].write(json.dumps(rec.to_json()) + "\n")
             b = shard_bucket(shard, self.workload.batch_size)
-            self.shard_csv.writerow({"family": family, "held_out": family == HELD_OUT_FAMILY, "role": role, "pool_seed": pool_seed, "tables": len(shard),
+            self.shard_csv.writerow({"family": family, "held_out": family in HELD_OUT_FAMILIES, "role": role, "pool_seed": pool_seed, "tables": len(shard),
                                      "dims": " ".join(str(t.dim) for t in shard), "rows": " ".join(str(t.rows) for t in shard),
                                      "pooling": " ".join(f"{t.pooling_factor:g}" for t in shard), "bucket_dim": b["dim"], "bucket_hits": b["hits"],
                                      "bucket_pooling": b["pooling"], "measured_fwd_ms": round(cost.fwd_comp_ms, 5), "measured_bwd_ms": round(cost.bwd_comp_ms, 5),
@@ -118,7 +118,7 @@ class Campaign:
     def write_summary(self, phase: str) -> None:
         measured = [r for r in self.records if r.tables]
         summary = {"phase": phase, "elapsed_s": round(self.elapsed(), 1), "batch_size": self.workload.batch_size, "kernel": self.args.kernel,
-                   "device": self.args.device, "held_out_family": HELD_OUT_FAMILY, "calibration": self.sim.calibration.label,
+                   "device": self.args.device, "held_out_families": list(HELD_OUT_FAMILIES), "calibration": self.sim.calibration.label,
                    "shards": {f: {role: self.counts[(f, role)] for role in POOL_SEEDS} for f in FAMILIES},
                    "plans": self.plans, "errors": self.errors}
         if len(measured) >= 3:
@@ -162,11 +162,11 @@ def main() -> None:
     planners = ("lookup",) if q else PLANNERS
 
     camp = Campaign(args)
-    camp.log(f"{args.kernel} on {args.device}, B={args.batch_size}, budget {args.budget_s:.0f} s, held-out family {HELD_OUT_FAMILY!r}")
+    camp.log(f"{args.kernel} on {args.device}, B={args.batch_size}, budget {args.budget_s:.0f} s, held-out families {', '.join(HELD_OUT_FAMILIES)}")
     pools = family_pools(args)
     camp.log(f"pools synthesized: {len(pools)}")
     designed = {(f, role): design_shards(args.shards, POOL_SEEDS[role] + 1000 * i, cap, max_tables=12, pool=pools[(f, role)])
-                for i, f in enumerate(FAMILIES) for role in POOL_SEEDS if not (role == "calib" and f == HELD_OUT_FAMILY)}
+                for i, f in enumerate(FAMILIES) for role in POOL_SEEDS if not (role == "calib" and f in HELD_OUT_FAMILIES)}
     shard_deadline = args.budget_s * args.shard_share
     try:
         # shards: round j measures the j-th shard of every family and role, so a cut keeps them balanced
@@ -187,10 +187,10 @@ def main() -> None:
             for f in FAMILIES:
                 _, half = split_pool([t for t in pools[(f, "val")] if t.bytes() <= cap // 2], 0)
                 task = None
-                k = count
+                k = min(count, len(half))  # none at all where every table is over half the cap (rmc's under --quick's 64 MiB)
                 while task is None and k >= 2:
                     try:
-                        task = sample_tasks(half, 1, (min(k, len(half)), min(k, len(half))), devices, cap, seed=7, workload=camp.workload)[0]
+                        task = sample_tasks(half, 1, (k, k), devices, cap, seed=7, workload=camp.workload)[0]
                     except InputError:
                         k //= 2  # a family of huge tables (onehot) may not fit `count` of them under the cap
                 if task is None:
@@ -205,7 +205,7 @@ def main() -> None:
                     if got:
                         sim = camp.sim.evaluate(shards, camp.workload)
                         meas = max(r.fwd_ms + r.bwd_ms + d.fwd_comm_ms + d.bwd_comm_ms for r, d in zip(got, sim.devices))
-                        row = {"placement": placement, "family": f, "held_out": f == HELD_OUT_FAMILY, "tables": len(task.tables), "devices": devices,
+                        row = {"placement": placement, "family": f, "held_out": f in HELD_OUT_FAMILIES, "tables": len(task.tables), "devices": devices,
                                "max_memory_bytes": cap, "planner": p, "measured_ms": round(meas, 5), "sim_ms": round(sim.overall_ms, 5),
                                "measured_compute_ms": round(max(r.fwd_ms + r.bwd_ms for r in got), 5),
                                "sim_compute_ms": round(max(d.fwd_comp_ms + d.bwd_comp_ms for d in sim.devices), 5)}

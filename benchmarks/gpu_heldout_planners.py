@@ -1,4 +1,4 @@
-"""DreamShard against the heuristics on tasks of the held-out family, measured (issue 10's planner
+"""DreamShard against the heuristics on tasks of the held-out families, measured (issue 10's planner
 target): one time-boxed call on one H200.
 
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT                          # ≤ 9.5 min
@@ -9,16 +9,16 @@ target): one time-boxed call on one H200.
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out $OUT --settings 2 --seed-offset 1000  # fresh tasks, 8 GB setting
     PYTHONPATH=. python benchmarks/gpu_heldout_planners.py --out /tmp/h --device cpu --quick  # logic check
 
-Tasks: the held-out family (`mixed`, pool seed 11 — never in any calibration or training run),
-16 tasks per setting: 40 tables on 4 devices and 80 on 8 at 24 GB per device, and 120 on 8 at
+Tasks: the held-out families (`mixed`, `rmc`, `din`, pool seed 11 — never in any calibration or
+training run), each in turn with an equal share of --total-s, 16 tasks per setting: 40 tables on 4 devices and 80 on 8 at 24 GB per device, and 120 on 8 at
 tight memory, 8 GB per device (78–96% full on most draws). The first tasks of the first two
 settings are the ones benchmarks/gpu_shipped_model.py measured (same seeds). Planners: the shipped
 DreamShard model and any --model files beside it, the heuristics size, dim, lookup and size_lookup. Each plan is
 measured by the sequential runner on our Triton TBE (compute measured device by device, the
 all-to-all from the shipped comm model); a placement two planners share is measured once.
 Tasks are measured whole (every planner), the settings in turn, until --total-s: a cut leaves the
-settings about equally measured. With --families, each family's pool of seed 11 in turn (unseen
-tasks; only `mixed` is an unseen family), each with an equal share of --total-s.
+settings about equally measured. With --families, those families' pools of seed 11 instead (unseen
+tasks; of an unseen family only for the held-out ones).
 Written as it goes: plans.csv (one line per planner and task), summary.json (per setting: means,
 DreamShard's wins / ties / losses against the best heuristic of each task, its worst ratio to it,
 the cost net's max-device error on these measured plans), for each DreamShard model.
@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import FAMILIES, HELD_OUT_FAMILY, synth_family  # noqa: E402
+from dreamshard.families import FAMILIES, HELD_OUT_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.learned.nets import DreamShardModel  # noqa: E402
 from dreamshard.packing import format_bytes  # noqa: E402
@@ -55,6 +55,8 @@ GB = 10**9
 SETTINGS = ((40, 4, 24 * GB, 204), (80, 8, 24 * GB, 208), (120, 8, 8 * GB, 308))
 HEURISTICS = ("size", "dim", "lookup", "size_lookup")
 TIE = 0.01  # within 1% of the best heuristic: a tie (the runner's repeat-to-repeat spread is ~1%)
+# a plans.csv row without a family column is of `mixed` (files written before there was --families)
+UNNAMED_FAMILY = "mixed"
 COLUMNS = ["family", "setting", "task", "planner", "measured_ms", "measured_max_device_ms", "predicted_max_device_ms", "sim_ms", "plan_s"]
 
 
@@ -121,7 +123,7 @@ def measured_plans(plans_csv: str, planners: dict, families: Sequence[str] | Non
     Exits with a one-line error where a re-planned plan's predicted max-device cost is not the one
     the campaign recorded: that planner (or its model) is not the one that made the measured plan."""
     with open(plans_csv, newline="") as fh:
-        rows = {(r.get("family", HELD_OUT_FAMILY), r["setting"], int(r["task"]), r["planner"]): r for r in csv.DictReader(fh)}
+        rows = {(r.get("family") or UNNAMED_FAMILY, r["setting"], int(r["task"]), r["planner"]): r for r in csv.DictReader(fh)}
     workload = Workload(65_536)
     for family in dict.fromkeys(k[0] for k in rows):
         if families is not None and family not in families:
@@ -152,7 +154,7 @@ def merge(paths: list[str], out_dir: str) -> None:
     for path in paths:
         with open(path, newline="") as fh:
             for r in csv.DictReader(fh):
-                r.setdefault("family", HELD_OUT_FAMILY)
+                r["family"] = r.get("family") or UNNAMED_FAMILY
                 key = (r["family"], r["setting"], r["task"], r["planner"])
                 if key in seen:
                     continue
@@ -181,7 +183,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=16, help="held-out tasks per setting")
     ap.add_argument("--first-task", type=int, default=0, help="start at this task of each setting (to go on from a cut run)")
     ap.add_argument("--skip-done", help="a plans.csv of an earlier call: the (family, setting, task) it measured are not measured again")
-    ap.add_argument("--families", default=HELD_OUT_FAMILY, help=f"comma-separated table families (pools of seed 11), default the held-out one: {HELD_OUT_FAMILY}")
+    ap.add_argument("--families", default=",".join(HELD_OUT_FAMILIES), help=f"comma-separated table families (pools of seed 11)  [default: the held-out ones, {','.join(HELD_OUT_FAMILIES)}]")
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--total-s", type=float, default=540.0)
     ap.add_argument("--quick", action="store_true", help="CPU logic check: batch 1024, 1 task per setting, small tables")
@@ -216,11 +218,11 @@ def main() -> None:
     if unknown:
         ap.error(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
     n_tasks = 1 if args.quick else args.tasks
-    summary: dict = {"device": args.device, "batch_size": batch, "held_out_family": HELD_OUT_FAMILY, "families": families, "pool_seed": 11,
+    summary: dict = {"device": args.device, "batch_size": batch, "held_out_families": list(HELD_OUT_FAMILIES), "families": families, "pool_seed": 11,
                      "simulator": sim.calibration.label, "runner": runner.name, "tie_band": TIE, "settings": args.settings, "seed_offset": args.seed_offset}
     def tasks_of(path: str) -> set:
         with open(path, newline="") as fh:
-            return {(r.get("family", HELD_OUT_FAMILY), r["setting"], int(r["task"])) for r in csv.DictReader(fh)}
+            return {(r.get("family") or UNNAMED_FAMILY, r["setting"], int(r["task"])) for r in csv.DictReader(fh)}
 
     if args.skip_done and args.tasks_from:
         ap.error("--skip-done and --tasks-from: choose one")

@@ -25,8 +25,8 @@ Other uses:
    docs/costs.md) for both models.
    `sim`: the same training against the simulator with `--calibration` (the per-family fit), on
    the same tasks, for the comparison.
-3. Held-out tasks of the held-out family (`mixed`, pool seed 11: never in calibration or training),
-   40 tables on 4 devices and 80 on 8: every planner's plan measured by the same runner, beside
+3. Held-out tasks of every held-out family (`mixed`, `rmc`, `din`; pool seed 11: never in
+   calibration or training), 40 tables on 4 devices and 80 on 8, the families in turn: every planner's plan measured by the same runner, beside
    each model's own prediction of it (the cost net's per-plan accuracy on measured held-out plans)
    and the simulator's price. Planners: the GPU-trained model, the simulator-trained model, the
    shipped model, lookup and size_lookup. Tasks are measured whole (every planner) until
@@ -50,7 +50,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import HELD_OUT_FAMILY, TRAINING_FAMILIES, synth_family  # noqa: E402
+from dreamshard.families import HELD_OUT_FAMILIES, TRAINING_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.planners.dreamshard import DreamShardPlanner  # noqa: E402
@@ -59,7 +59,7 @@ from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
 FAMILIES_CALIBRATION = "dreamshard/data/calibrations/h200_triton_families.json"
 CAP = 24 * 10**9
 SETTINGS = ((40, 4), (80, 8))
-COLUMNS = ["task", "tables", "devices", "planner", "measured_ms", "measured_max_device_ms", "predicted_ms", "predicted_max_device_ms", "sim_ms", "split_tables"]
+COLUMNS = ["family", "task", "tables", "devices", "planner", "measured_ms", "measured_max_device_ms", "predicted_ms", "predicted_max_device_ms", "sim_ms", "split_tables"]
 
 
 def training_tasks(per_family: int, pool_tables: int, workload: Workload, families=TRAINING_FAMILIES) -> list:
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=80)
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--tasks-per-family", type=int, default=12)
-    ap.add_argument("--test-tasks", type=int, default=4, help="held-out tasks per setting")
+    ap.add_argument("--test-tasks", type=int, default=4, help="held-out tasks per family and setting")
     ap.add_argument("--pool-tables", type=int, default=300)
     ap.add_argument("--calibration", default=FAMILIES_CALIBRATION)
     ap.add_argument("--prior-plans", type=int, default=0, help="the GPU-trained model's simulator prior: plans priced by the simulator (default calibration) before measuring (Config.prior_plans)")
@@ -115,7 +115,7 @@ def main() -> None:
 
     summary: dict = {"device": args.device, "batch_size": batch, "budget": budget, "iterations": iterations, "prior_plans": args.prior_plans,
                      "kernel_features": args.kernel_features, "comm": args.comm, "training_tasks": len(tasks),
-                     "held_out_family": HELD_OUT_FAMILY, "simulator": sim.calibration.label, "models": {}}
+                     "held_out_families": list(HELD_OUT_FAMILIES), "simulator": sim.calibration.label, "models": {}}
     models = {}
     for name, backend in (("gpu", runner), ("sim", sim)):
         if name not in which:
@@ -143,13 +143,15 @@ def main() -> None:
     labels = {"gpu": "dreamshard (GPU-trained)", "sim": "dreamshard (sim-trained, family calibration)"}
     planners = {**{labels[k]: m for k, m in models.items()},
                 "dreamshard (shipped)": get_planner("dreamshard"), "lookup": get_planner("lookup"), "size_lookup": get_planner("size_lookup")}
-    held_out = synth_family(HELD_OUT_FAMILY, args.pool_tables, 11)
-    tests = [(n, d, t) for n, d in SETTINGS for t in sample_tasks(held_out, test_tasks, (n, n), d, CAP, seed=200 + d, workload=workload)]
+    # the k-th task of every held-out family and setting before the (k+1)-th: a cut leaves them about equally measured
+    drawn = {(f, n, d): sample_tasks(synth_family(f, args.pool_tables, 11), test_tasks, (n, n), d, CAP, seed=200 + d, workload=workload)
+             for f in HELD_OUT_FAMILIES for n, d in SETTINGS}
+    tests = [(f, n, d, ts[k]) for k in range(test_tasks) for (f, n, d), ts in drawn.items()]
     rows = []
     with open(os.path.join(args.out, "plans.csv"), "w", newline="") as fh:
         out = csv.DictWriter(fh, COLUMNS)
         out.writeheader()
-        for i, (n, d, task) in enumerate(tests):
+        for i, (family, n, d, task) in enumerate(tests):
             if time.monotonic() - t0 > args.total_s:
                 log(f"time box: stopping before held-out task {i} of {len(tests)}")
                 break
@@ -157,27 +159,33 @@ def main() -> None:
                 plan = planner.plan(task)
                 report = runner.evaluate_plan(plan)
                 predicted = plan.predicted or {}
-                row = {"task": i, "tables": n, "devices": d, "planner": label, "measured_ms": round(report.overall_ms, 5),
+                row = {"family": family, "task": i, "tables": n, "devices": d, "planner": label, "measured_ms": round(report.overall_ms, 5),
                        "measured_max_device_ms": round(max(c.total_ms for c in report.devices), 5),
                        "predicted_ms": predicted.get("overall_ms"), "predicted_max_device_ms": max((c["total_ms"] for c in predicted.get("devices", [])), default=None),
                        "sim_ms": round(sim.evaluate_plan(plan).overall_ms, 5), "split_tables": len(plan.split_tables())}
                 out.writerow(row)
                 fh.flush()
                 rows.append(row)
-            log(f"held-out task {i} ({n} tables, {d} devices): " + ", ".join(f"{r['planner']} {r['measured_ms']:.3f}" for r in rows[-len(planners):]))
+            log(f"held-out task {i} ({family}, {n} tables, {d} devices): " + ", ".join(f"{r['planner']} {r['measured_ms']:.3f}" for r in rows[-len(planners):]))
     done = sorted({r["task"] for r in rows})
     summary["held_out_tasks_measured"] = len(done)
-    summary["planners"] = {}
-    for label in planners:
-        mine = [r for r in rows if r["planner"] == label]
-        if not mine:
-            continue
-        entry = {"mean_measured_ms": float(np.mean([r["measured_ms"] for r in mine])), "mean_sim_ms": float(np.mean([r["sim_ms"] for r in mine]))}
-        if all(r["predicted_max_device_ms"] is not None for r in mine):
-            # the cost net's per-plan max-device error on measured held-out plans (target: ≤ 5%)
-            err = [abs(r["predicted_max_device_ms"] - r["measured_max_device_ms"]) / r["measured_max_device_ms"] for r in mine]
-            entry["cost_net_max_device_mape"] = float(np.mean(err))
-        summary["planners"][label] = entry
+
+    def entries(rows: list[dict]) -> dict:
+        out = {}
+        for label in planners:
+            mine = [r for r in rows if r["planner"] == label]
+            if not mine:
+                continue
+            entry = {"mean_measured_ms": float(np.mean([r["measured_ms"] for r in mine])), "mean_sim_ms": float(np.mean([r["sim_ms"] for r in mine]))}
+            if all(r["predicted_max_device_ms"] is not None for r in mine):
+                # the cost net's per-plan max-device error on measured held-out plans (target: ≤ 5%)
+                err = [abs(r["predicted_max_device_ms"] - r["measured_max_device_ms"]) / r["measured_max_device_ms"] for r in mine]
+                entry["cost_net_max_device_mape"] = float(np.mean(err))
+            out[label] = entry
+        return out
+
+    summary["planners"] = entries(rows)  # every held-out family's tasks together ...
+    summary["planners_by_family"] = {f: entries([r for r in rows if r["family"] == f]) for f in HELD_OUT_FAMILIES}  # ... and each alone
     summary["elapsed_s"] = round(time.monotonic() - t0, 1)
     atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
     log("done: " + json.dumps(summary["planners"]))

@@ -171,14 +171,15 @@ def data() -> None:
 
 # the names of dreamshard.families.FAMILIES (tests/test_families.py keeps them in step), written
 # out so that `--help` does not import NumPy
-FAMILY_NAMES = ["dlrm", "dlrm2022", "wide", "hot", "heavy", "onehot", "mixed"]
+FAMILY_NAMES = ["dlrm", "dlrm2022", "wide", "hot", "heavy", "onehot", "mixed", "rmc", "din"]
+HELD_OUT_NAMES = ["mixed", "rmc", "din"]  # dreamshard.families.HELD_OUT_FAMILIES, the same way
 
 
 @data.command("synth")
 @click.option("--out", required=True, type=OUT_DIR, help="directory for tables.csv and pool.json")
 @click.option("--tables", "n_tables", type=click.IntRange(1, limits.MAX_TABLES), help="number of tables  [the family's: 856; 788 for dlrm2022]")
 @click.option("--seed", default=0, show_default=True, type=SEED)
-@click.option("--family", default="dlrm", show_default=True, type=click.Choice(FAMILY_NAMES), help="table family (docs/families.md); mixed is the held-out family")
+@click.option("--family", default="dlrm", show_default=True, type=click.Choice(FAMILY_NAMES), help=f"table family (docs/families.md); held out: {', '.join(HELD_OUT_NAMES)}")
 def data_synth(out: str, n_tables: int | None, seed: int, family: str) -> None:
     """Write a synthetic table pool of a family (specs + regenerable index streams)."""
     from dreamshard.families import FAMILIES, synth_family

@@ -14,15 +14,23 @@ come from is written in docs/families.md (with the public sources).
   heavy     very heavy lognormal pooling (median 30, tail to 300)
   onehot    MLPerf DLRM-DCNv2: the 26 Criteo-1TB tables (up to 4·10^7 rows), dim 128, pooling
             1 (one-hot) or the benchmark's multi-hot sizes
-  mixed     the held-out family (HELD_OUT_FAMILY): a probe of shapes no calibration has seen, a mix of all
+  mixed     held out: a probe of shapes no calibration has seen, a mix of all
+  rmc       held out: Meta's production models RMC1–3 as DeepRecSys configures them (8 tables of
+            4·10^6 rows × dim 32 × 80 lookups, 32 of 5·10^5 × 64 × 120, 10 of 2·10^6 × 32 × 20)
+  din       held out: Alibaba's DIN on the public Taobao ad dataset as TorchEasyRec configures it
+            (16 id features of 3 to 1.14·10^6 rows, 3 behaviour-sequence tables of 50 lookups in the
+            published copy, 10–100 in later ones; dim 16)
 
-HELD_OUT_FAMILY is chosen before any result was looked at: nothing is calibrated, trained or
-tuned on it; every report includes it. Why `mixed`: it is the shape mix on which a simulator
-fitted to `dlrm` alone failed (dims 8–256 with 24/48/96/192, heavy-tailed pooling, rows 10^3–5·10^7,
-some tiny hot tables), so its error is the one to remove. Holding out `wide`
+HELD_OUT_FAMILIES are chosen before any result was looked at: nothing is calibrated, trained or
+tuned on them; every report includes them (marked). Why `mixed`: it is the shape mix on which a
+simulator fitted to `dlrm` alone failed (dims 8–256 with 24/48/96/192, heavy-tailed pooling, rows
+10^3–5·10^7, some tiny hot tables), so its error is the one to remove. Holding out `wide`
 instead would keep every non-power-of-two dim — a separate, masked kernel path — out of the
 calibration, so the held-out check would measure an unobserved kernel path rather than whether
-the model generalizes to new tables and new mixes of them in fused shards.
+the model generalizes to new tables and new mixes of them in fused shards. Why `rmc` and `din`:
+each is the table set of a real, publicly described model, not a shape range we drew: whole
+models of many alike tables with fixed heavy pooling (`rmc`), and of tiny one-hot id tables beside
+behaviour sequences (`din`); docs/families.md gives their sources.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from dreamshard.synth import DIMS, PoolConfig, published_stats, synth_pool, tabl
 from dreamshard.tables import TableSpec
 from dreamshard.validation import DIM_MULTIPLE, MAX_DIM, MAX_SEED, MAX_TABLES, OptionError
 
-HELD_OUT_FAMILY = "mixed"
+# The held-out families: nothing is calibrated, trained or tuned on them; every report carries them.
+HELD_OUT_FAMILIES = ("mixed", "rmc", "din")
 DEFAULT_FAMILY = "dlrm"
 # A generated table stays within this many bytes (fp16 weights) unless its family is defined by
 # published sizes (onehot): a task at the campaigns' settings (16–24 GB per device) can then be drawn.
@@ -50,6 +59,26 @@ CRITEO_ROWS = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000,
                40000000, 40000000, 40000000, 590152, 12973, 108, 36)
 CRITEO_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 CRITEO_DIM = 128
+
+# Meta's production recommendation-model classes RMC1–3 (Gupta et al., "The Architectural Implications of
+# Facebook's DNN-based Personalized Recommendation", HPCA 2020) as DeepRecSys configures them (Gupta et al.,
+# ISCA 2020; harvard-acc/DeepRecSys models/configs/dlrm_rm1.json, dlrm_rm2.json, dlrm_rm3.json):
+# (model, tables, rows per table, embedding dim, lookups per table and sample — fixed in the configs).
+RMC_MODELS = (("rm1", 8, 4_000_000, 32, 80), ("rm2", 32, 500_000, 64, 120), ("rm3", 10, 2_000_000, 32, 20))
+
+# Alibaba's DIN on the public Taobao display-ad dataset (Tianchi dataset 56) as Alibaba's TorchEasyRec
+# configures it (examples/multi_tower_din_taobao.config): every id feature's table (its num_buckets;
+# price's 98 boundaries make 99 buckets, pid is hashed to 20), then the behaviour sequence `click_50_seq`
+# (the user's last 50 clicks, at most 100 kept) over adgroup_id, cate_id and brand; dim 16 throughout.
+# (feature, rows, lookups per sample; None: the sequence's length)
+TAOBAO_TABLES = (("user_id", 1_141_730, 1), ("cms_segid", 98, 1), ("cms_group_id", 14, 1), ("final_gender_code", 3, 1),
+                 ("age_level", 8, 1), ("pvalue_level", 5, 1), ("shopping_level", 5, 1), ("occupation", 3, 1),
+                 ("new_user_class_level", 6, 1), ("adgroup_id", 846_812, 1), ("cate_id", 12_961, 1), ("campaign_id", 423_438, 1),
+                 ("customer", 255_877, 1), ("brand", 461_498, 1), ("price", 99, 1), ("pid", 20, 1),
+                 ("click_50_seq__adgroup_id", 846_812, None), ("click_50_seq__cate_id", 12_961, None), ("click_50_seq__brand", 461_498, None))
+TAOBAO_DIM = 16
+TAOBAO_SEQUENCE = 50  # clicks in the behaviour sequence (its name) ...
+TAOBAO_SEQUENCE_MAX = 100  # ... and the most it keeps (sequence_length)
 
 # Wide dims: probe dims (24, 48, 96, 192) and those common in production configs (multiples of 4, many not
 # powers of two), and FBGEMM's benchmark rule for mixed dims (`--mixed`: uniform in [D/2, 3D/2),
@@ -179,6 +208,40 @@ def _mixed(n: int, seed: int) -> list[TableSpec]:
     return _specs("mixed", seed, rows, dims, pf, _zipf(rng.uniform(0.2, 1.3, n)))
 
 
+def _copies(n: int, per: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Table i of a family made of copies of a published model of `per` tables: its table in the
+    model, its copy, and its rows' factor (copy 0 exactly as published, later copies jittered by up
+    to ±10% so that no two tables are alike)."""
+    feature, copy = np.arange(n) % per, np.arange(n) // per
+    return feature, copy, np.where(copy == 0, 1.0, np.exp(rng.uniform(-0.1, 0.1, n)))
+
+
+def _rmc(n: int, seed: int) -> list[TableSpec]:
+    """Copies of the 50 tables of Meta's RMC1, RMC2 and RMC3 (8 + 32 + 10): each table's dim and
+    lookups as published, its rows jittered in later copies (_copies)."""
+    rng = _rng("rmc", seed)
+    counts = [m[1] for m in RMC_MODELS]
+    base_rows, base_dims, base_pf = (np.repeat([m[k] for m in RMC_MODELS], counts) for k in (2, 3, 4))
+    feature, _, jitter = _copies(n, sum(counts), rng)
+    rows = np.maximum(np.round(base_rows[feature] * jitter), 1).astype(np.int64)
+    # the skew is our assumption (docs/families.md): the configs give no index distribution
+    return _specs("rmc", seed, rows, base_dims[feature], base_pf[feature].astype(np.float64), _zipf(rng.uniform(0.4, 1.2, n)))
+
+
+def _din(n: int, seed: int) -> list[TableSpec]:
+    """Copies of the 19 tables of DIN on Taobao: copy 0 as published (behaviour sequences of 50
+    clicks), later copies with rows jittered (_copies) and one sequence length per copy,
+    log-uniform in [10, 100] (the config's cap), shared by its three sequence tables."""
+    rng = _rng("din", seed)
+    feature, copy, jitter = _copies(n, len(TAOBAO_TABLES), rng)
+    base_rows = np.array([t[1] for t in TAOBAO_TABLES], dtype=np.float64)
+    rows = np.maximum(np.round(base_rows[feature] * jitter), 1).astype(np.int64)
+    length = np.where(np.arange(copy.max() + 1) == 0, float(TAOBAO_SEQUENCE), _log_uniform(rng, 10, TAOBAO_SEQUENCE_MAX, copy.max() + 1))
+    sequence = np.array([t[2] is None for t in TAOBAO_TABLES])[feature]
+    pf = np.where(sequence, length[copy], 1.0)
+    return _specs("din", seed, rows, np.full(n, TAOBAO_DIM), pf, _zipf(rng.uniform(0.6, 1.2, n)))
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -189,9 +252,11 @@ FAMILIES: dict[str, Family] = {
         Family("heavy", "p", "very heavy lognormal pooling (median 30, up to 300)", _heavy),
         Family("onehot", "c", "MLPerf DLRM-DCNv2: the 26 Criteo-1TB tables (up to 4e7 rows), dim 128, one-/multi-hot", _onehot),
         Family("mixed", "m", "held out: a probe — dims 8–256 incl. 24/48/96/192, heavy-tailed pooling, 10% tiny hot", _mixed),
+        Family("rmc", "r", "held out: Meta's RMC1–3 (DeepRecSys): 50 tables of 0.5–4e6 rows, dim 32/64, 20/80/120 lookups", _rmc),
+        Family("din", "d", "held out: Alibaba's DIN on Taobao (TorchEasyRec): 16 id tables of 3–1.1e6 rows, 3 sequences of 50, dim 16", _din),
     )
 }
-TRAINING_FAMILIES = tuple(name for name in FAMILIES if name != HELD_OUT_FAMILY)
+TRAINING_FAMILIES = tuple(name for name in FAMILIES if name not in HELD_OUT_FAMILIES)
 
 
 def synth_family(name: str = DEFAULT_FAMILY, tables: int | None = None, seed: int = 0) -> list[TableSpec]:

@@ -17,8 +17,13 @@ from dreamshard.families import (
     CRITEO_MULTI_HOT,
     CRITEO_ROWS,
     FAMILIES,
-    HELD_OUT_FAMILY,
+    HELD_OUT_FAMILIES,
     MAX_TABLE_BYTES,
+    RMC_MODELS,
+    TAOBAO_DIM,
+    TAOBAO_SEQUENCE,
+    TAOBAO_SEQUENCE_MAX,
+    TAOBAO_TABLES,
     TRAINING_FAMILIES,
     family_of,
     hits_per_row,
@@ -57,7 +62,7 @@ def test_family_within_limits_and_named(name):
     assert ((rows >= 1) & (rows <= MAX_ROWS)).all() and ((pf >= 0) & (pf <= MAX_POOLING_FACTOR)).all()
     assert all(0 <= t.seed <= MAX_SEED for t in tables)
     assert all(family_of(t.name) == name for t in tables)
-    if name in ("wide", "hot", "heavy", "mixed"):  # the DLRM pools and onehot keep their published sizes (10 GB tables)
+    if name in ("wide", "hot", "heavy", "mixed", "rmc", "din"):  # the DLRM pools and onehot keep their published sizes (10 GB tables)
         assert max(t.bytes() for t in tables) <= MAX_TABLE_BYTES
 
 
@@ -115,13 +120,101 @@ def test_onehot_is_the_mlperf_dcnv2_tables():
     assert 3.5e7 <= rows.max() <= 4.5e7 and (np.abs(rows[26:] / rows[:26] - 1) <= 0.106).all()
 
 
-def test_held_out_family_is_the_probe():
-    assert HELD_OUT_FAMILY in FAMILIES and HELD_OUT_FAMILY not in TRAINING_FAMILIES
-    assert set(TRAINING_FAMILIES) | {HELD_OUT_FAMILY} == set(FAMILIES)
+def test_held_out_families_are_apart_from_the_training_ones():
+    assert HELD_OUT_FAMILIES == ("mixed", "rmc", "din") and set(HELD_OUT_FAMILIES) <= set(FAMILIES)
+    assert not set(TRAINING_FAMILIES) & set(HELD_OUT_FAMILIES) and set(TRAINING_FAMILIES) | set(HELD_OUT_FAMILIES) == set(FAMILIES)
+    assert list(FAMILIES)[-len(HELD_OUT_FAMILIES):] == list(HELD_OUT_FAMILIES)  # appended: the training families' campaign seeds stay
+
+
+def test_mixed_is_the_probe():
     dims, rows, pf = _arrays(POOLS["mixed"])
     assert {24, 48, 96, 192} <= set(dims.tolist()) and dims.max() <= 256
     assert rows.min() >= 10**2 and rows.max() <= 5 * 10**7
     assert (hits_per_row(POOLS["mixed"]) > 100).mean() > 0.05  # some tiny hot tables
+
+
+def test_rmc_is_meta_rmc1_to_3_as_deeprecsys_configures_them():
+    """The published numbers (DeepRecSys models/configs/dlrm_rm{1,2,3}.json) are in the pool: copy 0
+    is the 50 tables exactly, every table's dim and lookups are its model's, rows within ±10%."""
+    per = sum(m[1] for m in RMC_MODELS)
+    assert per == 50
+    tables = synth_family("rmc", 3 * per, seed=0)
+    dims, rows, pf = _arrays(tables)
+    published = [(rows_, dim, lookups) for _, count, rows_, dim, lookups in RMC_MODELS for _ in range(count)]
+    assert list(zip(rows[:per].tolist(), dims[:per].tolist(), pf[:per].tolist())) == published
+    assert {(8, 4_000_000, 32, 80.0), (32, 500_000, 64, 120.0), (10, 2_000_000, 32, 20.0)} == \
+        {(int(((rows[:per] == r) & (dims[:per] == d) & (pf[:per] == p)).sum()), r, d, p) for r, d, p in published}
+    base = np.array(published * 3)
+    assert (dims == base[:, 1]).all() and (pf == base[:, 2]).all() and (np.abs(rows / base[:, 0] - 1) <= 0.106).all()
+    assert (rows[per:] != base[per:, 0]).mean() > 0.9  # later copies are other tables
+    # the default pool: 17 copies and the start of an 18th, every table within its model's numbers
+    dims, rows, pf = _arrays(synth_family("rmc", seed=3))
+    assert set(dims.tolist()) == {32, 64} and set(pf.tolist()) == {20.0, 80.0, 120.0}
+    assert 0.9 * 500_000 <= rows.min() and rows.max() <= 1.106 * 4_000_000
+
+
+def test_din_is_the_taobao_din_as_torcheasyrec_configures_it():
+    """The published numbers (TorchEasyRec examples/multi_tower_din_taobao.config) are in the pool:
+    copy 0 is the 19 tables exactly (16 one-hot id features, 3 behaviour sequences of 50 clicks),
+    dim 16 throughout; later copies jitter the rows by ±10% and draw one sequence length each."""
+    per = len(TAOBAO_TABLES)
+    assert per == 19 and sum(t[2] is None for t in TAOBAO_TABLES) == 3
+    tables = synth_family("din", 40 * per, seed=0)
+    dims, rows, pf = _arrays(tables)
+    assert (dims == TAOBAO_DIM).all() and TAOBAO_DIM == 16
+    assert rows[:per].tolist() == [t[1] for t in TAOBAO_TABLES]
+    assert {t[1] for t in TAOBAO_TABLES} >= {1_141_730, 846_812, 461_498, 423_438, 255_877, 12_961, 99, 20, 3}
+    sequence = np.array([t[2] is None for t in TAOBAO_TABLES] * 40)
+    assert (pf[:per][~sequence[:per]] == 1).all() and (pf[:per][sequence[:per]] == TAOBAO_SEQUENCE).all()
+    assert (pf[~sequence] == 1).all()
+    lengths = pf[sequence].reshape(40, 3)
+    assert (lengths == lengths[:, :1]).all()  # a copy's three sequences are one user's clicks
+    assert lengths.min() >= 10 and lengths.max() <= TAOBAO_SEQUENCE_MAX and len(set(lengths[:, 0].tolist())) == 40
+    base = np.array([t[1] for t in TAOBAO_TABLES] * 40)
+    assert (np.abs(rows / base - 1) <= 0.106 + 1 / base).all()  # ±10%, rounded to whole rows
+    # a tiny table is read thousands of times per row in a batch; a sequence table 50 times per sample
+    assert hits_per_row(tables[:per]).max() > 10**4
+
+
+@pytest.mark.parametrize("name", ["rmc", "din"])
+def test_new_held_out_families_draw_tasks_at_the_campaigns_settings(name):
+    """40–120 tables on 4 and 8 devices at 16–24 GB per device, from the pools the campaigns draw
+    from: the default pool's test half and gpu_heldout_planners.py's 300-table pool of seed 11."""
+    for pool in (split_pool(synth_family(name, seed=11), 0)[1], synth_family(name, 300, 11)):
+        for tables, devices, gigabytes in ((40, 4, 16), (80, 8, 24), (120, 8, 16), (120, 4, 24)):
+            tasks = sample_tasks(pool, 3, (tables, tables), devices, gigabytes * 10**9, seed=5, workload=Workload())
+            assert len(tasks) == 3 and all(len(t.tables) == tables for t in tasks)
+            assert all(sum(x.bytes() for x in t.tables) <= devices * gigabytes * 10**9 for t in tasks)
+
+
+@pytest.mark.parametrize("name", HELD_OUT_FAMILIES)
+def test_calibrate_refuses_every_held_out_family(name, tmp_path):
+    """Records of a held-out family, said in the record or read off its tables' names, are refused
+    with one line naming the family; the same records of a training family fit."""
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli
+    from dreamshard.costs.calibrate import ShardRecord, fit
+    from dreamshard.validation import DataError
+
+    train = synth_family("dlrm", 60, 0)
+    held = synth_family(name, 6, 0)
+    shards = [train[i:i + 1 + i % 4] for i in range(0, 60, 3)]
+    priced = SimBackend().shard_compute(shards, Workload(65536))
+    ok = [ShardRecord(s, 65536, "fp16", "sgd", float(f), float(b), family="dlrm") for s, (f, b) in zip(shards, priced)]
+    comm = {"latency_ms": 0.02, "bandwidth_GBps": 100.0, "serial_fraction": 0.0, "source": "test"}
+    assert fit(ok, "triton", comm).fit["families"] == ["dlrm"]
+    for said in (name, None):
+        bad = ok + [ShardRecord(held[:2], 65536, "fp16", "sgd", 0.1, 0.5, family=said)]
+        with pytest.raises(DataError, match=f"held-out family \\({name}\\)") as e:
+            fit(bad, "triton", comm)
+        assert "\n" not in str(e.value)
+    # and through the command line: the one-line error, no traceback
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in bad))
+    r = CliRunner().invoke(cli, ["calibrate", "--backend", "triton", "--from-records", str(path), "--out", str(tmp_path / "cal.json")])
+    assert r.exit_code != 0 and "held-out family" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "cal.json").exists()
 
 
 def test_dlrm2022_is_fitted_to_the_2022_stats():
@@ -195,7 +288,7 @@ GPU_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_famili
 @pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_gpu_campaign_logic_on_cpu(tmp_path):
     """benchmarks/gpu_families.py --device cpu --quick: every family measured and priced, the
-    held-out family never in the calibration records, records that `calibrate` reads, and a
+    held-out families never in the calibration records, records that `calibrate` reads, and a
     time box that still leaves a summary."""
     from dreamshard.costs.calibrate import fit, load_records, validation_report
     from dreamshard.validation import DataError
@@ -209,16 +302,22 @@ def test_gpu_campaign_logic_on_cpu(tmp_path):
     assert {row["family"] for row in shards} == set(FAMILIES)
     assert all(float(row["measured_fwd_ms"]) > 0 and float(row["sim_bwd_ms"]) > 0 for row in shards)
     calib, val = load_records(out / "calib_records.jsonl"), load_records(out / "val_records.jsonl")
-    assert {x.family for x in calib} == set(TRAINING_FAMILIES) and HELD_OUT_FAMILY in {x.family for x in val}
+    assert {x.family for x in calib} == set(TRAINING_FAMILIES) and set(HELD_OUT_FAMILIES) <= {x.family for x in val}
     plans = list(csv.DictReader((out / "placements.csv").open()))
-    assert {row["family"] for row in plans} == set(FAMILIES) and all(float(row["measured_ms"]) > 0 for row in plans)
+    # --quick caps a device at 64 MiB and takes tables of at most half of it: none of rmc's (58–282 MB)
+    unplaceable = {f for f in FAMILIES if not any(t.bytes() <= 32 * 2**20 for t in synth_family(f, 60, 11))}
+    assert unplaceable == {"rmc"}
+    assert {row["family"] for row in plans} == set(FAMILIES) - unplaceable and all(float(row["measured_ms"]) > 0 for row in plans)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["phase"] == "done" and not summary["errors"] and summary["held_out_family"] == HELD_OUT_FAMILY
+    assert summary["phase"] == "done" and summary["held_out_families"] == list(HELD_OUT_FAMILIES)
+    assert len(summary["errors"]) == 1 and summary["errors"][0].startswith("rmc: no placeable task")
     report = validation_report(SimBackend().calibration, val)
     assert {b["key"] for b in report["by_family"]} == set(FAMILIES)
-    assert [b["held_out"] for b in report["by_family"] if b["key"] == HELD_OUT_FAMILY] == [True]
+    assert {b["key"] for b in report["by_family"] if b["held_out"]} == set(HELD_OUT_FAMILIES)
+    assert {p["key"] for p in report["placements_by_family"] if p["held_out"]} == set(HELD_OUT_FAMILIES) - unplaceable
+    assert {row["family"] for row in shards if row["held_out"] == "True"} == set(HELD_OUT_FAMILIES)
     assert sum(b["shards"] for b in report["by_bucket"]["dim"]) == report["shards"]
-    assert {p["key"] for p in report["placements_by_family"]} == set(FAMILIES)
+    assert {p["key"] for p in report["placements_by_family"]} == set(FAMILIES) - unplaceable
     with pytest.raises(DataError, match="held-out family"):  # nothing is calibrated on it
         fit(val, "torch", {"latency_ms": 0.1, "bandwidth_GBps": 1.0})
     # a spent budget: no shard, no plan, still a summary saying so
@@ -230,9 +329,9 @@ def test_gpu_campaign_logic_on_cpu(tmp_path):
 
 
 def test_cli_family_choices_are_the_registry():
-    from dreamshard.cli import FAMILY_NAMES
+    from dreamshard.cli import FAMILY_NAMES, HELD_OUT_NAMES
 
-    assert FAMILY_NAMES == list(FAMILIES)
+    assert FAMILY_NAMES == list(FAMILIES) and HELD_OUT_NAMES == list(HELD_OUT_FAMILIES)
 
 
 def test_cli_synth_writes_a_family_pool(tmp_path):
@@ -264,3 +363,32 @@ def test_pools_do_not_depend_on_how_the_cpu_sorts_ties(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(synth.np, "argsort", reversed_ties)
             assert synth_family(name, 300, 11) == before, name
+
+
+def test_held_out_campaign_defaults_to_every_held_out_family_and_reads_files_without_a_family(tmp_path):
+    """benchmarks/gpu_heldout_planners.py: --families defaults to every held-out family, and a
+    plans.csv without a family column (its files before it had one) reads as `mixed`, in --merge
+    and when its plans are re-made."""
+    import csv
+    import importlib.util
+
+    from dreamshard.planners import get_planner
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_heldout_planners.py"
+    r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "mixed,rmc,din" in " ".join(r.stdout.split()), r.stdout
+    spec = importlib.util.spec_from_file_location("gpu_heldout_planners", script)
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    n, d, cap, _ = g.SETTINGS[0]
+    old = tmp_path / "old.csv"
+    with open(old, "w", newline="") as fh:
+        w = csv.DictWriter(fh, [c for c in g.COLUMNS if c != "family"])
+        w.writeheader()
+        w.writerow({"setting": g.setting_name(n, d, cap), "task": 0, "planner": "size", "measured_ms": 2.0, "measured_max_device_ms": 2.0,
+                    "predicted_max_device_ms": "", "sim_ms": 1.9, "plan_s": 0.01})
+    g.merge([str(old)], str(tmp_path / "merged"))
+    assert [row["family"] for row in csv.DictReader((tmp_path / "merged" / "plans.csv").open())] == ["mixed"]
+    assert json.loads((tmp_path / "merged" / "summary.json").read_text())["families"] == ["mixed"]
+    [(family, setting, row, plan)] = g.measured_plans(str(old), {"size": get_planner("size")})
+    assert family == "mixed" and setting == g.setting_name(n, d, cap) and len(plan.task.tables) == n

@@ -281,12 +281,14 @@ def test_fit_recovers_known_triton_coefficients():
             assert got[name] == pytest.approx(v, rel=0.02), (comp, name)
 
 
-def test_fit_refuses_the_held_out_family():
-    from dreamshard.families import HELD_OUT_FAMILY, synth_family
+@pytest.mark.parametrize("held_out", ["mixed", "rmc", "din"])
+def test_fit_refuses_the_held_out_families(held_out):
+    from dreamshard.families import HELD_OUT_FAMILIES, synth_family
     from dreamshard.validation import DataError
 
+    assert held_out in HELD_OUT_FAMILIES
     tables = synth_family("dlrm", 10, 0)
-    records = [ShardRecord(tables[:3], 65536, "fp16", "sgd", 0.1, 0.5, family="dlrm"), ShardRecord(tables[3:5], 65536, "fp16", "sgd", 0.1, 0.5, family=HELD_OUT_FAMILY)]
+    records = [ShardRecord(tables[:3], 65536, "fp16", "sgd", 0.1, 0.5, family="dlrm"), ShardRecord(tables[3:5], 65536, "fp16", "sgd", 0.1, 0.5, family=held_out)]
     with pytest.raises(DataError, match="held-out family"):
         fit(records, "triton", {"latency_ms": 0.02, "bandwidth_GBps": 100.0, "serial_fraction": 0.0, "source": "test"})
 

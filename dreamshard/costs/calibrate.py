@@ -20,7 +20,7 @@ import numpy as np
 
 from dreamshard.costs.sim import (BWD_TERMS, FWD_TERMS, KERNEL_TERMS, Calibration, SimBackend, fit_coefficients, mape, product_path_split, select_terms,
                                   shard_term_matrix, spearman)
-from dreamshard.families import HELD_OUT_FAMILY, family_of, shard_bucket
+from dreamshard.families import HELD_OUT_FAMILIES, family_of, shard_bucket
 from dreamshard.files import atomic_write
 from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, TableSpec
 from dreamshard.tasks import Workload
@@ -216,10 +216,10 @@ def fit(records: Sequence[ShardRecord], kernel: str, comm: dict, cache_bytes: fl
     L2 (Calibration.cache_bytes). `backward_of`: keep that calibration's backward and fit only the
     forward (a forward term changed, while the records' backward paths are no longer today's choice)."""
     records = [r for r in records if r.tables]  # an empty device of a placement (validation records) has no terms to fit
-    held = sum(r.family == HELD_OUT_FAMILY for r in records)
+    held = [f for f in map(record_family, records) if f in HELD_OUT_FAMILIES]
     if held:
-        raise DataError(f"{held} of the {len(records)} records are of the held-out family {HELD_OUT_FAMILY!r}: nothing is calibrated on it "
-                        f"(fit on the training families' records, e.g. gpu_families.py's calib_records.jsonl)")
+        raise DataError(f"{len(held)} of the {len(records)} records are of a held-out family ({', '.join(sorted(set(held)))}): nothing is calibrated "
+                        f"on {', '.join(HELD_OUT_FAMILIES)} (fit on the training families' records, e.g. gpu_families.py's calib_records.jsonl)")
     problem = fit_problem(records, kernel)
     if problem:
         raise DataError(problem)
@@ -291,7 +291,7 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
                    "measured_ms": round(float(tot[i]), 4), "simulated_ms": round(float(pred[i].sum()), 4), "error": round(float(err[i]) * 100, 1)}
                   for i in worst],
     }
-    # Total compute by table family (the held-out one marked) and by shape bucket of the shard's
+    # Total compute by table family (the held-out ones marked) and by shape bucket of the shard's
     # dominant table (families.shard_bucket): where the model fails, not only how much on average.
     families = [record_family(r) for r in records]
     buckets = [shard_bucket(r.tables, r0.batch_size) for r in records]
@@ -299,7 +299,7 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
     def breakdown(keys: Sequence[str]) -> list[dict]:
         keys = np.array(keys, dtype=object)
         return [{"key": k, "shards": int(m.sum()), "mape": mape(pred.sum(1)[m], tot[m]), "mean_signed_error": float(np.mean(err[m]) * 100),
-                 "fwd_mape": mape(pred[m, 0], fwd[m]), "bwd_mape": mape(pred[m, 1], bwd[m]), "held_out": k == HELD_OUT_FAMILY}
+                 "fwd_mape": mape(pred[m, 0], fwd[m]), "bwd_mape": mape(pred[m, 1], bwd[m]), "held_out": k in HELD_OUT_FAMILIES}
                 for k in sorted(set(keys.tolist())) for m in [keys == k]]
 
     if any(f is not None for f in families):
@@ -325,7 +325,7 @@ def validation_report(cal: Calibration, records: Sequence[ShardRecord]) -> dict:
         if any(fams):
             fams = np.array([f or "?" for f in fams], dtype=object)
             report["placements_by_family"] = [{"key": k, "count": int(m.sum()), "mape": mape(simd[m], meas[m]),
-                                               "mean_signed_error": float(np.mean((simd[m] - meas[m]) / meas[m]) * 100), "held_out": k == HELD_OUT_FAMILY}
+                                               "mean_signed_error": float(np.mean((simd[m] - meas[m]) / meas[m]) * 100), "held_out": k in HELD_OUT_FAMILIES}
                                               for k in sorted(set(fams.tolist())) for m in [fams == k]]
     return report
 
