@@ -68,13 +68,13 @@ def tasks_of(family: str, setting: str, count: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--quick", action="store_true", help="one task of one family and setting, five planners (a logic check)")
+    ap.add_argument("--quick", action="store_true", help="one task of one family and setting, six planners (a logic check)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     families = HELD_OUT_FAMILIES[:1] if args.quick else HELD_OUT_FAMILIES
     settings = list(SETTINGS)[:1] if args.quick else list(SETTINGS)
-    labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "lookup --split"] if args.quick else list(PLANNERS)
+    labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else list(PLANNERS)
     planners = {}
     for label in labels:
         name, options = PLANNERS[label]

@@ -1,0 +1,32 @@
+"""The held-out planner campaign's logic, end to end on the CPU: plans made here, measured (torch
+kernel, small tables), and the report's tables."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> str:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_plans_measured_and_reported(tmp_path):
+    run("benchmarks/heldout_plans.py", "--quick", "--out", str(tmp_path))
+    run("benchmarks/gpu_heldout.py", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl"), "--cpu", "--quick")
+    rows = (tmp_path / "measured.csv").read_text().splitlines()
+    # every distinct plan measured once; a plan two planners made names both
+    assert len(rows) - 1 == sum(1 for _ in (tmp_path / "plans.jsonl").open())
+    # a second call measures nothing again
+    run("benchmarks/gpu_heldout.py", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl"), "--cpu", "--quick")
+    assert (tmp_path / "measured.csv").read_text().splitlines() == rows
+    text = run("benchmarks/heldout_report.py", str(tmp_path), "--write")
+    assert (tmp_path / "report.md").read_text() == text + "\n" or (tmp_path / "report.md").read_text() in text
+    assert "## mixed (held out), 60 tables / 4 devices / 24 GB: 1 tasks" in text
+    for label in ("| dreamshard |", "| dreamshard --no-split |", "| neuroshard |", "| lookup |", "| lookup --split |"):
+        assert label in text
+    assert "| dreamshard | " in text.split("The cost net's per-plan error")[1]
+    assert "## DreamShard's search: the candidate chosen" in text
