@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 import torch
-
 from cli_helpers import invoke
+
 from dreamshard import shipped
 from dreamshard.cli import model_defaults
 from dreamshard.costs import comm
@@ -39,9 +39,9 @@ def trained(tasks, tmp_path_factory):
     """Small models of the three learned planners trained on the simulator (2 devices wide)."""
     out = tmp_path_factory.mktemp("trained")
     torch.set_num_threads(1)
-    small = {"autoshard": dict(iterations=1, measurements_per_iteration=2), "rnn": dict(iterations=1, measurements_per_iteration=2),
-             "dreamshard": dict(iterations=1, measurements_per_iteration=2, cost_steps=4, cost_batch=4, rl_batches=1, rl_tasks_per_batch=2,
-                                rl_episodes_per_task=2, best_of=2)}
+    small = {"autoshard": {"iterations": 1, "measurements_per_iteration": 2}, "rnn": {"iterations": 1, "measurements_per_iteration": 2},
+             "dreamshard": {"iterations": 1, "measurements_per_iteration": 2, "cost_steps": 4, "cost_batch": 4, "rl_batches": 1, "rl_tasks_per_batch": 2,
+                            "rl_episodes_per_task": 2, "best_of": 2}}
     for name, options in small.items():
         cls = PLANNERS[name]
         cls.fit(tasks[:4], SimBackend(), out / f"{name}.pt", cls.config(batch_size=1024, **options), progress=False)
@@ -83,7 +83,7 @@ def test_the_gpus_own_file_else_the_default_gpus_else_another_and_the_label_says
 
 
 def test_the_package_ships_dreamshards_h200_model_by_this_rule():
-    assert shipped.shipped("dreamshard") == {"h200": shipped.MODELS_DIR / "dreamshard_h200.pt"}
+    assert shipped.shipped("dreamshard")["h200"] == shipped.MODELS_DIR / "dreamshard_h200.pt"
     assert shipped.choose("dreamshard", "h200").label == "shipped H200 model"
 
 
@@ -124,6 +124,7 @@ def test_dreamshard_and_neuroshard_load_dreamshards_shipped_model_by_the_rule(tr
 
 
 def test_the_cli_help_says_where_each_planners_model_comes_from(trained, tmp_path, monkeypatch):
+    monkeypatch.setattr(shipped, "MODELS_DIR", ship(trained, tmp_path / "one", {"dreamshard_h200.pt": "dreamshard"}))
     assert model_defaults() == "dreamshard, neuroshard: the shipped H200 model by default; autoshard, rnn: required"
     folder = ship(trained, tmp_path / "models", {"autoshard_h100.pt": "autoshard", "rnn_h100.pt": "rnn", "dreamshard_h100.pt": "dreamshard",
                                                  "dreamshard_h200.pt": "dreamshard"})
