@@ -233,9 +233,13 @@ def main() -> None:
     if backend_name == "sim":
         backend = SimBackend()
     else:
+        from dreamshard.costs.kernels import unavailable_reason
         from dreamshard.costs.runners import SequentialRunner
 
-        backend = SequentialRunner(backend_name, device=args.device)
+        problem = unavailable_reason(backend_name, args.device)
+        if problem:
+            ap.error(f"--backend {backend_name} cannot run on {args.device} here: {problem}")
+        backend = SequentialRunner(backend_name, device=args.device)  # `dreamshard train --backend triton --runner sequential --device cuda`
     tasks = training_tasks(per_family, args.pool_tables, workload, families)
     say(f"{len(tasks)} training tasks on {device_name} ({gpu}); plans measured by {backend.name}; planners {', '.join(which)}")
 
