@@ -327,6 +327,20 @@ def device_summary(plan, title: str, report=None) -> Table:
     return t
 
 
+def model_defaults() -> str:
+    """What `plan --model` defaults to per planner with a model, from the shipped files
+    (`dreamshard.shipped`, the folder alone): "dreamshard, neuroshard: the shipped H200 model by
+    default; autoshard, rnn: required"."""
+    from dreamshard import shipped
+
+    uses = {"dreamshard": "dreamshard", "neuroshard": "dreamshard", "autoshard": "autoshard", "rnn": "rnn"}  # planner → whose model it plans with
+    groups: dict[str, list[str]] = {}
+    for planner, model in uses.items():
+        default = shipped.describe_default(model)
+        groups.setdefault(f"{default} by default" if default else "required", []).append(planner)
+    return "; ".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
+
+
 @cli.command("plan")
 @click.argument("tables_file", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--tasks", "tasks_file", type=click.Path(exists=True, dir_okay=False), help="plan every task of a JSONL task file instead")
@@ -336,7 +350,7 @@ def device_summary(plan, title: str, report=None) -> Table:
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="for randomized planners")
-@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help="for the planners with a model (dreamshard, neuroshard: the shipped H200 model by default; autoshard, rnn: required): a model from `dreamshard train --planner NAME`")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help=f"for the planners with a model ({model_defaults()}): a model from `dreamshard train --planner NAME`")
 @click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="for the planners that search on a cost backend (oracle): the simulator, or a kernel measured by the sequential runner")
 @click.option("--split/--no-split", default=None, help="let the planner cut tables into shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: its search, on by default; neuroshard always splits) [planner's]")

@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from dreamshard import shipped
 from dreamshard.cli import cli
 from dreamshard.costs.sim import SimBackend
 from dreamshard.learned import autoshard, rnn, sequence
@@ -19,7 +20,7 @@ from dreamshard.planners.autoshard import AutoShardPlanner
 from dreamshard.planners.rnn import RNNPlanner
 from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.tasks import Task, sample_tasks, split_pool
-from dreamshard.validation import ModelError, OptionError
+from dreamshard.validation import ModelError, NoPlanError, OptionError
 
 PEERS = {"autoshard": (AutoShardPlanner, autoshard), "rnn": (RNNPlanner, rnn)}
 
@@ -123,14 +124,16 @@ def test_a_stranded_policy_falls_back_to_a_packing_and_says_so(name, tasks, monk
     assert plan.notes == [f"{'autoshard policy' if name == 'autoshard' else 'rnn placer'} ran out of memory; used a memory packing instead"]
 
 
-def test_rnn_refuses_a_task_wider_than_its_model(tasks):
+def test_rnn_has_no_plan_for_a_task_wider_than_its_model(tasks):
+    """No plan for this task (NoPlanError): a file of tasks, `compare` and the demo go on."""
     planner = RNNPlanner(model=rnn.RNNModel(rnn.Seq2SeqPlacer(4)))
     task = tasks[1][0]
-    with pytest.raises(OptionError, match="up to 4 devices"):
+    with pytest.raises(NoPlanError, match="up to 4 devices"):
         planner.plan(Task(task.tables, 8, task.max_memory_bytes, task.workload))
 
 
-def test_peers_need_a_model_and_refuse_the_wrong_file(tmp_path):
+def test_peers_need_a_model_where_none_is_shipped_and_refuse_the_wrong_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(shipped, "MODELS_DIR", tmp_path / "none shipped")
     for name in PEERS:
         with pytest.raises(OptionError, match=f"planner {name} needs a trained model"):
             get_planner(name)

@@ -103,16 +103,29 @@ SKIP_WHY = {
 }
 
 
+def skipped(mark: str | None) -> bool:
+    return mark == "setup" or mark == "long" or (mark == "gpu" and not gpu_here())
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("readme")
+def workdir(tmp_path_factory) -> tuple[Path, set[int]]:
+    """The directory the lines run in, and the lines run there so far."""
+    return tmp_path_factory.mktemp("readme"), set()
 
 
 @pytest.mark.parametrize("line,cmd,mark", COMMANDS, ids=[f"L{n}" for n, _, _ in COMMANDS])
-def test_readme_command(workdir: Path, line: int, cmd: str, mark: str | None) -> None:
-    if mark == "setup" or mark == "long" or (mark == "gpu" and not gpu_here()):
+def test_readme_command(workdir: tuple[Path, set[int]], line: int, cmd: str, mark: str | None) -> None:
+    if skipped(mark):
         pytest.skip(f"README line {line} ({SKIP_WHY[mark]}): {cmd}")
-    run(cmd, workdir, f"README line {line}")
+    where, ran = workdir
+    # the lines before it first, where this process has not run them (pytest-xdist hands a worker
+    # some of the lines only): a line runs where the README's reader would have run its predecessors
+    for earlier, earlier_cmd, earlier_mark in COMMANDS:
+        if earlier < line and earlier not in ran and not skipped(earlier_mark):
+            run(earlier_cmd, where, f"README line {earlier} (before line {line})")
+            ran.add(earlier)
+    run(cmd, where, f"README line {line}")
+    ran.add(line)
 
 
 @pytest.mark.parametrize("line,code", python_snippets(TEXT), ids=lambda v: f"L{v}" if isinstance(v, int) else "code")

@@ -258,7 +258,10 @@ def test_compare_refuses_runner_with_sim(task_file):
     assert r.exit_code == 2 and "--runner has no effect with --backend sim" in r.output
 
 
-def test_demo_every_planner(tmp_path, needy_planner):
+def test_demo_every_planner(tmp_path, needy_planner, monkeypatch):
+    from dreamshard import cli as cli_module
+
+    monkeypatch.setattr(cli_module.console, "width", cli_module.PIPED_WIDTH)  # as piped without $COLUMNS (pytest-xdist sets COLUMNS=80)
     r = run("demo", "--workdir", tmp_path / "demo", "--devices", 2, "--tables", 10)
     assert r.exit_code == 0, r.output
     table = r.output[r.output.index("embedding step cost"):]

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dreamshard import shipped
 from dreamshard.bins import BIN_MEAN
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, comm_params_problem
 from dreamshard.costs.paths import product_us, sparse_us, table_arrays
@@ -37,7 +38,6 @@ from dreamshard.validation import ModelError, one_line
 
 COST_COMPONENTS = ("fwd_comp_ms", "bwd_comp_ms", "comm_ms")  # the three per-shard heads, in order
 MODEL_FORMAT = "dreamshard.model/1"
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "dreamshard_h200.pt"  # dreamshard/data/models
 
 
 # which tables KernelFeatures' product-path columns mark: every candidate of the path's model
@@ -547,10 +547,15 @@ class DreamShardModel:
 
     @staticmethod
     def load(path: str | Path | None = None) -> "DreamShardModel":
-        path = Path(path) if path is not None else DEFAULT_MODEL
+        """The model at `path`; None: the shipped model for this GPU (`dreamshard.shipped`: the
+        rule every learned planner's shipped model follows)."""
+        if path is None:
+            path = shipped.model_path("dreamshard")
+            if path is None:
+                raise ModelError(f"no dreamshard model is shipped in {shipped.MODELS_DIR} (this install lacks it): pass a model file")
+        path = Path(path)
         if not path.is_file():
-            hint = " (the shipped model is missing from this install)" if path == DEFAULT_MODEL else ""
-            raise ModelError(f"{path}: no such model file{hint}")
+            raise ModelError(f"{path}: no such model file")
         return DreamShardModel.from_state(load_torch_file(path, "model", ModelError), str(path))
 
 

@@ -17,7 +17,8 @@ Departures: devices without memory for the table are masked out (the 2017 placer
 limit only as a failed run with a large penalty time; masking keeps every measured plan valid, so
 no measurement is wasted), and when a table fits nowhere the episode is not measured and gets the
 batch's worst reward. The output layer has one logit per device of the widest training task: a
-model places tasks of up to that many devices and refuses wider ones.
+model places tasks of up to that many devices and has no plan for wider ones (NoPlanError: a
+file of tasks, `compare` and the demo go on with the others).
 
 Logged numbers (one JSON line per iteration): iteration, lr, measurements, collect/measured_ms,
 collect/stuck, rl/loss, rl/entropy, rl/baseline, eval/mean_ms (with eval tasks), seconds.
@@ -42,7 +43,7 @@ from dreamshard.learned.nets import mlp
 from dreamshard.learned.sequence import Episodes, Prepared, placements, prepare, with_room
 from dreamshard.tables import NUM_FEATURES
 from dreamshard.tasks import Task
-from dreamshard.validation import OptionError
+from dreamshard.validation import NoPlanError, OptionError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
@@ -107,7 +108,7 @@ def order(p: Prepared) -> np.ndarray:
 def start(net: Seq2SeqPlacer, ep: Episodes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(encoder outputs, the task's devices among the model's [E, devices], valid steps)."""
     if int(ep.devices.max()) > net.devices:
-        raise OptionError(f"this rnn model places tasks of up to {net.devices} devices; the task has {int(ep.devices.max())} (train a model on tasks as wide)")
+        raise NoPlanError(f"this rnn model places tasks of up to {net.devices} devices; the task has {int(ep.devices.max())} (train a model on tasks as wide)")
     ok = torch.arange(net.devices)[None, :] < ep.devices[:, None]
     return net.encode(ep.x), ok, ep.valid
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamshard import shipped
 from dreamshard.packing import over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
@@ -72,14 +73,16 @@ class NeuroShardPlanner(Planner):
     description = "NeuroShard (MLSys 2023): beam search over column halvings, greedy under a swept dim-sum cap, scored by the cost net (--model)"
 
     def __init__(self, model: str | Path | None = None, beam: int = 3, depth: int = 10, top: int = 10, caps: int = 11, comm_model: str | Path | None = None):
-        """`comm_model`: the comm model (file) whose collectives price row splits; None: the
-        shipped H200 NCCL model, the shipped cost net's hardware."""
+        """`model`: a model file, or None for DreamShard's shipped model for this GPU
+        (`dreamshard.shipped`). `comm_model`: the comm model (file) whose collectives price row
+        splits; None: the NCCL model shipped for `comm.DEFAULT_GPU`, the shipped cost net's
+        hardware."""
         if min(beam, top, caps) < 1 or depth < 0:
             raise OptionError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
         lazy.load()
         self.model = DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if comm_model is not None else None  # None: the shipped model of each task's device count
-        self.label = "shipped H200 model" if model is None else str(model)
+        self.label = shipped.label("dreamshard") if model is None else str(model)  # the shipped model for this GPU (dreamshard.shipped)
         self.beam, self.depth, self.top = beam, depth, top
         self.caps = np.linspace(1.0, 1.5, caps)
 
