@@ -100,7 +100,7 @@ def main() -> None:
                     what = [f"planner {label}", f"planning_ms {label} {ms:.1f}"]
                     if plan.predicted and plan.predicted.get("candidate"):
                         what.append(f"candidate {label} {plan.predicted['candidate']}")
-                    if plan.predicted:
+                    if plan.predicted and "max_device_ms" in plan.predicted:  # a cost net's prediction
                         what.append(f"predicted_ms {label} {plan.predicted['max_device_ms']:.4f}")
                     if key in seen:
                         seen[key].notes += what

@@ -56,9 +56,16 @@ def ship(trained, folder, files: dict[str, str]):
     return folder
 
 
+@pytest.fixture(autouse=True)
+def default_h200(monkeypatch):
+    """The rule's tests as if the default GPU were H200, the package's shipping H100's: a default
+    GPU with a file and without one are both exercised."""
+    monkeypatch.setattr(shipped, "DEFAULT_GPU", "h200")
+
+
 @pytest.fixture
 def cpu(monkeypatch):
-    """Planning on a machine without a GPU: for comm.DEFAULT_GPU."""
+    """Planning on a machine without a GPU: for the default GPU."""
     monkeypatch.setattr(comm, "local_gpu", lambda: None)
 
 
@@ -72,7 +79,7 @@ def test_the_gpus_own_file_else_the_default_gpus_else_another_and_the_label_says
         choice = shipped.choose("autoshard", gpu)
         assert choice.path == folder / f"autoshard_{gpu}.pt" and choice.label == f"shipped {gpu.upper()} model" and choice.note == ""
     b200 = shipped.choose("autoshard", "b200")  # none shipped for it: comm.DEFAULT_GPU's first
-    assert b200.path.name == f"autoshard_{comm.DEFAULT_GPU}.pt" and b200.label == "shipped H200 model, trained on H200; planning for B200"
+    assert b200.path.name == f"autoshard_{shipped.DEFAULT_GPU}.pt" and b200.label == "shipped H200 model, trained on H200; planning for B200"
     assert shipped.choose("rnn").path.name == "rnn_h100.pt"  # here (no GPU) for DEFAULT_GPU; only H100's shipped
     assert shipped.label("rnn") == shipped.choose("rnn").note == "shipped H100 model, trained on H100; planning for H200"
     monkeypatch.setattr(comm, "local_gpu", lambda: "h100")  # on an H100: its own
@@ -82,9 +89,12 @@ def test_the_gpus_own_file_else_the_default_gpus_else_another_and_the_label_says
     assert shipped.describe_default("rnn") == "the shipped H100 model" and shipped.describe_default("dreamshard") == ""
 
 
-def test_the_package_ships_dreamshards_h200_model_by_this_rule():
-    assert shipped.shipped("dreamshard")["h200"] == shipped.MODELS_DIR / "dreamshard_h200.pt"
-    assert shipped.choose("dreamshard", "h200").label == "shipped H200 model"
+def test_the_package_ships_every_learned_planners_h100_model_by_this_rule(monkeypatch):
+    monkeypatch.setattr(shipped, "DEFAULT_GPU", comm.DEFAULT_GPU)
+    for planner in ("dreamshard", "autoshard", "rnn"):
+        assert shipped.shipped(planner) == {"h100": shipped.MODELS_DIR / f"{planner}_h100.pt"}
+        assert shipped.choose(planner, "h100").label == "shipped H100 model"
+        assert shipped.choose(planner, "h200").label == "shipped H100 model, trained on H100; planning for H200"
 
 
 def test_peers_plan_with_their_shipped_model_without_model(trained, tasks, tmp_path, monkeypatch, cpu):
@@ -135,7 +145,7 @@ def test_the_cli_help_says_where_each_planners_model_comes_from(trained, tmp_pat
 
 def test_plan_compare_and_demo_include_the_peers_with_a_shipped_model(trained, tasks, tmp_path, monkeypatch, cpu):
     folder = ship(trained, tmp_path / "models", {"autoshard_h200.pt": "autoshard", "rnn_h200.pt": "rnn"})
-    shutil.copy(shipped.MODELS_DIR / "dreamshard_h200.pt", folder)  # the package's own
+    shutil.copy(shipped.MODELS_DIR / "dreamshard_h100.pt", folder)  # the package's own
     monkeypatch.setattr(shipped, "MODELS_DIR", folder)
     task_file = tmp_path / "tasks.jsonl"
     wide = Task(tasks[5].tables, 4, tasks[5].max_memory_bytes, tasks[5].workload, tasks[5].pool)  # wider than the rnn model (2 devices)

@@ -494,7 +494,7 @@ def _fit_bytes(x: np.ndarray, t: np.ndarray) -> tuple[float, dict]:
     return best
 
 
-DEFAULT_GPU = "h200"  # the GPU of the shipped simulator calibration and cost net: planning on a CPU prices its NVLink
+DEFAULT_GPU = "h100"  # the GPU of the shipped cost nets and comm models: planning on a CPU plans for it
 
 
 def shipped_models() -> dict[tuple[str, int], Path]:

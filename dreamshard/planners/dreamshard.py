@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from dreamshard import shipped
 from dreamshard.packing import InfeasibleError, over_bounds
 from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
@@ -183,7 +184,7 @@ class DreamShardPlanner(LearnedPlanner):
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
-        self.label = "shipped H200 model" if model is None else "trained model" if isinstance(model, DreamShardModel) else str(model)
+        self.label = shipped.label("dreamshard") if model is None else "trained model" if isinstance(model, DreamShardModel) else str(model)
         self.best_of = int(best_of) if best_of is not None else self.model.best_of
         if self.best_of < 1:
             raise ValueError(f"best_of must be >= 1, got {best_of}")
