@@ -101,7 +101,7 @@ def test_planners_json_is_the_registry():
     assert p.returncode == 0 and p.stderr == ""
     entries = {e["name"]: e for e in __import__("json").loads(p.stdout)["planners"]}
     assert sorted(entries) == sorted(PLANNERS)
-    assert entries["dreamshard"]["kind"] == "learned" and entries["dreamshard"]["options"]["split"] is False
+    assert entries["dreamshard"]["kind"] == "learned" and entries["dreamshard"]["options"]["split"] is True  # its search splits by default (--no-split)
     from dreamshard import shipped
 
     assert entries["autoshard"]["requires"] == ([] if shipped.available("autoshard") else ["model"]) and entries["oracle"]["options"]["backend"] is None
