@@ -3,7 +3,7 @@
 The package ships a learned planner's model as `dreamshard/data/models/<planner>_<gpu>.pt`,
 `<gpu>` the GPU whose measurements trained it as `costs.hardware.gpu_slug` names it (h100,
 h200). A planner given no model uses the file of the GPU visible here, else of
-`comm.DEFAULT_GPU` (the GPU of the shipped simulator calibration: planning on a CPU plans for
+`comm.DEFAULT_GPU` (the GPU the shipped models were trained on: planning on a CPU plans for
 it); where none is shipped for that GPU, the file of another (`comm.DEFAULT_GPU`'s first, then
 by name), and its label says so, as `comm.describe_choice` does for the comm models:
 "shipped H200 model", or "shipped H100 model, trained on H100; planning for H200".

@@ -61,7 +61,7 @@ def test_budget_sets_each_search_planners_own_bound(four, tmp_path, monkeypatch)
     assert load_plans(tmp_path / "o.json")[0].predicted["evaluations"] == 30
 
 
-@pytest.mark.parametrize("args", [["--planner", "lookup"], ["--planner", "dreamshard"], ["--planner", "size_lookup", "--split"]])
+@pytest.mark.parametrize("args", [["--planner", "lookup"], ["--planner", "dreamshard", "--no-split"], ["--planner", "size_lookup", "--split"]])
 def test_budget_is_refused_where_there_is_no_search(args, four, tmp_path):
     line = one_line_error(invoke("plan", four, "--devices", 2, "--max-memory", "1GB", *args, "--budget", 5, "--out", tmp_path / "p.json"))
     assert "--budget is for the search planners" in line and "oracle" in line
