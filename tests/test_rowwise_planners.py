@@ -138,9 +138,9 @@ def test_tables_larger_than_a_device_are_placed_by_row_splits(planners):
         check_rows_and_memory(plan)
         assert plan.has_row_shards() and len([s for s in plan.shards if s.table == 0]) >= 2, name
     # the planners that do not split still refuse it, naming the table
-    for name in ("dreamshard", "lookup", "size_lookup"):
+    for name, options in (("dreamshard", {"split": False}), ("lookup", {}), ("size_lookup", {})):
         with pytest.raises(InfeasibleError, match=r"table hot alone needs \d+ bytes > \d+ per device$"):
-            get_planner(name).plan(task)
+            get_planner(name, **options).plan(task)
     # more bytes than all devices hold, and a table too large even in MAX_ROW_PARTS blocks (128
     # devices hold the task, 64 blocks of the hot table do not fit one): the typed error, the bytes, why
     for devices, cap, why in [(4, int(size * 0.2), r"; table hot alone needs \d+ bytes > \d+ per device$"),
