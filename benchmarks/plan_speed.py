@@ -1,4 +1,4 @@
-"""How long `--planner dreamshard` (and with `--split`) takes to plan 200 tables on 8 devices, on
+"""How long `--planner dreamshard` (table-wise and with its search, the default) takes to plan 200 tables on 8 devices, on
 one CPU core; `neuroshard`'s time beside it. Then the first plan of held-out tasks.
 
     python benchmarks/plan_speed.py [--model MODEL.pt] [--pool DIR] [--repeats 30] [--tasks 8]
@@ -7,7 +7,8 @@ one CPU core; `neuroshard`'s time beside it. Then the first plan of held-out tas
 The whole `planner.plan(task)` call is timed (features, table order, the greedy and sampled
 episodes, picking the best, the Plan with its predictions), after warm-up runs. One core: the
 process is pinned to one CPU where the OS allows it, and torch and the BLAS libraries are held to
-one thread. Target (issues 5 and 11): ≤ 50 ms for dreamshard, with and without splits.
+one thread. Target: ≤ 1 s for dreamshard with its search (the default), 200 tables on 8 devices
+(`benchmarks/large_tasks.py` times 10,000 tables on 1,024 devices: ≤ 30 s).
 
 "first" is a task's first plan: the share of lookups and the reuse bins of the row ranges a
 planner tries (`streams.row_range_stats`) are cached per table and range, so planning a task again
@@ -81,7 +82,7 @@ def row_stats_accuracy(model: str | None) -> None:
         tried.add((table, start, stop))
         return sampled(table, start, stop)
 
-    planners = (DreamShardPlanner(model, split=True), NeuroShardPlanner(model, depth=4))
+    planners = (DreamShardPlanner(model), NeuroShardPlanner(model, depth=4))
     streams.row_shard_spec.cache_clear()
     streams.row_range_stats = recorded  # row_shard_spec reads it from the module: every range tried passes here
     try:
@@ -113,7 +114,7 @@ def row_stats_accuracy(model: str | None) -> None:
 
     changes = {"share (rel.)": lambda k: rel(share[k], share[1]), "bins (TV)": lambda k: np.abs(bins[k] - bins[1]).sum(-1) / 2,
                "sim price (rel.)": lambda k: rel(price[k], price[1])}
-    print(f"{len(ranges)} row ranges of {len({r[0] for r in ranges})} tables tried by dreamshard --split and neuroshard (depth 4) on "
+    print(f"{len(ranges)} row ranges of {len({r[0] for r in ranges})} tables tried by dreamshard and neuroshard (depth 4) on "
           f"{sum(len(t) for _, t in jobs)} tasks ({', '.join(name for name, _ in jobs)}), {len(chosen)} chosen; a sample of at most "
           f"{streams.ROW_SAMPLE_LOOKUPS:,} lookups against the whole stream at batch {REFERENCE_BATCH:,}")
     for label, pick in (("tried", np.ones(len(ranges), bool)), ("chosen", np.array([r in chosen for r in ranges]))):
@@ -158,7 +159,7 @@ def main() -> None:
     print(f"{args.tables} tables on {args.devices} devices; CPU: {cpu_model()} ({pinned}, 1 thread); torch {torch.__version__}, Python {platform.python_version()}")
     runs = [(f"best of {DreamShardPlanner(args.model).best_of} (the model's setting)", DreamShardPlanner(args.model, split=False), args.repeats),
             ("best of 1 (greedy)", DreamShardPlanner(args.model, best_of=1, split=False), args.repeats),
-            ("--split, the model's best of", DreamShardPlanner(args.model, split=True), args.repeats),
+            ("with its search (the default)", DreamShardPlanner(args.model), args.repeats),
             ("neuroshard (no target)", NeuroShardPlanner(args.model), max(3, args.repeats // 10))]
     for label, planner, repeats in runs:
         for _ in range(2):
@@ -166,7 +167,7 @@ def main() -> None:
         first, _ = timed(planner, task, repeats, cold=True)
         times, plan = timed(planner, task, repeats, cold=False)
         slowest = max(statistics.median(times), statistics.median(first))
-        verdict = "" if planner.name == "neuroshard" else "  [OK]" if slowest <= 50 else "  [OVER 50 ms]"
+        verdict = "" if planner.name == "neuroshard" else "  [OK]" if slowest <= 1000 else "  [OVER 1 s]"
         cut = f", {len(plan.split_tables())} tables split" if plan.split_tables() else ""
         print(f"{label:>32}: median {statistics.median(times):7.1f} ms, min {times[0]:7.1f}, p90 {times[int(0.9 * len(times)) - 1]:7.1f}; "
               f"first plan median {statistics.median(first):7.1f}{verdict}  predicted {plan.predicted['max_device_ms']:.3f} ms{cut}")
