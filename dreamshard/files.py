@@ -127,7 +127,8 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[BinaryIO], None
     problem = target_problem(path)
     if problem:
         raise OptionError(f"{os.fspath(path)}: {problem}")
-    path = Path(path)
+    # a symlink stays one: the file it points to is replaced, not the link by a file of its own
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if make_parents:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -162,3 +162,19 @@ def test_a_training_log_that_cannot_grow_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(OptionError, match=r"run\.jsonl: cannot write \(No space left on device\)"):
         log.write({"iteration": 1})
     assert (tmp_path / "run.jsonl").read_text() == '{"iteration": 0}\n'
+
+
+def test_an_out_that_is_a_symlink_stays_one_and_its_file_is_written(pool, tmp_path):
+    target = tmp_path / "real" / "p.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    r = invoke("plan", pool / "tables.csv", "--devices", 2, "--max-memory", "10TB", "--out", link)
+    assert r.exit_code == 0, r.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())["format"].startswith("dreamshard.plan/")
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "missing.json")
+    atomic_write(dangling, "x")
+    assert dangling.is_symlink() and (tmp_path / "missing.json").read_text() == "x"
