@@ -59,7 +59,7 @@ lazy = LazyImports(globals(), {
     "dreamshard.learned.dreamshard": "train",
     "dreamshard.learned.mdp": "CUT_MAX CutSet EpisodeBatch FastPlayer best_placement cut_set plan_cuts predict prepare",
     "dreamshard.learned.nets": "DreamShardModel plan_cost",
-    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch predicted_dict",
+    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch greedy_groups predicted_dict",
 })
 __getattr__ = lazy.getattr
 
@@ -325,9 +325,14 @@ class DreamShardPlanner(LearnedPlanner):
                              predicted={**scorer.predicted(best.pieces, np.array(best.devices), self.label), "candidate": best.source})
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
-        """The split descent from `start` (`split_descent`), or `start` where it finds nothing."""
+        """The split descent from `start` (`split_descent`), then its pieces placed afresh by the
+        greedy (swept dim caps); `start` where neither lowers the prediction."""
         pieces, devices, cost = split_descent(scorer, start.pieces, start.devices, scorer.state(start.pieces, np.array(start.devices)), self.max_splits)
-        return Candidate(cost, pieces, [int(d) for d in devices], start.source + " + descent") if cost < start.cost else start
+        best = Candidate(cost, pieces, [int(d) for d in devices], start.source + " + descent") if cost < start.cost else start
+        again, devs = greedy_batch(scorer, [best.pieces], CAPS)
+        if again[0] < best.cost * (1 - 1e-3):
+            best = Candidate(float(again[0]), best.pieces, [int(d) for d in devs[0]], best.source + " + greedy placement")
+        return best
 
     def _learned_cuts(self, scorer: PieceScorer, s: CutSet, rnd: int) -> "Candidate | None":
         """Round `rnd` of the learned split action: `best_of` episodes of the cut net and the
@@ -350,7 +355,19 @@ class DreamShardPlanner(LearnedPlanner):
             return None
         idx = np.flatnonzero(active[e])
         pieces, devices = [s.pieces[i] for i in idx], [int(d) for d in placement[e, idx]]
-        return Candidate(float(scorer.score(scorer.state(pieces, np.array(devices)))), pieces, devices, "learned cuts")
+        best = Candidate(float(scorer.score(scorer.state(pieces, np.array(devices)))), pieces, devices, "learned cuts")
+        # the same cuts of the GREEDY_CUTS cheapest distinct episodes placed afresh by NeuroShard's
+        # greedy under swept dim caps: the policy proposes the cuts, the greedy is a second placer
+        distinct: dict[bytes, int] = {}
+        for k in np.argsort(score, kind="stable"):
+            if np.isfinite(score[k]) and len(distinct) < GREEDY_CUTS:
+                distinct.setdefault(active[k].tobytes(), int(k))
+        cuts = [[s.pieces[i] for i in np.flatnonzero(active[k])] for k in distinct.values()]
+        costs, devs = greedy_groups(scorer, cuts, CAPS)
+        j = int(costs.argmin())
+        if costs[j] < best.cost:
+            best = Candidate(float(costs[j]), cuts[j], [int(d) for d in devs[j]], "learned cuts, greedy placement")
+        return best
 
     def _cut_ladder(self, scorer: PieceScorer, task: Task, whole: list[Shard]) -> "Candidate | None":
         """A model without a cut net: the policy's placements of a ladder of cuts (`cut_ladder`),
@@ -377,6 +394,8 @@ class DreamShardPlanner(LearnedPlanner):
 
 
 PACKED_CANDIDATES_MAX = 2_000  # tables; see `_cheapest`
+GREEDY_CUTS = 4  # the learned cut sets also placed by the greedy (`_learned_cuts`)
+CAPS = np.linspace(1.0, 1.5, 11)  # the greedy's dim caps, NeuroShard's sweep
 DESCENT_MARGIN = 0.05  # a later round's candidate within this of the best gets a descent of its own
 
 

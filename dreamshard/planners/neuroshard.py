@@ -44,25 +44,11 @@ from dreamshard.validation import OptionError
 # does not import torch
 lazy = LazyImports(globals(), {
     "dreamshard.learned.nets": "DreamShardModel",
-    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch",
+    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch greedy_groups",
 })
 __getattr__ = lazy.getattr
 
 ROW_CANDIDATES = 2  # tables a step may split by rows, per plan in the beam (each tried at every k)
-
-
-def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """`greedy_batch` of candidates of different piece counts: one batch per count."""
-    costs, devs = np.full(len(candidates), np.inf), [None] * len(candidates)
-    by_len: dict[int, list[int]] = {}
-    for j, c in enumerate(candidates):
-        by_len.setdefault(len(c), []).append(j)
-    for js in by_len.values():
-        cost, dev = greedy_batch(scorer, [candidates[j] for j in js], caps)
-        costs[js] = cost
-        for j, d in zip(js, dev):
-            devs[j] = d
-    return costs, devs
 
 
 @register

@@ -278,3 +278,17 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     cost = np.where(ok.all(0), scorer.score(state.reshape(E, D, -1)), np.inf).reshape(C, S)
     best = cost.argmin(1)
     return cost[np.arange(C), best], devices.reshape(C, S, n)[np.arange(C), best]
+
+
+def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """`greedy_batch` of candidates of different piece counts: one batch per count."""
+    costs, devs = np.full(len(candidates), np.inf), [None] * len(candidates)
+    by_len: dict[int, list[int]] = {}
+    for j, c in enumerate(candidates):
+        by_len.setdefault(len(c), []).append(j)
+    for js in by_len.values():
+        cost, dev = greedy_batch(scorer, [candidates[j] for j in js], caps)
+        costs[js] = cost
+        for j, d in zip(js, dev):
+            devs[j] = d
+    return costs, devs
