@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import shutil
 import sys
@@ -32,7 +33,7 @@ from dreamshard.plan import load_plans  # noqa: E402
 from gpu_comm import shrunk  # noqa: E402
 
 PLANS = Path(__file__).resolve().parent / "results" / "gpu_heldout" / "plans.jsonl"
-COLUMNS = ("family", "setting", "task", "planners", "kind", "measured_ms", "max_device_ms", "comm_ms", "wall_s")
+COLUMNS = ("family", "setting", "task", "planners", "plan", "kind", "measured_ms", "max_device_ms", "comm_ms", "wall_s")
 T0 = time.monotonic()
 
 
@@ -44,8 +45,14 @@ def planners_of(plan) -> list[str]:
     return [n[len("planner ") :] for n in plan.notes if n.startswith("planner ")]
 
 
-def plan_id(plan) -> tuple[str, str, str, str]:
-    return note(plan, "family"), note(plan, "setting"), note(plan, "task"), ";".join(planners_of(plan))
+def plan_hash(plan) -> str:
+    """12 hex digits of the plan's shards: a plan re-made differently is measured again."""
+    shards = sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)
+    return hashlib.sha1(repr(shards).encode()).hexdigest()[:12]
+
+
+def plan_id(plan) -> tuple[str, str, str, str, str]:
+    return note(plan, "family"), note(plan, "setting"), note(plan, "task"), ";".join(planners_of(plan)), plan_hash(plan)
 
 
 def main() -> None:
@@ -68,7 +75,7 @@ def main() -> None:
     done = set()
     if path.exists():
         with open(path) as fh:
-            done = {(r["family"], r["setting"], r["task"], r["planners"]) for r in csv.DictReader(fh)}
+            done = {(r["family"], r["setting"], r["task"], r["planners"], r["plan"]) for r in csv.DictReader(fh)}
     device = "cpu" if args.cpu else "cuda"
     runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
     fresh = not path.exists()
@@ -91,7 +98,7 @@ def main() -> None:
         t0 = time.monotonic()
         report = runner.evaluate_plan(plan)
         comm = max(d.fwd_comm_ms + d.bwd_comm_ms for d in report.devices)
-        writer.writerow({"family": key[0], "setting": key[1], "task": key[2], "planners": key[3], "kind": note(plan, "kind"),
+        writer.writerow({"family": key[0], "setting": key[1], "task": key[2], "planners": key[3], "plan": key[4], "kind": note(plan, "kind"),
                          "measured_ms": f"{report.overall_ms:.5f}", "max_device_ms": f"{max(d.total_ms for d in report.devices):.5f}",
                          "comm_ms": f"{comm:.5f}", "wall_s": f"{time.monotonic() - t0:.2f}"})
         fh.flush()

@@ -23,8 +23,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
+from gpu_heldout import plan_hash  # noqa: E402
 from dreamshard.plan import load_plans  # noqa: E402
 
 BEHIND = 0.02
@@ -58,7 +60,7 @@ def pct(x: float) -> str:
 def report(folder: Path) -> str:
     plans = load_plans(folder / "plans.jsonl")
     with open(folder / "measured.csv") as fh:
-        measured = {(r["family"], r["setting"], r["task"], r["planners"]): r for r in csv.DictReader(fh)}
+        measured = {(r["family"], r["setting"], r["task"], r["planners"], r["plan"]): r for r in csv.DictReader(fh)}
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
     sim = SimBackend()
     # (family, setting, task) → label → (measured ms, max-device ms, simulated ms, plan)
@@ -67,7 +69,7 @@ def report(folder: Path) -> str:
     for plan in plans:
         t = (note(plan, "family"), note(plan, "setting"), note(plan, "task"))
         labels = sorted(planners_of(plan), key=lambda lbl: plan.notes.index(f"planner {lbl}"))
-        row = measured.get((*t, ";".join(labels)))
+        row = measured.get((*t, ";".join(labels), plan_hash(plan)))
         if row is None:
             complete[t] = False
             continue

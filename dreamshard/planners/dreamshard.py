@@ -14,15 +14,17 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
 - the table-wise plan above ("policy", or "heuristic NAME");
 - the learned split action ("learned cuts"): a model with a cut net (`nets.CutNet`, trained in
   the estimated MDP: per table whole, column halves or quarters) plays `best_of` episodes of cuts
-  and placements on the task's cut set in one batch (`_learned_cuts`); a model without one has the
-  policy place a ladder of hand-made cuts instead ("cut ladder");
+  and placements on the task's cut set in one batch (`_learned_cuts`), the cuts of the cheapest
+  distinct episodes also placed by NeuroShard's greedy under swept dim caps ("learned cuts, greedy
+  placement"); a model without a cut net has the policy place a ladder of hand-made cuts instead
+  ("cut ladder");
 - row splits (docs/rowwise.md; not an action of the MDP, whose legality cannot keep a table's
   blocks on distinct devices): the 1 and 2 costliest tables that may pay split by rows over every
   device, placed by NeuroShard's greedy on the cost net ("row ladder");
 - the split descent from the cheapest of those (" + descent", `split_descent`): the cost net
   repeatedly halves a piece on the device it predicts slowest and moves one half, or splits a
   whole table there by rows over k devices, while that lowers the prediction (at most
-  `max_splits` moves).
+  `max_splits` moves); its pieces placed afresh by the greedy where that is cheaper.
 With `budget_ms`, rounds of sampled cuts (another seed each) and their descents go on until the
 time is spent: more planning time buys more candidates. A table larger than a device is
 placeable only split by rows: the search then starts from it split so
