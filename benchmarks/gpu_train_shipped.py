@@ -11,7 +11,7 @@ file of the GPU planned for, else another GPU's, said so).
 
 - **Tasks**, the same for all three: the shipped DreamShard model's — `--tasks-per-family` tasks of
   each *training* family (`families.TRAINING_FAMILIES`, pools of seed 10), 20–60 tables on 2–8
-  devices of 24 GB (`gpu_shipped_model.training_tasks`); B = 65,536, fp16, SGD.
+  devices of 24 GB (`training_tasks`); B = 65,536, fp16, SGD.
 - **Measurements**: every sampled plan measured by the sequential runner with our Triton TBE on
   the GPU (`--backend triton --runner sequential` of `dreamshard train`), all-to-all from the NCCL
   model shipped for the GPU. Each planner gets a budget of measured plans: `--budget N` for all
@@ -52,14 +52,26 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from gpu_shipped_model import training_tasks  # noqa: E402
-
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import TRAINING_FAMILIES  # noqa: E402
+from dreamshard.families import TRAINING_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import PLANNERS  # noqa: E402
-from dreamshard.tasks import Workload  # noqa: E402
+from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
 from dreamshard.validation import load_torch_file  # noqa: E402
+
+CAP = 24 * 10**9
+
+
+def training_tasks(per_family: int, pool_tables: int, workload: Workload, families=TRAINING_FAMILIES) -> list:
+    """`per_family` tasks of each family's pool of seed 10 (the calibration shards' pools): 20–60
+    tables on 2–8 devices of 24 GB."""
+    tasks = []
+    for f in families:
+        pool = synth_family(f, pool_tables, 10)
+        for k in range(per_family):
+            tasks += sample_tasks(pool, 1, (20, 60), 2 + k % 7, CAP, seed=100 + k, workload=workload)
+    return tasks
+
 
 ORDER = ("dreamshard", "autoshard", "rnn")  # trained in this order; the peers share one budget
 PEERS = ("autoshard", "rnn")

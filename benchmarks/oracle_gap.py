@@ -21,8 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from gpu_splits import PLANNERS  # noqa: E402
-from splits_sim import held_out_settings  # noqa: E402
+from splits_sim import PLANNERS, held_out_settings  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402

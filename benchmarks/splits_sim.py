@@ -4,8 +4,8 @@ held-out tasks (docs/dreamshard.md, "Splitting").
     python benchmarks/splits_sim.py [--tasks 20] [--out benchmarks/results/splits_sim.md]
 
 The four test settings of lab-archive:benchmarks/shipped_model.py, `--tasks` held-out tasks each from the
-synthetic pool's *test* half (seed 2: not the tasks benchmarks/gpu_splits.py measures), the
-planners of benchmarks/gpu_splits.py, every plan priced by the simulator (H200 calibration).
+synthetic pool's *test* half (seed 2), the
+planners below, every plan priced by the simulator (H200 calibration).
 """
 
 from __future__ import annotations
@@ -19,14 +19,21 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from gpu_splits import PLANNERS, TABLE_WISE  # noqa: E402
-
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.report import evaluate  # noqa: E402
 from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
 from dreamshard.tasks import Task, sample_tasks, split_pool  # noqa: E402
+
+PLANNERS = {  # label → (registered name, options); the table-wise ones first
+    "lookup": ("lookup", {}),
+    "dreamshard --no-split": ("dreamshard", {"split": False}),
+    "lookup --split": ("lookup", {"split": True}),
+    "neuroshard": ("neuroshard", {}),
+    "dreamshard": ("dreamshard", {}),
+}
+TABLE_WISE = ("lookup", "dreamshard --no-split")
 
 # Held-out settings on the DLRM pool's test half: the paper's, and unseen table and device counts.
 TEST_SETTINGS = [

@@ -14,7 +14,7 @@ from dreamshard.learned.nets import CUT_PARTS, DreamShardModel
 from dreamshard.planners import get_planner
 from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.tasks import Task, sample_tasks, split_pool
-from tests.test_dreamshard import canonical, small_config
+from test_dreamshard import canonical, small_config
 
 
 @pytest.fixture(scope="module")

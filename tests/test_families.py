@@ -179,7 +179,7 @@ def test_din_is_the_taobao_din_as_torcheasyrec_configures_it():
 @pytest.mark.parametrize("name", ["rmc", "din"])
 def test_new_held_out_families_draw_tasks_at_the_campaigns_settings(name):
     """40–120 tables on 4 and 8 devices at 16–24 GB per device, from the pools the campaigns draw
-    from: the default pool's test half and gpu_heldout_planners.py's 300-table pool of seed 11."""
+    from: the default pool's test half and a 300-table pool of seed 11."""
     for pool in (split_pool(synth_family(name, seed=11), 0)[1], synth_family(name, 300, 11)):
         for tables, devices, gigabytes in ((40, 4, 16), (80, 8, 24), (120, 8, 16), (120, 4, 24)):
             tasks = sample_tasks(pool, 3, (tables, tables), devices, gigabytes * 10**9, seed=5, workload=Workload())
@@ -365,30 +365,19 @@ def test_pools_do_not_depend_on_how_the_cpu_sorts_ties(monkeypatch):
             assert synth_family(name, 300, 11) == before, name
 
 
-def test_held_out_campaign_defaults_to_every_held_out_family_and_reads_files_without_a_family(tmp_path):
-    """benchmarks/gpu_heldout_planners.py: --families defaults to every held-out family, and a
-    plans.csv without a family column (its files before it had one) reads as `mixed`, in --merge
-    and when its plans are re-made."""
-    import csv
+def test_held_out_campaign_plans_every_held_out_family():
+    """benchmarks/heldout.py plans tasks of every held-out family, and only of them."""
     import importlib.util
 
-    from dreamshard.planners import get_planner
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout.py"
+    spec = importlib.util.spec_from_file_location("heldout", script)
+    h = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h)
+    assert h.HELD_OUT_FAMILIES == HELD_OUT_FAMILIES
+    for family in HELD_OUT_FAMILIES:
+        for setting, (tables, devices, _) in h.SETTINGS.items():
+            tasks = h.tasks_of(family, setting, 1)
+            assert len(tasks[0].tables) == tables and tasks[0].devices == devices
+            assert {family_of(t.name) for t in tasks[0].tables} == {family}
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_heldout_planners.py"
-    r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
-    assert r.returncode == 0 and "mixed,rmc,din" in " ".join(r.stdout.split()), r.stdout
-    spec = importlib.util.spec_from_file_location("gpu_heldout_planners", script)
-    g = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(g)
-    n, d, cap, _ = g.SETTINGS[0]
-    old = tmp_path / "old.csv"
-    with open(old, "w", newline="") as fh:
-        w = csv.DictWriter(fh, [c for c in g.COLUMNS if c != "family"])
-        w.writeheader()
-        w.writerow({"setting": g.setting_name(n, d, cap), "task": 0, "planner": "size", "measured_ms": 2.0, "measured_max_device_ms": 2.0,
-                    "predicted_max_device_ms": "", "sim_ms": 1.9, "plan_s": 0.01})
-    g.merge([str(old)], str(tmp_path / "merged"))
-    assert [row["family"] for row in csv.DictReader((tmp_path / "merged" / "plans.csv").open())] == ["mixed"]
-    assert json.loads((tmp_path / "merged" / "summary.json").read_text())["families"] == ["mixed"]
-    [(family, setting, row, plan)] = g.measured_plans(str(old), {"size": get_planner("size")})
-    assert family == "mixed" and setting == g.setting_name(n, d, cap) and len(plan.task.tables) == n
+

@@ -232,11 +232,12 @@ class DreamShardPlanner(LearnedPlanner):
     def _cheapest(self, task: Task, p, placement: np.ndarray | None) -> tuple[Plan, np.ndarray, float, str]:
         """The policy's placement (None: every episode ran out of memory) and the greedy
         heuristics' plans (each its greedy, or its proxy balanced by a memory packing), priced in
-        one batch by the cost net: the cheapest, and where it came from. The heuristics cost milliseconds, and where the
-        policy misplaces a family it never trained on (hot tables at tight memory) one of them is
-        often what the cost net itself prefers. Above PACKED_CANDIDATES_MAX tables, where the
-        policy placed the task, a heuristic competes only with its greedy placement: its memory
-        packing takes seconds there (10,000 tables on 1,024 devices: ~9 s a heuristic). Raises InfeasibleError if nothing fits."""
+        one batch by the cost net: the cheapest, and where it came from. The heuristics cost
+        milliseconds, and where the policy misplaces a family it never trained on (hot tables at
+        tight memory) one of them is often what the cost net itself prefers. Above
+        PACKED_CANDIDATES_MAX tables, where the policy placed the task, a heuristic competes only
+        with its greedy placement: its memory packing takes seconds there (10,000 tables on 1,024
+        devices: ~9 s a heuristic). Raises InfeasibleError if nothing fits."""
         plans = [Plan.table_wise(task, [int(d) for d in placement], "dreamshard policy")] if placement is not None else []
         try:
             for cls in GREEDY_PLANNERS:

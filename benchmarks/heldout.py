@@ -1,0 +1,341 @@
+"""The held-out planner campaign: every planner of the registry on tasks of every held-out family,
+its plans measured on one GPU. Three steps, one script:
+
+    .venv/bin/python benchmarks/heldout.py plan                        # here, ~10 min: benchmarks/results/gpu_heldout/plans.jsonl
+    PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT      # one H100 or H200, ≤ 9.5 min: measured.csv, summary.json
+    .venv/bin/python benchmarks/heldout.py report benchmarks/results/gpu_heldout --write   # the tables: report.md
+    # logic check here: plan --quick --out D; measure --out D --plans D/plans.jsonl --cpu --quick; report D
+
+**plan** — tasks of every held-out family (`families.HELD_OUT_FAMILIES`: tables no calibration,
+training or tuning saw; pools of seed 11), chosen by seed before any plan was looked at: TASKS
+tasks per setting, 60 tables on 4 devices at 24 GB and 120 tables on 8 devices at 16 GB, B =
+65,536, fp16. Every planner of the registry plans every task with its defaults (the shipped
+models) — the heuristics with and without --split, `dreamshard` (its search) and `dreamshard
+--no-split`, `neuroshard`, `oracle` on the simulator, `torchrec` with every sharding type,
+`autoshard`, `rnn`. The planners run here because TorchRec is not installed on the GPU machines.
+A placement several planners share is written once, naming them all ("planner ..." notes); the
+notes also carry the family, setting, task, planning time on this machine and, for the planners
+with a cost net, its prediction and the search's chosen candidate.
+
+**measure** — each plan timed by the sequential runner (our Triton TBE, shard by shard on the GPU;
+the collectives from the comm model shipped for the GPU and the plan's device count), task by
+task in the file's order, so a call cut by its budget (--budget-s) leaves whole tasks. One CSV line
+per plan, appended as it goes, keyed by the task, the planners and the hash of its shards (a plan
+re-made otherwise is measured again; `--resume DIR` keeps DIR's lines).
+
+**report** — per held-out family and setting, over the tasks whose every plan was measured: each
+planner's mean measured step, the mean of its per-task ratios to the best table-wise heuristic
+(lookup, size_lookup), its tasks more than 2% behind the best planner, its mean simulated step
+beside; the cost net's per-plan error on the measured plans of `dreamshard` and `neuroshard` by
+plan kind; which candidate of DreamShard's search won; the planning times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.families import HELD_OUT_FAMILIES, synth_family  # noqa: E402
+from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.plan import load_plans, save_plans  # noqa: E402
+from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+from dreamshard.validation import InputError  # noqa: E402
+
+T0 = time.monotonic()
+OUT = Path(__file__).resolve().parent / "results" / "gpu_heldout"
+GB = 10**9
+POOL_SEED, POOL_TABLES = 11, 400
+SETTINGS = {"60 tables / 4 devices / 24 GB": (60, 4, 24 * GB), "120 tables / 8 devices / 16 GB": (120, 8, 16 * GB)}
+TASKS = 3
+HEURISTICS = ("random", "size", "dim", "lookup", "size_lookup")
+PLANNERS: dict[str, tuple[str, dict]] = {
+    "dreamshard": ("dreamshard", {}),
+    "dreamshard --no-split": ("dreamshard", {"split": False}),
+    "neuroshard": ("neuroshard", {}),
+    "oracle (simulator)": ("oracle", {"backend": "sim"}),
+    "torchrec (all types)": ("torchrec", {"sharding_types": "all"}),
+    "autoshard": ("autoshard", {}),
+    "rnn": ("rnn", {}),
+    **{h: (h, {}) for h in HEURISTICS},
+    **{f"{h} --split": (h, {"split": True}) for h in HEURISTICS},
+}
+
+
+COLUMNS = ("family", "setting", "task", "planners", "plan", "kind", "measured_ms", "max_device_ms", "comm_ms", "wall_s")
+BEHIND = 0.02
+TABLE_WISE_BEST = ("lookup", "size_lookup")
+
+
+def plan_kind(plan) -> str:
+    """table-wise, columns, rows or rows+columns: the shard kinds the plan holds beside whole tables."""
+    rows = any(s.row_stop is not None for s in plan.shards)
+    cols = any(s.start > 0 or s.stop < plan.task.tables[s.table].dim for s in plan.shards)
+    return "rows+columns" if rows and cols else "rows" if rows else "columns" if cols else "table-wise"
+
+
+def tasks_of(family: str, setting: str, count: int):
+    tables, devices, memory = SETTINGS[setting]
+    pool = synth_family(family, POOL_TABLES, POOL_SEED)
+    seed = 700 + devices  # fixed before any plan was made
+    return sample_tasks(pool, count, (min(tables, len(pool)),) * 2, devices, memory, seed=seed, pool=f"{family}/{POOL_SEED}", workload=Workload(65_536))
+
+
+def plan_cmd(args) -> None:
+    """Every planner's plan of every held-out task, made here: OUT/plans.jsonl."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    families = HELD_OUT_FAMILIES[:1] if args.quick else HELD_OUT_FAMILIES
+    settings = list(SETTINGS)[:1] if args.quick else list(SETTINGS)
+    labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else list(PLANNERS)
+    planners = {}
+    for label in labels:
+        name, options = PLANNERS[label]
+        options = {**options, "backend": SimBackend()} if options.get("backend") == "sim" else options
+        try:
+            planners[label] = get_planner(name, **options)
+        except InputError as e:  # e.g. a learned peer with no shipped model
+            print(f"skipped {label}: {e}", flush=True)
+    plans = []
+    for family in families:
+        for setting in settings:
+            for t, task in enumerate(tasks_of(family, setting, 1 if args.quick else TASKS)):
+                seen: dict[tuple, object] = {}
+                for label, planner in planners.items():
+                    t0 = time.perf_counter()
+                    try:
+                        plan = planner.plan(task)
+                    except InputError as e:  # TorchRec's reservation refuses some tasks the others place
+                        print(f"{family:10s} {setting} task {t} {label:22s} no plan: {e}", flush=True)
+                        continue
+                    ms = (time.perf_counter() - t0) * 1e3
+                    key = tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards))
+                    what = [f"planner {label}", f"planning_ms {label} {ms:.1f}"]
+                    if plan.predicted and plan.predicted.get("candidate"):
+                        what.append(f"candidate {label} {plan.predicted['candidate']}")
+                    if plan.predicted and "max_device_ms" in plan.predicted:  # a cost net's prediction
+                        what.append(f"predicted_ms {label} {plan.predicted['max_device_ms']:.4f}")
+                    if key in seen:
+                        seen[key].notes += what
+                        continue
+                    plan.planner = label
+                    plan.notes = [f"family {family}", f"setting {setting}", f"task {t}", f"kind {plan_kind(plan)}", *what, *(f"note {label}: {n}" for n in plan.notes)]
+                    seen[key] = plan
+                    plans.append(plan)
+                    print(f"{family:10s} {setting} task {t} {label:22s} {plan_kind(plan):12s} {ms:8.1f} ms", flush=True)
+                save_plans(plans, out / "plans.jsonl")  # after every task: a cut run keeps what it planned
+    print(f"wrote {out / 'plans.jsonl'}: {len(plans)} plans")
+
+
+
+def note(plan, key: str) -> str:
+    return next(n[len(key) + 1 :] for n in plan.notes if n.startswith(key + " "))
+
+
+def planners_of(plan) -> list[str]:
+    return [n[len("planner ") :] for n in plan.notes if n.startswith("planner ")]
+
+
+def plan_hash(plan) -> str:
+    """12 hex digits of the plan's shards: a plan re-made differently is measured again."""
+    shards = sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)
+    return hashlib.sha1(repr(shards).encode()).hexdigest()[:12]
+
+
+def plan_id(plan) -> tuple[str, str, str, str, str]:
+    return note(plan, "family"), note(plan, "setting"), note(plan, "task"), ";".join(planners_of(plan)), plan_hash(plan)
+
+
+def measure_cmd(args) -> None:
+    """Every plan of the plans file measured by the sequential runner: OUT/measured.csv, OUT/summary.json."""
+    from dataclasses import replace
+
+    from dreamshard.costs.hardware import describe_hardware, software_versions
+    from dreamshard.costs.runners import SequentialRunner
+    from gpu_comm import shrunk
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plans = load_plans(args.plans)
+    path = out / "measured.csv"
+    if args.resume and Path(args.resume, "measured.csv") != path:
+        shutil.copy(Path(args.resume, "measured.csv"), path)
+    done = set()
+    if path.exists():
+        with open(path) as fh:
+            done = {(r["family"], r["setting"], r["task"], r["planners"], r["plan"]) for r in csv.DictReader(fh)}
+    device = "cpu" if args.cpu else "cuda"
+    runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
+    fresh = not path.exists()
+    fh = open(path, "a", newline="")
+    writer = csv.DictWriter(fh, COLUMNS)
+    if fresh:
+        writer.writeheader()
+    last_task, measured = None, 0
+    for plan in plans:
+        key = plan_id(plan)
+        if key in done:
+            continue
+        if key[:3] != last_task and time.monotonic() - T0 > args.budget_s:
+            print(f"[{time.monotonic() - T0:6.1f}s] budget spent: stopping before {key[:3]}", flush=True)
+            break
+        last_task = key[:3]
+        if args.quick:  # small tables and batch: the logic on a CPU in seconds
+            plan = shrunk(plan)
+            plan = replace(plan, task=replace(plan.task, workload=replace(plan.task.workload, batch_size=256)))
+        t0 = time.monotonic()
+        report = runner.evaluate_plan(plan)
+        comm = max(d.fwd_comm_ms + d.bwd_comm_ms for d in report.devices)
+        writer.writerow({"family": key[0], "setting": key[1], "task": key[2], "planners": key[3], "plan": key[4], "kind": note(plan, "kind"),
+                         "measured_ms": f"{report.overall_ms:.5f}", "max_device_ms": f"{max(d.total_ms for d in report.devices):.5f}",
+                         "comm_ms": f"{comm:.5f}", "wall_s": f"{time.monotonic() - t0:.2f}"})
+        fh.flush()
+        measured += 1
+        print(f"[{time.monotonic() - T0:6.1f}s] {key[0]:10s} {key[1]} task {key[2]} {report.overall_ms:8.3f} ms  {key[3]}", flush=True)
+    fh.close()
+    summary = {"device": describe_hardware(device, 1), "versions": software_versions(), "runner": runner.name, "plans_file": str(args.plans),
+               "measured_this_call": measured, "wall_s": round(time.monotonic() - T0, 1),
+               "command": " ".join(["benchmarks/heldout.py", *sys.argv[1:]])}
+    atomic_write(out / "summary.json", json.dumps(summary, indent=1))
+    print(json.dumps(summary), flush=True)
+
+
+
+def notes_with(plan, key: str) -> dict[str, str]:
+    """label → value of the notes `key LABEL VALUE` (per planner of a shared plan)."""
+    out = {}
+    for n in plan.notes:
+        if n.startswith(key + " "):
+            rest = n[len(key) + 1 :]
+            label = next(lbl for lbl in planners_longest_first(plan) if rest.startswith(lbl + " "))
+            out[label] = rest[len(label) + 1 :]
+    return out
+
+
+def planners_longest_first(plan) -> list[str]:
+    # longest first, so that "dreamshard --no-split 1.2" is not read as "dreamshard" + "--no-split 1.2"
+    return sorted((n[len("planner ") :] for n in plan.notes if n.startswith("planner ")), key=len, reverse=True)
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def report(folder: Path) -> str:
+    plans = load_plans(folder / "plans.jsonl")
+    with open(folder / "measured.csv") as fh:
+        measured = {(r["family"], r["setting"], r["task"], r["planners"], r["plan"]): r for r in csv.DictReader(fh)}
+    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
+    sim = SimBackend()
+    # (family, setting, task) → label → (measured ms, max-device ms, simulated ms, plan)
+    tasks: dict[tuple, dict] = defaultdict(dict)
+    complete: dict[tuple, bool] = defaultdict(lambda: True)
+    for plan in plans:
+        t = (note(plan, "family"), note(plan, "setting"), note(plan, "task"))
+        labels = planners_of(plan)
+        row = measured.get((*t, ";".join(labels), plan_hash(plan)))
+        if row is None:
+            complete[t] = False
+            continue
+        simulated = sim.evaluate_plan(plan).overall_ms
+        for label in labels:
+            tasks[t][label] = (float(row["measured_ms"]), float(row["max_device_ms"]), simulated, plan)
+    done = {t: v for t, v in tasks.items() if complete[t]}
+    lines = [f"Measured on {summary.get('device', '?')} ({summary.get('runner', '?')}; `{summary.get('command', '?')}`); "
+             f"versions {summary.get('versions', '?')}. Simulator: {sim.calibration.label}.", ""]
+    groups = sorted({t[:2] for t in done})
+    labels_all = list(dict.fromkeys(lbl for t in done.values() for lbl in t))
+    for family, setting in groups:
+        ts = [t for t in done if t[:2] == (family, setting)]
+        lines += [f"## {family} (held out), {setting}: {len(ts)} tasks", "",
+                  "| planner | measured mean ms | vs best table-wise heuristic (mean of per-task ratios) | tasks > 2% behind the best | worst vs the best | simulated mean ms |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        rows = []
+        for label in labels_all:
+            have = [t for t in ts if label in done[t]]
+            if len(have) < len(ts):
+                rows.append((np.inf, f"| {label} | no plan on {len(ts) - len(have)} of {len(ts)} tasks | | | | |"))
+                continue
+            ms = [done[t][label][0] for t in ts]
+            base = [min(done[t][h][0] for h in TABLE_WISE_BEST) for t in ts]
+            best = [min(v[0] for v in done[t].values()) for t in ts]
+            ratio = float(np.mean([m / b - 1 for m, b in zip(ms, base)]))
+            behind = sum(m > b * (1 + BEHIND) for m, b in zip(ms, best))
+            worst = max(m / b - 1 for m, b in zip(ms, best))
+            simm = float(np.mean([done[t][label][2] for t in ts]))
+            rows.append((float(np.mean(ms)), f"| {label} | {np.mean(ms):.3f} | {pct(ratio)} | {behind} | {pct(worst)} | {simm:.3f} |"))
+        lines += [r for _, r in sorted(rows, key=lambda r: r[0])] + [""]
+    # the cost net on measured held-out plans, by plan kind
+    lines += ["## The cost net's per-plan error on the measured plans (predicted vs measured max-device step)", "",
+              "| planner | plan kind | plans | median abs error | max abs error | mean signed |", "|---|---|---:|---:|---:|---:|"]
+    for label in ("dreamshard", "dreamshard --no-split", "neuroshard"):
+        errs: dict[str, list[float]] = defaultdict(list)
+        for t in done.values():
+            if label not in t:
+                continue
+            _, maxdev, _, plan = t[label]
+            pred = notes_with(plan, "predicted_ms").get(label)
+            if pred is not None:
+                errs[note(plan, "kind")].append(float(pred) / maxdev - 1)
+        for kind, e in sorted(errs.items()):
+            a = np.abs(e)
+            lines.append(f"| {label} | {kind} | {len(e)} | {np.median(a) * 100:.1f}% | {a.max() * 100:.1f}% | {pct(float(np.mean(e)))} |")
+    # where DreamShard's plan came from
+    won = Counter(notes_with(t["dreamshard"][3], "candidate").get("dreamshard", "?") for t in done.values() if "dreamshard" in t)
+    lines += ["", "## DreamShard's search: the candidate chosen, over the measured tasks", "", "| candidate | tasks |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in won.most_common()]
+    # planning time on the machine that made the plans
+    times: dict[str, list[float]] = defaultdict(list)
+    for plan in plans:
+        for label, v in notes_with(plan, "planning_ms").items():
+            times[label].append(float(v))
+    lines += ["", "## Planning time per task (ms, on the CPU that made the plans: `benchmarks/heldout.py plan`)", "", "| planner | mean | max |", "|---|---:|---:|"]
+    lines += [f"| {k} | {np.mean(v):.0f} | {max(v):.0f} |" for k, v in sorted(times.items(), key=lambda kv: np.mean(kv[1]))]
+    return "\n".join(lines) + "\n"
+
+
+def report_cmd(args) -> None:
+    text = report(Path(args.folder))
+    if args.write:
+        Path(args.folder, "report.md").write_text(text)
+    print(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help=plan_cmd.__doc__)
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--quick", action="store_true", help="one task of one family and setting, six planners (a logic check)")
+    p.set_defaults(run=plan_cmd)
+    m = sub.add_parser("measure", help=measure_cmd.__doc__)
+    m.add_argument("--out", required=True)
+    m.add_argument("--plans", default=str(OUT / "plans.jsonl"))
+    m.add_argument("--budget-s", type=float, default=540.0, help="no new task after this many seconds")
+    m.add_argument("--resume", help="an earlier call's OUT: its measured.csv is kept and its plans are not measured again")
+    m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
+    m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
+    m.set_defaults(run=measure_cmd)
+    r = sub.add_parser("report", help="the tables, from FOLDER's plans.jsonl, measured.csv and summary.json")
+    r.add_argument("folder")
+    r.add_argument("--write", action="store_true", help="write FOLDER/report.md")
+    r.set_defaults(run=report_cmd)
+    args = ap.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
