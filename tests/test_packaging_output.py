@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import small_pool
 
 import dreamshard
 
@@ -78,10 +79,7 @@ def piped(*args, columns=None):
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    out = tmp_path_factory.mktemp("pool")
-    p = piped("data", "synth", "--out", out, "--tables", 40, "--seed", 3)
-    assert p.returncode == 0, p.stderr
-    return out
+    return small_pool(tmp_path_factory, 40, 3)
 
 
 @pytest.mark.parametrize("args", [["planners"], ["planners", "--json"], ["--help"], ["plan", "--help"]])

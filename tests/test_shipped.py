@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from cli_helpers import invoke
+from cli_helpers import invoke, small_pool
 
 from dreamshard import shipped
 from dreamshard.cli import model_defaults
@@ -19,7 +19,7 @@ from dreamshard.costs.sim import SimBackend
 from dreamshard.learned.nets import DreamShardModel
 from dreamshard.planners import PLANNERS, get_planner
 from dreamshard.report import missing_arguments
-from dreamshard.synth import PoolConfig, synth_pool, write_pool
+from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.tasks import Task, sample_tasks, save_tasks
 from dreamshard.validation import ModelError, OptionError
 
@@ -27,11 +27,8 @@ from dreamshard.validation import ModelError, OptionError
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
     """Six tasks of 8–12 tables on 2 devices, of a pool written to disk (a task file names it)."""
-    folder = tmp_path_factory.mktemp("pool")
-    config = PoolConfig(tables=60, seed=3)
-    pool = synth_pool(config)
-    write_pool(pool, folder, config)
-    return sample_tasks(pool, 6, (8, 12), 2, 5 * 10**9, seed=4, pool=str(folder))
+    folder = small_pool(tmp_path_factory, 60, 3)
+    return sample_tasks(synth_pool(PoolConfig(tables=60, seed=3)), 6, (8, 12), 2, 5 * 10**9, seed=4, pool=str(folder))
 
 
 @pytest.fixture(scope="module")
