@@ -102,14 +102,20 @@ class Rollout:
     overall: torch.Tensor  # [E] predicted overall cost, units (reward = -overall)
 
 
-def table_order(cost_net: CostNet, cenc: torch.Tensor, table_mask: torch.Tensor, comm_units: np.ndarray | None = None) -> torch.Tensor:
-    """[E, T] table indices, most expensive first by predicted single-table cost; padding last.
-    `comm_units` [E, T]: the comm model's all-to-all of each table alone on a device, in place of
-    the comm head's."""
+def alone_costs(cost_net: CostNet, comm: CommFormula | None, batch: EpisodeBatch, cenc: torch.Tensor) -> torch.Tensor:
+    """[E, T] each table's predicted cost alone on a device (fwd + bwd + comm, units; with `comm`,
+    the comm model's all-to-all of the table alone in place of the comm head's), padding −inf."""
     single = cost_net.shard_costs(cenc)
-    if comm_units is not None:
-        single = replace_comm(single, comm_units)
-    return torch.argsort(single.sum(-1).masked_fill(~table_mask, float("-inf")), dim=1, descending=True, stable=True)
+    if comm is not None:
+        dims = torch.from_numpy(batch.dims if batch.dims is not None else np.zeros(batch.sizes.shape))
+        single = replace_comm(single, batch.comm_units(comm, dims, float(cost_net.scale)))
+    return single.sum(-1).masked_fill(~batch.table_mask, float("-inf"))
+
+
+def table_order(cost_net: CostNet, comm: CommFormula | None, batch: EpisodeBatch, cenc: torch.Tensor) -> torch.Tensor:
+    """[E, T] table indices, most expensive first by predicted single-table cost (`alone_costs`);
+    padding last."""
+    return torch.argsort(alone_costs(cost_net, comm, batch, cenc), dim=1, descending=True, stable=True)
 
 
 def remaining_max(sizes_o: torch.Tensor) -> torch.Tensor:
@@ -165,7 +171,7 @@ def rollout(
     dims = torch.from_numpy(batch.dims if batch.dims is not None else np.zeros((E, T)))
     with torch.no_grad():
         cenc = cost_net.encode(batch.x)  # [E, T, H]
-        order = table_order(cost_net, cenc, batch.table_mask, None if comm is None else batch.comm_units(comm, dims, scale))
+        order = table_order(cost_net, comm, batch, cenc)
     penc = policy.encode(batch.x)
 
     def in_order(t: torch.Tensor) -> torch.Tensor:
@@ -250,8 +256,7 @@ def predict(cost_net: CostNet, batch: EpisodeBatch, placement: torch.Tensor, com
 # would need distinct devices, which this MDP's legality does not know (the planner's search
 # offers them).
 
-CUT_SHARE = 0.25  # a table is offered cuts where alone it is predicted at least this share of a device's mean load
-CUT_MAX = 256  # and among the CUT_MAX costliest such tables (a task of thousands of tables)
+CUT_MAX = 256  # the planner offers cuts to the CUT_MAX tables costliest alone (a task of thousands of tables)
 
 
 @dataclass
@@ -302,15 +307,6 @@ def cut_set(task: Task, model: DreamShardModel, offered: np.ndarray | None = Non
     ptask = Task([q.spec(task.tables[q.table]) for q in pieces], task.devices, task.max_memory_bytes, task.workload, task.pool)
     prepared = prepare(ptask, model.normalization, model.linear_features, model.kernel)
     return CutSet(task, prepared, pieces, owner_a, option_a, first, whole, legal)
-
-
-def alone_costs(cost_net: CostNet, comm: CommFormula | None, batch: EpisodeBatch, cenc: torch.Tensor) -> torch.Tensor:
-    """[E, T] each table's predicted cost alone on a device (fwd + bwd + comm, units), padding −inf."""
-    single = cost_net.shard_costs(cenc)
-    if comm is not None:
-        dims = torch.from_numpy(batch.dims if batch.dims is not None else np.zeros(batch.sizes.shape))
-        single = replace_comm(single, batch.comm_units(comm, dims, float(cost_net.scale)))
-    return single.sum(-1).masked_fill(~batch.table_mask, float("-inf"))
 
 
 @dataclass
