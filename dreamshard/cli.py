@@ -1018,6 +1018,69 @@ def compare_cmd(ctx, tasks_file, planner_list, backend, runner, device, batch_si
         console.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
+@cli.group("bench", cls=Group)
+def bench() -> None:
+    """The results suite: the DreamShard paper's table and the field's, in one command."""
+
+
+@bench.command("paper")
+@click.option("--out", required=True, type=OUT_DIR, help="run folder: rows.jsonl, plans.jsonl, models/, results.md, results.csv (an existing run resumes)")
+@click.option("--quick", is_flag=True, help="two paper settings and one held-out family, 3 tasks each, the shipped models (minutes on a CPU)")
+@click.option("--suite", default=",".join(["paper", "families", "mlperf"]), show_default=True,
+              help="comma-separated: paper (its ten settings), families (every table family, 4 and 8 devices), mlperf (DLRM-DCNv2's 26 tables)")
+@click.option("--tasks", default=50, show_default=True, type=click.IntRange(1, limits.MAX_TASKS), help="train and test tasks per paper setting")
+@click.option("--family-tasks", default=5, show_default=True, type=click.IntRange(1, limits.MAX_TASKS), help="test tasks per family setting")
+@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1, 100), help="runs of each setting (pool split, tasks, training): cells are mean ± std over them")
+@click.option("--train-budget", default=100, show_default=True, type=click.IntRange(0, limits.MAX_BUDGET),
+              help="measured plans per learned planner, trained per paper setting on its train tasks (0: the shipped models)")
+@click.option("--oracle-budget", default=4000, show_default=True, type=click.IntRange(1, limits.MAX_BUDGET), help="the oracle's evaluations on the simulator per task")
+@click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
+              help="what prices the plans and trains the learned planners (as for `compare`)")
+@click.option("--runner", default="sequential", show_default=True, type=click.Choice(["distributed", "sequential"]), help="with a kernel: as for `compare`")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
+@click.pass_context
+def bench_paper(ctx, out, quick, suite, tasks, family_tasks, seeds, train_budget, oracle_budget, backend, runner, device) -> None:
+    """Every planner on the paper's ten settings (DLRM-20…100 on 4 devices, 40…200 on 8, dim-16
+    tables, 5 GB), the table families and MLPerf DLRM-DCNv2: results.md, results.csv."""
+    from dreamshard import bench as results
+
+    if backend == "sim":
+        refuse_unused(ctx, ["runner", "device"], "with --backend sim (the simulator measures nothing)")
+    names = [s.strip() for s in suite.split(",") if s.strip()]
+    unknown = [s for s in names if s not in results.SUITES]
+    if unknown or not names:
+        raise OptionError(f"--suite: {', '.join(unknown) or 'nothing given'}: choose from {', '.join(results.SUITES)}")
+    if quick:
+        refuse_unused(ctx, ["suite", "tasks", "family_tasks", "train_budget"], "with --quick (its settings are fixed)")
+        chosen, train_budget, oracle_budget = results.quick_settings(), 0, min(oracle_budget, 1000)
+    else:
+        chosen = results.settings(names, tasks, family_tasks)
+    cost_backend, _ = _cost_backend(backend, runner, device)
+    run = results.Run(Path(out))
+    console.print(f"{len(chosen)} settings × {seeds} seed(s), priced by {cost_backend.name}; "
+                  f"learned planners {'trained per paper setting on ' + str(train_budget) + ' measured plans' if train_budget else 'as shipped'}; rows in {run.rows_path}")
+    with progress_bar() as bar:
+        job = bar.add_task("tasks planned and priced", total=None)
+        results.run_suite(run, chosen, cost_backend, seeds, train_budget, oracle_budget, say=lambda line: bar.console.print(line),
+                          progress=lambda done, total: bar.update(job, completed=done, total=total))
+    paths = results.write_report(run)
+    console.print(Path(paths[0]).read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}")
+
+
+@bench.command("report")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--costs", "costs_file", type=click.Path(exists=True, dir_okay=False), help="measured costs of the run's test plans (CSV of benchmarks/gpu_bench.py): the tables of those")
+@click.option("--out", type=OUT_DIR, help="folder for results.md and results.csv  [default: FOLDER]")
+def bench_report(folder, costs_file, out) -> None:
+    """The tables of a `bench paper` run again, from its rows (or from measured costs of its plans)."""
+    from dreamshard import bench as results
+
+    paths = results.write_report(results.Run(Path(folder)), Path(costs_file) if costs_file else None, Path(out) if out else None)
+    console.print(Path(paths[0]).read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}")
+
+
 @cli.command("demo")
 @click.option("--workdir", default="runs/demo", show_default=True, type=OUT_DIR)
 @click.option("--devices", default=8, show_default=True, type=DEVICES)

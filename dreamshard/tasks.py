@@ -214,8 +214,11 @@ def sample_tasks(
     pool: str | None = None,
     workload: Workload = Workload(),
     max_tries: int = 100,
+    refused: list[int] | None = None,
 ) -> list[Task]:
-    """`n` random table subsets that can be placed within memory (infeasible draws are redrawn)."""
+    """`n` random table subsets that can be placed within memory. A draw that cannot be placed is
+    drawn again, which favours small tables where memory is tight: `refused[0]` (where given) is
+    increased by the number of such draws, for the caller to report."""
     rng = np.random.default_rng(seed)
     tasks: list[Task] = []
     while len(tasks) < n:
@@ -228,6 +231,8 @@ def sample_tasks(
             if pack(task.sizes(), max_memory, devices) is not None:
                 tasks.append(task)
                 break
+            if refused is not None:
+                refused[0] += 1
         else:
             raise InputError(f"no placeable task in {max_tries} draws: {devices} devices × {format_bytes(max_memory)} is too small for these tables")
     return tasks
