@@ -76,6 +76,12 @@ class NotExpressibleError(NoPlanError):
     in TorchRec, row splits not of its row-wise layout, or uneven column shards in its enumerator."""
 
 
+class ConstraintError(NoPlanError):
+    """The user's TorchRec ParameterConstraints ask for what dreamshard cannot plan (a sharding type
+    or compute kernel it lacks, lists that disagree) or rule out every plan of the task within
+    memory; the message names the table and the constraint."""
+
+
 def row_wise_cuts(rows: int, ranks: int) -> list[tuple[int, int]]:
     """TorchRec's row-wise layout of `rows` over `ranks` (torchrec.distributed.sharding_plan.
     _calculate_rw_shard_sizes_and_offsets, which its RW input dist buckets indices by): rank r
@@ -223,8 +229,9 @@ def measure_batches(batches: Iterable[Any], configs: Sequence[Any], max_samples:
 
 
 def _stats_records(stats: str | Path | Mapping[str, Mapping], configs: Sequence[Any]) -> dict[str, TableSpec]:
-    """Specs from user statistics: a table file of ours (rows and dim must be the model's), or a
-    mapping name → {pooling_factor, bins or distribution[, seed]} completed with the model's rows and dim."""
+    """Specs from the user's `table_stats`: a table file of ours (rows and dim must be the model's),
+    or a mapping name → {pooling_factor, bins or distribution[, seed]} completed with the model's
+    rows and dim."""
     model = {c.name: c for c in configs}
     if isinstance(stats, (str, Path)):
         given = {t.name: t for t in load_tables(stats)}
@@ -234,42 +241,91 @@ def _stats_records(stats: str | Path | Mapping[str, Mapping], configs: Sequence[
                 c = model[name]
                 raise TableError(f"{where}: table {name!r} has {t.rows} rows × dim {t.dim}, the model's has {c.num_embeddings} × {c.embedding_dim}")
     elif isinstance(stats, Mapping):
-        where, given = "stats", {}
+        where, given = "table_stats", {}
         for name, rec in stats.items():
             if not isinstance(rec, Mapping):
-                raise TableError(f"stats, table {name!r}: expected an object with pooling_factor and bins or distribution, got {type(rec).__name__}")
+                raise TableError(f"table_stats, table {name!r}: expected an object with pooling_factor and bins or distribution, got {type(rec).__name__}")
             if name in model:
                 c = model[name]
                 full = {**dict(rec), "name": name, "rows": c.num_embeddings, "dim": c.embedding_dim}
-                given[name] = table_from_record(full, f"stats, table {name!r}", "key")
+                given[name] = table_from_record(full, f"table_stats, table {name!r}", "key")
             else:
                 given[name] = None
     else:
-        raise TableError(f"stats: expected a table file path or a mapping of table name to statistics, got {type(stats).__name__}")
+        raise TableError(f"table_stats: expected a table file path or a mapping of table name to statistics, got {type(stats).__name__}")
     unknown = next((n for n in given if n not in model), None)
     if unknown is not None:
         raise TableError(f"{where}: table {unknown!r} is not a table of the model (its tables: {', '.join(list(model)[:8])}{', ...' if len(model) > 8 else ''})")
     return given
 
 
+def _listed(value: Any) -> list:
+    """A constraint's list as plain strings or numbers (TorchRec's enums by their value)."""
+    return [getattr(x, "value", x) for x in value]
+
+
+def constraint_text(name: str, field: str, value: Any) -> str:
+    """How an error names the user's constraint: "table 't0': ParameterConstraints(sharding_types=['table_wise'])"."""
+    shown = _listed(value) if isinstance(value, (list, tuple)) else getattr(value, "value", value)
+    return f"table {name!r}: ParameterConstraints({field}={shown!r})"
+
+
+def constraint_lookups(name: str, constraint: Any, features: Sequence[str], rank_batch_size: float | None = None) -> float:
+    """Lookups per sample of a table by its TorchRec ParameterConstraints, as TorchRec's estimators
+    count them: the sum over its features of pooling_factors × num_poolings (1 each when unset),
+    each feature's batch_sizes (when set) relative to the per-rank batch `rank_batch_size`. The
+    lists must be one entry per feature, of equal length; `feature_names`, when set, must be the
+    table's own features. Raises ConstraintError naming the constraint."""
+    pf = _listed(getattr(constraint, "pooling_factors", None) or [])
+    if not pf:
+        raise ConstraintError(f"{constraint_text(name, 'pooling_factors', pf)}: no pooling factor (lookups per sample) to plan with")
+    lengths = {"pooling_factors": len(pf)}
+    for field in ("num_poolings", "batch_sizes", "feature_names"):
+        value = getattr(constraint, field, None)
+        if value:
+            lengths[field] = len(value)
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{k}={getattr(constraint, k)!r}" for k in lengths)
+        raise ConstraintError(f"table {name!r}: ParameterConstraints({shown}) differ in length; TorchRec takes one entry per feature")
+    named = getattr(constraint, "feature_names", None)
+    stranger = next((f for f in named or [] if f not in features), None)
+    if stranger is not None:
+        raise ConstraintError(f"{constraint_text(name, 'feature_names', named)}: {stranger!r} is not a feature of the table (its features: {', '.join(features)})")
+    poolings = _listed(getattr(constraint, "num_poolings", None) or [1.0] * len(pf))
+    batches = getattr(constraint, "batch_sizes", None)
+    if batches and not rank_batch_size:
+        raise ConstraintError(f"{constraint_text(name, 'batch_sizes', batches)}: per-feature batch sizes need the per-rank batch size (task_from_torchrec and ShardingPlanner give it)")
+    scale = [b / rank_batch_size for b in batches] if batches else [1.0] * len(pf)
+    total = 0.0
+    for field, values in (("pooling_factors", pf), ("num_poolings", poolings)):
+        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf")), None)
+        if bad is not None:
+            raise ConstraintError(f"{constraint_text(name, field, values)}: {bad!r} is not a number >= 0")
+    for p, n, k in zip(pf, poolings, scale):
+        total += float(p) * float(n) * k
+    return total
+
+
 def tables_from_torchrec(
     source: Any,
     *,
-    stats: str | Path | Mapping[str, Mapping] | None = None,
+    table_stats: str | Path | Mapping[str, Mapping] | None = None,
     batches: Iterable[Any] | None = None,
     constraints: Mapping[str, Any] | None = None,
     distribution: str | None = None,
     max_samples: int = REFERENCE_BATCH,
+    rank_batch_size: float | None = None,
 ) -> list[TableSpec]:
     """Our TableSpecs of a TorchRec model's tables (rows, dim and name from its EmbeddingBagConfigs),
     in the model's order. Each table's pooling factor and reuse bins come from, first to last:
-    `stats` (a table file of ours, or name → {pooling_factor, bins | distribution}); `batches`
-    (KeyedJaggedTensors, measured: `measure_batches`); `constraints` (TorchRec's
-    ParameterConstraints: the sum of the table's `pooling_factors`) with the reuse of
-    `distribution` ("uniform" or "zipf:<alpha>"). A table none of them describes is a TableError."""
+    `table_stats` (a table file of ours, or name → {pooling_factor, bins | distribution});
+    `batches` (KeyedJaggedTensors, measured: `measure_batches`); `constraints` (TorchRec's
+    ParameterConstraints: lookups per sample by `constraint_lookups`, its per-feature batch_sizes
+    relative to `rank_batch_size`, the per-rank batch) with the reuse of `distribution`
+    ("uniform" or "zipf:<alpha>"). A table none of them describes is a TableError."""
     found = embedding_configs(source)
     configs = [c for _, c in found]
-    given = _stats_records(stats, configs) if stats is not None else {}
+    given = _stats_records(table_stats, configs) if table_stats is not None else {}
     measured = measure_batches(batches, configs, max_samples) if batches is not None else {}
     specs = []
     for c in configs:
@@ -282,22 +338,22 @@ def tables_from_torchrec(
             m = measured[c.name]
             rec.update(pooling_factor=m["pooling_factor"], bins=list(m["bins"]) if m["lookups"] else [0.0] * NUM_BINS)
         elif constraints is not None and c.name in constraints:
-            pf = getattr(constraints[c.name], "pooling_factors", None)
-            if not pf:
-                raise TableError(f"{where}: its ParameterConstraints have no pooling_factors")
+            lookups = constraint_lookups(c.name, constraints[c.name], list(c.feature_names), rank_batch_size)
             if distribution is None:
-                raise TableError(f"{where}: constraints give its pooling factor but not its reuse; pass distribution='zipf:<alpha>' or 'uniform', or stats with bins")
-            rec.update(pooling_factor=float(sum(pf)), distribution=distribution)
+                raise TableError(f"{where}: constraints give its pooling factor but not its reuse; pass distribution='zipf:<alpha>' or 'uniform', or table_stats with bins")
+            rec.update(pooling_factor=lookups, distribution=distribution)
         else:
-            raise TableError(f"{where}: no pooling factor or reuse statistics; give stats, batches (KeyedJaggedTensors) or constraints with a distribution")
+            raise TableError(f"{where}: no pooling factor or reuse statistics; give table_stats, batches (KeyedJaggedTensors) or constraints with a distribution")
         specs.append(table_from_record(rec, where, "key"))
     return specs
 
 
 def task_from_torchrec(source: Any, devices: int, max_memory_bytes: int, batch_size: int = REFERENCE_BATCH, optimizer: str = "sgd", **statistics) -> Task:
     """The task of placing a TorchRec model's tables on `devices` ranks of `max_memory_bytes`
-    each, at global `batch_size`, the precision of the tables' data_type; `statistics` as for
+    each, at global `batch_size` (every rank's samples together: TorchRec's per-rank batch ×
+    `devices`), the precision of the tables' data_type; `statistics` as for
     `tables_from_torchrec`. Raises TaskError/TableError on bad values."""
+    statistics.setdefault("rank_batch_size", batch_size / devices if isinstance(devices, int) and devices > 0 else None)
     tables = tables_from_torchrec(source, **statistics)
     precision = precision_of(c for _, c in embedding_configs(source))
     return Task(tables, devices, max_memory_bytes, Workload(batch_size, precision, optimizer)).validate("task from TorchRec")

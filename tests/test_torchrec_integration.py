@@ -106,29 +106,35 @@ def test_tables_from_stats_and_constraints(tmp_path):
     ebc = meta_ebc()
     stats = {f"t{i}": {"pooling_factor": 3.0, "distribution": "zipf:1.1"} for i in range(4)}
     stats["t2"] = {"pooling_factor": 1.0, "bins": [1.0] + [0.0] * (NUM_BINS - 1)}
-    tables = tio.tables_from_torchrec(ebc, stats=stats)
+    tables = tio.tables_from_torchrec(ebc, table_stats=stats)
     assert tables[0].distribution == "zipf:1.1" and tables[0].bins[0] < 1 and tables[2].bins[0] == 1.0
     # a table file of ours: rows and dims must be the model's
     path = tmp_path / "stats.json"  # JSON keeps the bins exact (CSV rounds to 6 digits)
     save_tables(tables, path)
-    assert tio.tables_from_torchrec(ebc, stats=str(path)) == tables
+    assert tio.tables_from_torchrec(ebc, table_stats=str(path)) == tables
     save_tables([TableSpec("t0", 999, 64, 1.0, distribution="uniform", bins=tables[0].bins)] + tables[1:], path)
     with pytest.raises(TableError, match=r"table 't0' has 999 rows × dim 64, the model's has 1000 × 64$"):
-        tio.tables_from_torchrec(ebc, stats=path)
+        tio.tables_from_torchrec(ebc, table_stats=path)
     # TorchRec's constraints: pooling = the sum of the table's pooling factors, reuse from a distribution
     cons = {f"t{i}": ParameterConstraints(pooling_factors=[2.0, 0.5]) for i in range(4)}
     got = tio.tables_from_torchrec(ebc, constraints=cons, distribution="uniform")
     assert all(t.pooling_factor == 2.5 and t.distribution == "uniform" for t in got)
+    # num_poolings multiply, per-feature batch sizes count relative to the per-rank batch (TorchRec's count of a table's inputs)
+    cons = {f"t{i}": ParameterConstraints(pooling_factors=[2.0], num_poolings=[3.0], batch_sizes=[16]) for i in range(4)}
+    got = tio.tables_from_torchrec(ebc, constraints=cons, distribution="uniform", rank_batch_size=32)
+    assert all(t.pooling_factor == 2.0 * 3.0 * 16 / 32 for t in got)
+    with pytest.raises(tio.ConstraintError, match=r"^table 't0': ParameterConstraints\(batch_sizes=\[16\]\): per-feature batch sizes need the per-rank batch size"):
+        tio.tables_from_torchrec(ebc, constraints=cons, distribution="uniform")
     # stats override measurement, table by table
-    mixed = tio.tables_from_torchrec(ebc, stats={"t1": stats["t1"]}, batches=[batch(0)[0]])
+    mixed = tio.tables_from_torchrec(ebc, table_stats={"t1": stats["t1"]}, batches=[batch(0)[0]])
     assert mixed[1].pooling_factor == 3.0 and mixed[0].distribution is None
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({}, TableError, r"^table 't0': no pooling factor or reuse statistics; give stats, batches"),
+    ({}, TableError, r"^table 't0': no pooling factor or reuse statistics; give table_stats, batches"),
     ({"constraints": {"t0": ParameterConstraints()}}, TableError, r"^table 't0': constraints give its pooling factor but not its reuse"),
-    ({"stats": {"nope": {"pooling_factor": 1.0, "distribution": "uniform"}}}, TableError, r"^stats: table 'nope' is not a table of the model"),
-    ({"stats": {"t0": {"pooling_factor": -1, "distribution": "uniform"}}}, TableError, r"^stats, table 't0', key 'pooling_factor'"),
+    ({"table_stats": {"nope": {"pooling_factor": 1.0, "distribution": "uniform"}}}, TableError, r"^table_stats: table 'nope' is not a table of the model"),
+    ({"table_stats": {"t0": {"pooling_factor": -1, "distribution": "uniform"}}}, TableError, r"^table_stats, table 't0', key 'pooling_factor'"),
     ({"batches": []}, DataError, r"^batches: no samples"),
     ({"batches": [KeyedJaggedTensor(keys=["f0"], values=torch.tensor([1]), lengths=torch.tensor([1]))]}, DataError, r"^batches: batch 0 has no feature 'f1' \(of table 't1'\)"),
     ({"batches": [KeyedJaggedTensor(keys=FEATURES, values=torch.tensor([1000, 0, 0, 0]), lengths=torch.tensor([1, 1, 1, 1]))]}, DataError,
@@ -144,7 +150,7 @@ def test_bad_statistics_are_one_line_errors(kwargs, error, message):
 def test_task_precision_and_bad_sources():
     assert task().workload == Workload(64, "fp32", "sgd")
     fp16 = EmbeddingBagCollection(tables=configs(DataType.FP16), device=torch.device("meta"))
-    assert tio.task_from_torchrec(fp16, 2, 10**7, stats={f"t{i}": {"pooling_factor": 1, "distribution": "uniform"} for i in range(4)}).workload.precision == "fp16"
+    assert tio.task_from_torchrec(fp16, 2, 10**7, table_stats={f"t{i}": {"pooling_factor": 1, "distribution": "uniform"} for i in range(4)}).workload.precision == "fp16"
     int8 = EmbeddingBagCollection(tables=configs(DataType.INT8), device=torch.device("meta"))
     with pytest.raises(TableError, match=r"^table 't0': data_type INT8 is not one of FP32, FP16"):
         tio.task_from_torchrec(int8, 2, 10**7, batches=[batch(0)[0]])
