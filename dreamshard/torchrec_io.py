@@ -416,7 +416,7 @@ def offered_types(sharders: Sequence[Any], compute_device: str) -> Offered:
     EmbeddingBagCollections offer there with the fused kernel): TorchRec's CPU sharder, for one,
     has no row-wise types."""
     tr = import_torchrec()
-    ebc = [s for s in sharders if isinstance(getattr(s, "module_type", None), type) and issubclass(tr.EmbeddingBagCollection, s.module_type)] or list(sharders)
+    ebc = [s for s in sharders if getattr(s, "module_type", None) is tr.EmbeddingBagCollection] or list(sharders)  # TorchRec matches a sharder by exact type
     kinds = {k for s in ebc for k in s.sharding_types(compute_device) if "fused" in [str(getattr(x, "value", x)) for x in s.compute_kernels(k, compute_device)]}
     return compute_device, tuple(k for k in EXPRESSIBLE if k in kinds)
 
@@ -1062,7 +1062,10 @@ def _relabel(task: Task, pinned: Sequence[Shard], placed: Sequence[tuple[Shard, 
     saw the ranks empty, but the row layouts pinned before it load some of them, so its busiest
     device goes to the least loaded rank, and so on (by lookups × width per sample, a row block
     taking its share of its table's; any relabelling fits, as every rank kept room for the
-    pinned bytes). (piece, its shard in that plan) pairs in `placed`."""
+    pinned bytes). (piece, its shard in that plan) pairs in `placed`. Without row layouts the
+    ranks are the planner's devices."""
+    if not pinned:
+        return list(range(task.devices))
     mine = [0.0] * task.devices
     for s in pinned:
         t = task.tables[s.table]

@@ -108,6 +108,18 @@ def test_mixed_constraints_and_min_partition():
     assert got["t2"][0] in ("table_wise", "column_wise") and got["t3"][0] in ("table_wise", "column_wise", "row_wise", "table_row_wise")
 
 
+def test_tables_placed_around_row_layouts_go_to_the_ranks_they_load_least():
+    """The table-wise placement after a row layout is pinned sees empty ranks: its busiest devices
+    become the ranks the row blocks leave free (here the other host's)."""
+    cons = constraints(sharding_types=["table_wise"])
+    cons["t0"] = ParameterConstraints(pooling_factors=[20.0], sharding_types=["table_row_wise"])
+    planner, sp = plan(cons, topology(world=8, local=4))
+    got = layout(sp)
+    host = {s[4] // 4 for s in got["t0"][1]}
+    assert got["t0"][0] == "table_row_wise" and len(host) == 1
+    assert all(shards[0][4] // 4 not in host for name, (_, shards) in got.items() if name != "t0")
+
+
 def test_a_table_too_large_for_a_rank_is_split_as_allowed():
     """t0 does not fit a rank whole: allowed row_wise it is split by rows, allowed only
     column_wise into the fewest column shards that fit; allowed only table_wise it is an error."""
