@@ -1,17 +1,18 @@
-"""TorchRec integration: tables from a TorchRec model, dreamshard plans as TorchRec `ShardingPlan`s
-and back, a planner TorchRec's `DistributedModelParallel` can take, and `dreamshard export torchrec`.
+"""TorchRec integration: a drop-in for TorchRec's planner, tables from a TorchRec model, dreamshard
+plans as TorchRec `ShardingPlan`s and back, and `dreamshard export torchrec`.
 
-A user keeps building the model as before (an `EmbeddingBagCollection` of `EmbeddingBagConfig`s)
-and adds a few lines (docs/torchrec.md):
+A TorchRec user swaps the planner and keeps the rest (docs/torchrec.md):
 
-    tables = tables_from_torchrec(model, batches=sample_kjts)          # or stats=FILE / constraints=...
-    plan = get_planner("size_lookup").plan(Task(tables, world_size, hbm_bytes, Workload(...)))
-    sharding_plan = to_sharding_plan(plan, module=model, device_type="cuda")
-    DistributedModelParallel(model, plan=sharding_plan, ...)
+    planner = ShardingPlanner(topology=Topology(...), batch_size=per_rank, constraints={...}, distribution="zipf:1.05")
+    DistributedModelParallel(model, plan=planner.collective_plan(model, sharders), ...)
 
-or hands planning to TorchRec's own machinery with `ShardingPlanner` (the `plan`/`collective_plan`
-of TorchRec's planners), whose `partitioner` pins TorchRec's search to the dreamshard plan so
-TorchRec's storage reservation, storage checks and stats still run.
+`ShardingPlanner` takes `EmbeddingShardingPlanner`'s arguments, plans the tables with a dreamshard
+planner within the ParameterConstraints, and runs TorchRec's planner pinned to that plan
+(`constraints_for`, `dreamshard_enumerator`, `dreamshard_partitioner`), so TorchRec's storage
+reservation, estimates, storage checks and stats still run. Or, step by step:
+
+    task = task_from_torchrec(model, world_size, hbm_bytes, global_batch, batches=sample_kjts)   # or table_stats= / constraints=
+    sharding_plan = to_sharding_plan(get_planner("size_lookup").plan(task), module=model, device_type="cuda")
 
 The mapping (docs/torchrec.md): a table with one full-width shard → `table_wise` on its device's
 rank; a table cut into column shards → `column_wise` (or `table_column_wise`), one TorchRec shard
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # only for annotations: the planners package imports this mod
     from dreamshard.planners.base import Planner
 
 FORMAT = "dreamshard.torchrec/1"  # `export torchrec`'s JSON
+Offered = "tuple[str, tuple[str, ...]] | None"  # (compute device, the sharding types TorchRec's sharders offer there): `offered_types`
 # TorchRec's sharding types of an EmbeddingBagCollection, and those our plans can express.
 ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "data_parallel", "grid_shard")
 COLUMN_TYPES = ("column_wise", "table_column_wise")
@@ -73,7 +75,13 @@ class TorchRecUnavailable(OptionError):
 
 class NotExpressibleError(NoPlanError):
     """A sharding one side cannot express: TorchRec's data-parallel or grid shards in our plans;
-    in TorchRec, row splits not of its row-wise layout, or uneven column shards in its enumerator."""
+    in TorchRec, row splits not of its row-wise layout."""
+
+
+class ConstraintError(NoPlanError):
+    """The user's TorchRec ParameterConstraints ask for what dreamshard cannot plan (a sharding type
+    or compute kernel it lacks, lists that disagree) or rule out every plan of the task within
+    memory; the message names the table and the constraint."""
 
 
 def row_wise_cuts(rows: int, ranks: int) -> list[tuple[int, int]]:
@@ -99,9 +107,11 @@ def _load() -> SimpleNamespace:
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.proposers import GreedyProposer
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-    from torchrec.distributed.planner.types import Partitioner, PlannerError, PlannerErrorType
+    from torchrec.distributed.planner.types import Partitioner, PlannerError, PlannerErrorType, Stats
+    from torchrec.distributed.planner.types import Shard as PlannerShard
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -223,8 +233,9 @@ def measure_batches(batches: Iterable[Any], configs: Sequence[Any], max_samples:
 
 
 def _stats_records(stats: str | Path | Mapping[str, Mapping], configs: Sequence[Any]) -> dict[str, TableSpec]:
-    """Specs from user statistics: a table file of ours (rows and dim must be the model's), or a
-    mapping name → {pooling_factor, bins or distribution[, seed]} completed with the model's rows and dim."""
+    """Specs from the user's `table_stats`: a table file of ours (rows and dim must be the model's),
+    or a mapping name → {pooling_factor, bins or distribution[, seed]} completed with the model's
+    rows and dim."""
     model = {c.name: c for c in configs}
     if isinstance(stats, (str, Path)):
         given = {t.name: t for t in load_tables(stats)}
@@ -234,42 +245,91 @@ def _stats_records(stats: str | Path | Mapping[str, Mapping], configs: Sequence[
                 c = model[name]
                 raise TableError(f"{where}: table {name!r} has {t.rows} rows × dim {t.dim}, the model's has {c.num_embeddings} × {c.embedding_dim}")
     elif isinstance(stats, Mapping):
-        where, given = "stats", {}
+        where, given = "table_stats", {}
         for name, rec in stats.items():
             if not isinstance(rec, Mapping):
-                raise TableError(f"stats, table {name!r}: expected an object with pooling_factor and bins or distribution, got {type(rec).__name__}")
+                raise TableError(f"table_stats, table {name!r}: expected an object with pooling_factor and bins or distribution, got {type(rec).__name__}")
             if name in model:
                 c = model[name]
                 full = {**dict(rec), "name": name, "rows": c.num_embeddings, "dim": c.embedding_dim}
-                given[name] = table_from_record(full, f"stats, table {name!r}", "key")
+                given[name] = table_from_record(full, f"table_stats, table {name!r}", "key")
             else:
                 given[name] = None
     else:
-        raise TableError(f"stats: expected a table file path or a mapping of table name to statistics, got {type(stats).__name__}")
+        raise TableError(f"table_stats: expected a table file path or a mapping of table name to statistics, got {type(stats).__name__}")
     unknown = next((n for n in given if n not in model), None)
     if unknown is not None:
         raise TableError(f"{where}: table {unknown!r} is not a table of the model (its tables: {', '.join(list(model)[:8])}{', ...' if len(model) > 8 else ''})")
     return given
 
 
+def _listed(value: Any) -> list:
+    """A constraint's list as plain strings or numbers (TorchRec's enums by their value)."""
+    return [getattr(x, "value", x) for x in value]
+
+
+def constraint_text(name: str, field: str, value: Any) -> str:
+    """How an error names the user's constraint: "table 't0': ParameterConstraints(sharding_types=['table_wise'])"."""
+    shown = _listed(value) if isinstance(value, (list, tuple)) else getattr(value, "value", value)
+    return f"table {name!r}: ParameterConstraints({field}={shown!r})"
+
+
+def constraint_lookups(name: str, constraint: Any, features: Sequence[str], rank_batch_size: float | None = None) -> float:
+    """Lookups per sample of a table by its TorchRec ParameterConstraints, as TorchRec's estimators
+    count them: the sum over its features of pooling_factors × num_poolings (1 each when unset),
+    each feature's batch_sizes (when set) relative to the per-rank batch `rank_batch_size`. The
+    lists must be one entry per feature, of equal length; `feature_names`, when set, must be the
+    table's own features. Raises ConstraintError naming the constraint."""
+    pf = _listed(getattr(constraint, "pooling_factors", None) or [])
+    if not pf:
+        raise ConstraintError(f"{constraint_text(name, 'pooling_factors', pf)}: no pooling factor (lookups per sample) to plan with")
+    lengths = {"pooling_factors": len(pf)}
+    for field in ("num_poolings", "batch_sizes", "feature_names"):
+        value = getattr(constraint, field, None)
+        if value:
+            lengths[field] = len(value)
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{k}={getattr(constraint, k)!r}" for k in lengths)
+        raise ConstraintError(f"table {name!r}: ParameterConstraints({shown}) differ in length; TorchRec takes one entry per feature")
+    named = getattr(constraint, "feature_names", None)
+    stranger = next((f for f in named or [] if f not in features), None)
+    if stranger is not None:
+        raise ConstraintError(f"{constraint_text(name, 'feature_names', named)}: {stranger!r} is not a feature of the table (its features: {', '.join(features)})")
+    poolings = _listed(getattr(constraint, "num_poolings", None) or [1.0] * len(pf))
+    batches = getattr(constraint, "batch_sizes", None)
+    if batches and not rank_batch_size:
+        raise ConstraintError(f"{constraint_text(name, 'batch_sizes', batches)}: per-feature batch sizes need the per-rank batch size (task_from_torchrec and ShardingPlanner give it)")
+    scale = [b / rank_batch_size for b in batches] if batches else [1.0] * len(pf)
+    total = 0.0
+    for field, values in (("pooling_factors", pf), ("num_poolings", poolings)):
+        bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf")), None)
+        if bad is not None:
+            raise ConstraintError(f"{constraint_text(name, field, values)}: {bad!r} is not a number >= 0")
+    for p, n, k in zip(pf, poolings, scale):
+        total += float(p) * float(n) * k
+    return total
+
+
 def tables_from_torchrec(
     source: Any,
     *,
-    stats: str | Path | Mapping[str, Mapping] | None = None,
+    table_stats: str | Path | Mapping[str, Mapping] | None = None,
     batches: Iterable[Any] | None = None,
     constraints: Mapping[str, Any] | None = None,
     distribution: str | None = None,
     max_samples: int = REFERENCE_BATCH,
+    rank_batch_size: float | None = None,
 ) -> list[TableSpec]:
     """Our TableSpecs of a TorchRec model's tables (rows, dim and name from its EmbeddingBagConfigs),
     in the model's order. Each table's pooling factor and reuse bins come from, first to last:
-    `stats` (a table file of ours, or name → {pooling_factor, bins | distribution}); `batches`
-    (KeyedJaggedTensors, measured: `measure_batches`); `constraints` (TorchRec's
-    ParameterConstraints: the sum of the table's `pooling_factors`) with the reuse of
-    `distribution` ("uniform" or "zipf:<alpha>"). A table none of them describes is a TableError."""
+    `table_stats` (a table file of ours, or name → {pooling_factor, bins | distribution});
+    `batches` (KeyedJaggedTensors, measured: `measure_batches`); `constraints` (TorchRec's
+    ParameterConstraints: lookups per sample by `constraint_lookups`, its per-feature batch_sizes
+    relative to `rank_batch_size`, the per-rank batch) with the reuse of `distribution`
+    ("uniform" or "zipf:<alpha>"). A table none of them describes is a TableError."""
     found = embedding_configs(source)
     configs = [c for _, c in found]
-    given = _stats_records(stats, configs) if stats is not None else {}
+    given = _stats_records(table_stats, configs) if table_stats is not None else {}
     measured = measure_batches(batches, configs, max_samples) if batches is not None else {}
     specs = []
     for c in configs:
@@ -282,22 +342,22 @@ def tables_from_torchrec(
             m = measured[c.name]
             rec.update(pooling_factor=m["pooling_factor"], bins=list(m["bins"]) if m["lookups"] else [0.0] * NUM_BINS)
         elif constraints is not None and c.name in constraints:
-            pf = getattr(constraints[c.name], "pooling_factors", None)
-            if not pf:
-                raise TableError(f"{where}: its ParameterConstraints have no pooling_factors")
+            lookups = constraint_lookups(c.name, constraints[c.name], list(c.feature_names), rank_batch_size)
             if distribution is None:
-                raise TableError(f"{where}: constraints give its pooling factor but not its reuse; pass distribution='zipf:<alpha>' or 'uniform', or stats with bins")
-            rec.update(pooling_factor=float(sum(pf)), distribution=distribution)
+                raise TableError(f"{where}: constraints give its pooling factor but not its reuse; pass distribution='zipf:<alpha>' or 'uniform', or table_stats with bins")
+            rec.update(pooling_factor=lookups, distribution=distribution)
         else:
-            raise TableError(f"{where}: no pooling factor or reuse statistics; give stats, batches (KeyedJaggedTensors) or constraints with a distribution")
+            raise TableError(f"{where}: no pooling factor or reuse statistics; give table_stats, batches (KeyedJaggedTensors) or constraints with a distribution")
         specs.append(table_from_record(rec, where, "key"))
     return specs
 
 
 def task_from_torchrec(source: Any, devices: int, max_memory_bytes: int, batch_size: int = REFERENCE_BATCH, optimizer: str = "sgd", **statistics) -> Task:
     """The task of placing a TorchRec model's tables on `devices` ranks of `max_memory_bytes`
-    each, at global `batch_size`, the precision of the tables' data_type; `statistics` as for
+    each, at global `batch_size` (every rank's samples together: TorchRec's per-rank batch ×
+    `devices`), the precision of the tables' data_type; `statistics` as for
     `tables_from_torchrec`. Raises TaskError/TableError on bad values."""
+    statistics.setdefault("rank_batch_size", batch_size / devices if isinstance(devices, int) and devices > 0 else None)
     tables = tables_from_torchrec(source, **statistics)
     precision = precision_of(c for _, c in embedding_configs(source))
     return Task(tables, devices, max_memory_bytes, Workload(batch_size, precision, optimizer)).validate("task from TorchRec")
@@ -325,12 +385,115 @@ def _extent(shard: Shard, table: TableSpec) -> tuple[int, int, int, int]:
     return r0, shard.start, r1 - r0, shard.width
 
 
+def allowed_types(name: str, constraint: Any = None, column_type: str = "column_wise", offered: Offered = None) -> tuple[str, ...]:
+    """The TorchRec sharding types table `name` may take, in the order a layout tries them: without
+    a `sharding_types` constraint table_wise, `column_type`, row_wise, table_row_wise; with one,
+    those of EXPRESSIBLE it lists (a whole table is also a column_wise or table_column_wise
+    table of one shard, as TorchRec shards a table no wider than its column block). `offered`
+    (device, types): only the types TorchRec's sharders offer with the fused kernel on that
+    compute device (`offered_types`). Raises ConstraintError naming the constraint when it lists a
+    type TorchRec lacks, or none of ours, or none offered."""
+    given = getattr(constraint, "sharding_types", None) if constraint is not None else None
+    if not given:
+        out = ("table_wise", column_type, "row_wise", "table_row_wise")
+        return tuple(k for k in out if k in offered[1]) if offered else out
+    kinds = [str(k) for k in _listed(given)]
+    bad = next((k for k in kinds if k not in ALL_TYPES), None)
+    if bad is not None:
+        raise ConstraintError(f"{constraint_text(name, 'sharding_types', kinds)}: {bad!r} is not a TorchRec sharding type ({', '.join(ALL_TYPES)})")
+    order = ("table_wise", column_type, *(k for k in COLUMN_TYPES if k != column_type), *ROW_TYPES)
+    out = tuple(k for k in order if k in kinds)
+    if not out:
+        raise ConstraintError(f"{constraint_text(name, 'sharding_types', kinds)} allows none of the sharding types dreamshard plans ({', '.join(EXPRESSIBLE)}: {NOT_EXPRESSIBLE_WHY})")
+    if offered and not set(out) & set(offered[1]):
+        raise ConstraintError(f"{constraint_text(name, 'sharding_types', kinds)}: TorchRec's sharders offer none of these with the fused kernel on {offered[0]} "
+                              f"(they offer {', '.join(k for k in EXPRESSIBLE if k in offered[1])})")
+    return tuple(k for k in out if k in offered[1]) if offered else out
+
+
+def offered_types(sharders: Sequence[Any], compute_device: str) -> Offered:
+    """(compute_device, the sharding types of EXPRESSIBLE that the sharders of
+    EmbeddingBagCollections offer there with the fused kernel): TorchRec's CPU sharder, for one,
+    has no row-wise types."""
+    tr = import_torchrec()
+    ebc = [s for s in sharders if getattr(s, "module_type", None) is tr.EmbeddingBagCollection] or list(sharders)  # TorchRec matches a sharder by exact type
+    kinds = {k for s in ebc for k in s.sharding_types(compute_device) if "fused" in [str(getattr(x, "value", x)) for x in s.compute_kernels(k, compute_device)]}
+    return compute_device, tuple(k for k in EXPRESSIBLE if k in kinds)
+
+
+def check_kernel(name: str, constraint: Any, compute_kernel: str) -> None:
+    """ConstraintError unless the constraint's compute_kernels (when set) include `compute_kernel`."""
+    kernels = getattr(constraint, "compute_kernels", None) if constraint is not None else None
+    if kernels and compute_kernel not in [str(k) for k in _listed(kernels)]:
+        why = " (dreamshard plans tables in HBM with FBGEMM's fused TBE, the optimizer fused into its backward)" if compute_kernel == "fused" else ""
+        raise ConstraintError(f"{constraint_text(name, 'compute_kernels', kernels)} leaves out {compute_kernel!r}, the kernel of the plan{why}")
+
+
+def _layout(t: TableSpec, shards: Sequence[Shard]) -> str:
+    """A table's shards in words, for errors: "whole on rank 1", "in 3 column shards of widths 24, 20, 20 on ranks 1, 0, 1"."""
+    rows = [_extent(s, t) for s in shards]
+    if len(shards) == 1 and rows[0][2] == t.rows and shards[0].width == t.dim:
+        return f"whole on rank {shards[0].device}"
+    if all(e[2] == t.rows for e in rows):
+        return f"in {len(shards)} column shards of widths {', '.join(str(s.width) for s in shards)} on ranks {', '.join(str(s.device) for s in shards)}"
+    return f"in {len(shards)} row shards {', '.join(f'[{e[0]}, {e[0] + e[2]}) on {s.device}' for s, e in zip(shards[:4], rows))}{', ...' if len(shards) > 4 else ''}"
+
+
+def _sharding(t: TableSpec, shards: list[Shard], devices: int, local: int, device_type: str, compute_kernel: str, kinds: Sequence[str],
+              min_width: int | None = None) -> dict | str:
+    """One table's ParameterSharding as plain data: the first of `kinds` that expresses its shards,
+    or why none does. table_wise: one full shard. column_wise: full-row shards in column order,
+    each at least `min_width` wide (TorchRec's min_partition) when there are several;
+    table_column_wise: the same on the ranks of one host. row_wise: TorchRec's row layout over
+    all ranks (rank r, block r: DMP's RW input dist sends an index to rank index // b, so no
+    other assignment runs); table_row_wise: that layout over the ranks of one host, in their
+    order."""
+    shards = sorted(shards, key=lambda s: (s.row_start, s.start))
+    full = all(_extent(s, t)[2] == t.rows for s in shards)
+    ours = [(s.device, *s.row_range(t)) for s in shards]
+    host = shards[0].device // local
+    why: list[str] = []
+
+    def entry(kind: str, pieces: Iterable[tuple[int, int, int, int, int]]) -> dict:
+        pieces = list(pieces)
+        return {"sharding_type": kind, "compute_kernel": compute_kernel, "ranks": [p[0] for p in pieces],
+                "shards": [{"rank": r, "offsets": [a, c], "sizes": [n, w], "placement": placement(r, device_type, local)} for r, a, c, n, w in pieces]}
+
+    for kind in kinds:
+        if kind == "table_wise" and full and len(shards) == 1 and shards[0].width == t.dim:
+            return entry(kind, [(shards[0].device, 0, 0, t.rows, t.dim)])
+        if kind in COLUMN_TYPES and full:
+            if kind == "table_column_wise" and len({s.device // local for s in shards}) > 1:
+                why.append(f"table_column_wise shards must share one host of {local} ranks; its ranks are {[s.device for s in shards]}")
+                continue
+            if min_width and len(shards) > 1 and min(s.width for s in shards) < min_width:
+                why.append(f"min_partition {min_width} is wider than its narrowest column shard")  # (table_sharding names the constraint)
+                continue
+            return entry(kind, [(s.device, 0, s.start, t.rows, s.width) for s in shards])
+        if kind in ROW_TYPES:
+            ranks = list(range(devices)) if kind == "row_wise" else list(range(host * local, (host + 1) * local))
+            cuts = row_wise_cuts(t.rows, len(ranks))
+            if [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b] == ours:
+                return entry(kind, [(r, a, 0, b - a, t.dim) for r, (a, b) in zip(ranks, cuts)])
+            if not full:
+                b = -(-t.rows // devices)
+                why.append(f"row shards {', '.join(f'[{a}, {z}) on {d}' for d, a, z in ours[:4])}{', ...' if len(ours) > 4 else ''} are not TorchRec's row-wise layout: "
+                           f"rank r of all {devices} holds rows [r·{b}, (r+1)·{b}) (ceil(rows / ranks) each; table_row_wise: the same over one host's {local} ranks)")
+    return why[0] if why else ""
+
+
 def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: str = "fused", column_type: str = "column_wise",
-                       local_world_size: int | None = None) -> dict[str, dict]:
+                       local_world_size: int | None = None, constraints: Mapping[str, Any] | None = None, offered: Offered = None) -> dict[str, dict]:
     """Per table name, its TorchRec ParameterSharding as plain data (no TorchRec needed):
     sharding_type, compute_kernel, ranks and shards [{rank, offsets, sizes, placement}].
     A table-wise table → table_wise on its device; a column-split one → `column_type`
-    (column_wise, or table_column_wise, whose ranks must share a host of `local_world_size`)."""
+    (column_wise, or table_column_wise, whose ranks must share a host of `local_world_size`);
+    a row-split one → row_wise or table_row_wise in TorchRec's layout. `constraints` (TorchRec
+    ParameterConstraints by table name) restrict each table to its `sharding_types`
+    (`allowed_types`), its column shards to `min_partition` and its kernel to its
+    `compute_kernels`: a plan they do not allow raises ConstraintError naming the constraint,
+    one no type expresses NotExpressibleError. `offered`: only the types TorchRec's sharders offer
+    on a compute device (`offered_types`)."""
     _check_choice(device_type, "device_type", DEVICE_TYPES)
     _check_choice(compute_kernel, "compute_kernel", KERNELS)
     _check_choice(column_type, "column_type", COLUMN_TYPES)
@@ -340,63 +503,45 @@ def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: st
     by_table: list[list[Shard]] = [[] for _ in plan.task.tables]
     for s in plan.shards:
         by_table[s.table].append(s)
-    out = {}
-    for t, shards in zip(plan.task.tables, by_table):
-        if any(_extent(s, t)[2] != t.rows for s in shards):
-            out[t.name] = _row_sharding(t, shards, plan.devices, local, device_type, compute_kernel)
-            continue
-        if len(shards) == 1 and shards[0].width == t.dim:
-            kind = "table_wise"
-        else:
-            kind = column_type
-            hosts = {s.device // local for s in shards}
-            if kind == "table_column_wise" and len(hosts) > 1:
-                raise NotExpressibleError(f"table {t.name}: table_column_wise shards must share one host of {local} ranks; its ranks are {[s.device for s in shards]} (use column_wise)")
-        out[t.name] = {
-            "sharding_type": kind,
-            "compute_kernel": compute_kernel,
-            "ranks": [s.device for s in shards],
-            "shards": [{"rank": s.device, "offsets": [0, s.start], "sizes": [t.rows, s.width], "placement": placement(s.device, device_type, local)} for s in shards],
-        }
-    return out
+    return {t.name: table_sharding(t, shards, plan.devices, local, constraints.get(t.name) if constraints else None, device_type, compute_kernel, column_type, offered)
+            for t, shards in zip(plan.task.tables, by_table)}
 
 
-def _row_sharding(t: TableSpec, shards: list[Shard], devices: int, local: int, device_type: str, compute_kernel: str) -> dict:
-    """A row-split table's ParameterSharding: `row_wise` when its shards are TorchRec's layout over
-    all ranks (rank r, block r: DMP's RW input dist sends an index to rank index // b, so no other
-    assignment runs), `table_row_wise` when they are that layout over the ranks of one host (its
-    local rank order); NotExpressibleError naming the layout it needs otherwise."""
-    shards = sorted(shards, key=lambda s: s.row_start)
-    ours = [(s.device, *s.row_range(t)) for s in shards]
-    first = shards[0].device
-    host = first // local
-    candidates = [("row_wise", list(range(devices)))]
-    if local < devices:
-        candidates.append(("table_row_wise", list(range(host * local, (host + 1) * local))))
-    for kind, ranks in candidates:
-        cuts = row_wise_cuts(t.rows, len(ranks))
-        if [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b] == ours:
-            return {
-                "sharding_type": kind,
-                "compute_kernel": compute_kernel,
-                "ranks": ranks,
-                "shards": [{"rank": r, "offsets": [a, 0], "sizes": [b - a, t.dim], "placement": placement(r, device_type, local)} for r, (a, b) in zip(ranks, cuts)],
-            }
-    b = -(-t.rows // devices)
-    raise NotExpressibleError(
-        f"table {t.name}: row shards {', '.join(f'[{a}, {z}) on {d}' for d, a, z in ours[:4])}{', ...' if len(ours) > 4 else ''} are not TorchRec's row-wise layout: "
-        f"rank r of all {devices} holds rows [r·{b}, (r+1)·{b}) (ceil(rows / ranks) each; table_row_wise: the same over one host's {local} ranks)")
+def table_sharding(t: TableSpec, shards: Sequence[Shard], devices: int, local: int, constraint: Any = None, device_type: str = "cuda",
+                   compute_kernel: str = "fused", column_type: str = "column_wise", offered: Offered = None) -> dict:
+    """One table's ParameterSharding as plain data (`torchrec_shardings`), within its TorchRec
+    `constraint`: ConstraintError naming the constraint where it does not allow the shards,
+    NotExpressibleError where no sharding type expresses them."""
+    c = constraint
+    check_kernel(t.name, c, compute_kernel)
+    kinds = allowed_types(t.name, c, column_type, offered)
+    ordered = sorted(shards, key=lambda s: (s.row_start, s.start))
+    got = _sharding(t, ordered, devices, local, device_type, compute_kernel, kinds, getattr(c, "min_partition", None) if c is not None else None)
+    if not isinstance(got, str):
+        return got
+    held = _layout(t, ordered)
+    if c is not None and got.startswith("min_partition"):
+        raise ConstraintError(f"{constraint_text(t.name, 'min_partition', c.min_partition)}: the plan holds it {held}, narrower than that")
+    if c is not None and getattr(c, "sharding_types", None):
+        raise ConstraintError(f"{constraint_text(t.name, 'sharding_types', c.sharding_types)}: the plan holds it {held}, which they do not allow" + (f" ({got})" if got else ""))
+    if offered:
+        elsewhere = _sharding(t, ordered, devices, local, device_type, compute_kernel, allowed_types(t.name, c, column_type))
+        if isinstance(elsewhere, dict):
+            raise NotExpressibleError(f"table {t.name}: the plan holds it {held}, {elsewhere['sharding_type']}, which TorchRec's sharders do not offer on {offered[0]} "
+                                      f"(they offer {', '.join(offered[1])})")
+    raise NotExpressibleError(f"table {t.name}: " + (got or f"the plan holds it {held}, which none of {', '.join(kinds)} expresses"))
 
 
 def to_sharding_plan(plan: Plan, module: Any = None, module_path: str | None = None, device_type: str = "cuda", compute_kernel: str = "fused",
-                     column_type: str = "column_wise", local_world_size: int | None = None):
+                     column_type: str = "column_wise", local_world_size: int | None = None, constraints: Mapping[str, Any] | None = None):
     """The dreamshard plan as a TorchRec `ShardingPlan` for `DistributedModelParallel`.
 
     With `module` (the model DMP will shard, or its EmbeddingBagCollection) each table goes under
     its EBC's path in that model, and the model's tables must be the plan's (names, rows and dims);
-    without, every table goes under `module_path` ("" when DMP is handed the EBC itself)."""
+    without, every table goes under `module_path` ("" when DMP is handed the EBC itself).
+    `constraints`: TorchRec ParameterConstraints the sharding types must honour (`torchrec_shardings`)."""
     tr = import_torchrec("to_sharding_plan")
-    shardings = torchrec_shardings(plan, device_type, compute_kernel, column_type, local_world_size)
+    shardings = torchrec_shardings(plan, device_type, compute_kernel, column_type, local_world_size, constraints)
     if module is not None:
         found = embedding_configs(module)
         paths = {c.name: p for p, c in found}
@@ -495,27 +640,62 @@ def plan_from_torchrec(sharding_plan: Any, task: Task, planner: str = "torchrec"
 # --------------------------------------------------------------------------------------------
 
 
-def constraints_for(plan: Plan, compute_kernel: str = "fused", column_type: str = "column_wise", base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def constraints_for(plan: Plan, constraints: Mapping[str, Any] | None = None, local_world_size: int | None = None, compute_kernel: str = "fused",
+                    column_type: str = "column_wise") -> dict[str, Any]:
     """TorchRec ParameterConstraints that leave its enumerator one option per table, the plan's:
-    its sharding type, `compute_kernel`, and for a column-split table column shards of the plan's
-    width (`min_partition`). TorchRec enumerates only equal column shards, so a table cut unevenly
-    raises NotExpressibleError (`to_sharding_plan` expresses it). `base`: the user's constraints,
-    kept where they do not conflict (pooling factors default to the plan's)."""
+    its sharding type (`torchrec_shardings`, within the user's `constraints`) and
+    `compute_kernel`; a table cut into equal column shards gets their width as `min_partition`,
+    so that TorchRec's own enumerator makes them (it makes only equal ones; `dreamshard_enumerator`
+    makes any). The user's constraints are kept otherwise (pooling factors default to the plan's)."""
     tr = import_torchrec("constraints_for")
-    shardings = torchrec_shardings(plan, "cpu", compute_kernel, column_type)
+    shardings = torchrec_shardings(plan, "cpu", compute_kernel, column_type, local_world_size, constraints)
     out = {}
     for t in plan.task.tables:
         s = shardings[t.name]
         widths = {x["sizes"][1] for x in s["shards"]}
-        if len(widths) > 1:
-            raise NotExpressibleError(f"table {t.name}: column shards of widths {', '.join(str(x['sizes'][1]) for x in s['shards'])}: TorchRec's planner enumerates only equal ones (use to_sharding_plan)")
-        c = copy.copy(base[t.name]) if base and t.name in base else tr.ParameterConstraints(pooling_factors=[max(float(t.pooling_factor), 1e-9)])
+        c = copy.copy(constraints[t.name]) if constraints and t.name in constraints else tr.ParameterConstraints(pooling_factors=[max(float(t.pooling_factor), 1e-9)])
         c.sharding_types = [s["sharding_type"]]
         c.compute_kernels = [compute_kernel]
-        if s["sharding_type"] in COLUMN_TYPES:
+        if s["sharding_type"] in COLUMN_TYPES and len(widths) == 1:
             c.min_partition = widths.pop()
         out[t.name] = c
     return out
+
+
+@lru_cache(maxsize=1)
+def _enumerator_class() -> type:
+    tr = import_torchrec("the dreamshard enumerator")
+
+    class DreamShardEnumerator(tr.EmbeddingEnumerator):
+        """TorchRec's EmbeddingEnumerator whose column-wise options hold a dreamshard plan's column
+        shards (any widths, in column order) instead of TorchRec's equal blocks, estimated again
+        by TorchRec's perf and storage estimators."""
+
+        def __init__(self, shardings: Mapping[str, dict], **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.shardings = shardings
+
+        def enumerate(self, module, sharders):
+            options = super().enumerate(module, sharders)
+            changed = False
+            for so in options:
+                ours = self.shardings.get(so.name)
+                if ours is not None and so.sharding_type in COLUMN_TYPES and so.sharding_type == ours["sharding_type"]:
+                    so.shards = [tr.PlannerShard(size=list(x["sizes"]), offset=list(x["offsets"])) for x in ours["shards"]]
+                    changed = True
+            if changed:
+                self.populate_estimates(options)
+            return options
+
+    return DreamShardEnumerator
+
+
+def dreamshard_enumerator(plan: Plan, topology: Any, batch_size: int, constraints: Mapping[str, Any] | None = None, local_world_size: int | None = None):
+    """A TorchRec Enumerator (a `DreamShardEnumerator`) for `plan` on `topology` at TorchRec's
+    per-rank `batch_size`: hand it, with `constraints_for(plan, ...)` as its and the planner's
+    constraints, and `dreamshard_partitioner(plan)`, to `EmbeddingShardingPlanner`."""
+    shardings = torchrec_shardings(plan, "cpu", "fused", "column_wise", local_world_size, constraints)
+    return _enumerator_class()(shardings, topology=topology, batch_size=batch_size, constraints=dict(constraints) if constraints else None)
 
 
 @lru_cache(maxsize=1)
@@ -571,70 +751,292 @@ def dreamshard_partitioner(plan: Plan):
     return _partitioner_class()(plan)
 
 
+# TorchRec's own search, which a ShardingPlanner replaces with a dreamshard planner
+REPLACED = ("enumerator", "proposer", "partitioner", "plan_loader")
+
+
 class ShardingPlanner:
-    """A drop-in for TorchRec's `EmbeddingShardingPlanner` (same `plan(module, sharders)` and
-    `collective_plan(module, sharders, pg)`) that plans with a dreamshard planner.
+    """A drop-in for TorchRec's `EmbeddingShardingPlanner` that places the tables with a dreamshard
+    planner: the same arguments in the same order (`topology`, `batch_size` per rank,
+    `storage_reservation`, `stats`, `constraints`, ...), the same `plan(module, sharders)` and
+    `collective_plan(module, sharders, pg)`, and a TorchRec `ShardingPlan` for
+    `DistributedModelParallel`. docs/torchrec.md, "The drop-in planner".
 
-    It takes the model's tables (`tables_from_torchrec` with `statistics`), plans them on the
-    topology's ranks within what TorchRec's storage reservation leaves per rank, at the global
-    batch (`batch_size` is per rank, as TorchRec's), then runs TorchRec's planner pinned to that
-    plan (`constraints_for`, `dreamshard_partitioner`): TorchRec's enumerator, storage and perf
-    estimates, storage checks and stats run as usual and it returns the ShardingPlan. The
-    dreamshard plan is kept in `last_plan`. `planner` is a planner object
-    (`dreamshard.planners.get_planner(name, ...)`): the planners package imports this module, so
-    this one does not look planners up by name."""
+    - `topology`: its world_size ranks; each rank's memory is its HBM (DDR on a "cpu" compute
+      device) left by `storage_reservation` (by default TorchRec's own, 15% and the model's dense
+      part), the smallest rank's for all; local_world_size (its intra_group_size) makes the hosts
+      of table_row_wise and table_column_wise; its bandwidths go to TorchRec's estimates and stats.
+    - `batch_size`: TorchRec's, per rank (512 when None, as TorchRec's). dreamshard plans the
+      step of the global batch, `batch_size` × world_size.
+    - `constraints`: TorchRec ParameterConstraints by table name. `sharding_types` bound each
+      table's shards (`allowed_types`); `compute_kernels` must include "fused", the only kernel
+      planned; `min_partition` bounds column shard widths; `pooling_factors` × `num_poolings`
+      (and per-feature `batch_sizes`) are a table's lookups per sample where `table_stats` and
+      `batches` do not give them; `feature_names` must be the table's.
+    - `stats`: TorchRec's reporters (`Stats`), which see the plan as TorchRec's planner's do;
+      `performance_model`, `debug`, `callbacks`, `timeout_seconds` go to TorchRec's planner too.
+      `enumerator`, `proposer`, `partitioner` and `plan_loader` are TorchRec's search, which the
+      dreamshard planner replaces: giving one is an OptionError.
+    - `planner`: a dreamshard planner, by name ("dreamshard", the shipped model) or object
+      (`get_planner(name, ...)`).
+    - `table_stats`, `batches`, `distribution`, `max_samples`: each table's pooling factor and
+      reuse, as for `tables_from_torchrec`. `optimizer`: the one fused into the backward.
 
-    def __init__(self, planner: "Planner", topology: Any = None, batch_size: int | None = None, constraints: Mapping[str, Any] | None = None,
-                 storage_reservation: Any = None, stats: Any = None, optimizer: str = "sgd", compute_kernel: str = "fused", column_type: str = "column_wise",
-                 **statistics) -> None:
-        if not callable(getattr(planner, "plan", None)):
-            raise OptionError(f"ShardingPlanner: planner must be a dreamshard planner object (get_planner(name)), not {planner!r:.60}")
-        self.tr = import_torchrec("ShardingPlanner")
-        self.planner = planner
+    Each table may take the sharding types its constraint allows that the sharders offer on the
+    compute device with the fused kernel (`offered_types`: TorchRec's CPU sharder has no
+    row-wise ones). A plan is made in up to two passes. The planner plans the tables (skipped
+    when every table is table_wise only); where a table's shards are not what it may take (a
+    constraint, or a row split TorchRec cannot express), the table is laid out again — a row
+    split over as many ranks as a host has becomes table_row_wise on one host where allowed;
+    else whole where a rank holds it, else by rows in TorchRec's layout, else in the fewest
+    column shards that fit — while the other tables keep the planner's cuts; the planner's
+    table-wise variant (`split=False`) places every piece that is not a row layout again, its
+    busiest device on the rank the row layouts load least. Then TorchRec's planner runs pinned to
+    the plan (`constraints_for`, `dreamshard_enumerator`, `dreamshard_partitioner`): TorchRec's
+    estimates, storage checks, stats and callbacks run as for its own plans. The dreamshard plan
+    is kept in `last_plan`, TorchRec's planner in `last_planner`."""
+
+    def __init__(self, topology: Any = None, batch_size: int | None = None, enumerator: Any = None, storage_reservation: Any = None,
+                 proposer: Any = None, partitioner: Any = None, performance_model: Any = None, stats: Any = None,
+                 constraints: Mapping[str, Any] | None = None, debug: bool = True, callbacks: list | None = None, timeout_seconds: int | None = None,
+                 plan_loader: Any = None, *, planner: "str | Planner" = "dreamshard", table_stats: str | Path | Mapping[str, Mapping] | None = None,
+                 batches: Iterable[Any] | None = None, distribution: str | None = None, max_samples: int = REFERENCE_BATCH, optimizer: str = "sgd") -> None:
+        tr = self.tr = import_torchrec("ShardingPlanner")
+        if topology is not None and not isinstance(topology, tr.Topology):
+            hint = "; the dreamshard planner goes in planner=" if callable(getattr(topology, "plan", None)) or isinstance(topology, str) else ""
+            raise OptionError(f"ShardingPlanner: topology must be a TorchRec Topology, not {type(topology).__name__}{hint}")
+        given = dict(zip(REPLACED, (enumerator, proposer, partitioner, plan_loader)))
+        replaced = next((k for k, v in given.items() if v is not None), None)
+        if replaced is not None:
+            raise OptionError(f"ShardingPlanner: {replaced} is part of TorchRec's search, which the dreamshard planner replaces; leave it unset (or use TorchRec's EmbeddingShardingPlanner)")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise OptionError(f"ShardingPlanner: batch_size {batch_size!r:.40} must be a positive integer (TorchRec's per-rank batch)")
+        reporters = stats if isinstance(stats, list) else [stats] if stats is not None else []
+        stranger = next((x for x in reporters if not isinstance(x, tr.Stats)), None)
+        if stranger is not None:
+            raise OptionError(f"ShardingPlanner: stats takes TorchRec Stats reporters, as EmbeddingShardingPlanner does, not a {type(stranger).__name__}; "
+                              "per-table statistics go in table_stats=")
+        if constraints is not None and not isinstance(constraints, Mapping):
+            raise OptionError(f"ShardingPlanner: constraints must map table names to TorchRec ParameterConstraints, not a {type(constraints).__name__}")
+        self.planner = _planner_object(planner)
         with quiet():  # TorchRec warns on every directly built Topology and on its heuristic reservation
-            self.topology = topology if topology is not None else self.tr.Topology(world_size=1, compute_device="cuda")
+            self.topology = topology if topology is not None else _default_topology(tr)
             # EmbeddingShardingPlanner's own default reservation, so the memory left is what TorchRec would plan within
-            self.reservation = storage_reservation if storage_reservation is not None else self.tr.HeuristicalStorageReservation(percentage=0.15)
-        self.batch_size = batch_size if batch_size is not None else 512  # TorchRec's default per-rank batch
+            self.reservation = storage_reservation if storage_reservation is not None else tr.HeuristicalStorageReservation(percentage=0.15)
+        self.batch_size = batch_size if batch_size is not None else 512  # TorchRec's default per-rank batch (its BATCH_SIZE)
         self.constraints = dict(constraints) if constraints else None
-        self.stats = stats
+        self.stats, self.performance_model, self.debug, self.callbacks, self.timeout_seconds = stats, performance_model, debug, callbacks, timeout_seconds
+        self.statistics = {"table_stats": table_stats, "batches": batches, "distribution": distribution, "max_samples": max_samples}
         self.optimizer = optimizer
-        self.compute_kernel = _check_choice(compute_kernel, "compute_kernel", KERNELS)
-        self.column_type = _check_choice(column_type, "column_type", COLUMN_TYPES)
-        self.statistics = statistics
         self.last_plan: Plan | None = None
         self.last_planner = None  # TorchRec's planner of the last plan (its stats, storage reservation)
+        self.offered: Offered = None  # the sharding types the last plan's sharders offer (`task`)
+
+    @property
+    def local_world_size(self) -> int:
+        """Ranks per host of the table_row_wise and table_column_wise layouts (TorchRec's enumerator
+        lays table_row_wise over the topology's intra_group_size)."""
+        return int(getattr(self.topology, "intra_group_size", self.topology.local_world_size))
+
+    def _check_constraints(self, module: Any) -> None:
+        """The user's constraints name tables of the model and ask for what dreamshard plans."""
+        if not self.constraints:
+            return
+        names = [c.name for _, c in embedding_configs(module)]
+        for name, c in self.constraints.items():
+            if name not in names:
+                raise ConstraintError(f"constraints: {name!r} is not a table of the model (its tables: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
+            if not isinstance(c, self.tr.ParameterConstraints):
+                raise ConstraintError(f"constraints, table {name!r}: expected a TorchRec ParameterConstraints, got {type(c).__name__}")
+            allowed_types(name, c, offered=self.offered)
+            check_kernel(name, c, "fused")
+            if getattr(c, "use_virtual_table", False):
+                raise ConstraintError(f"{constraint_text(name, 'use_virtual_table', True)}: dreamshard plans tables held whole in device memory")
+            group = getattr(c, "device_group", None)
+            if group and group != self.topology.compute_device:
+                raise ConstraintError(f"{constraint_text(name, 'device_group', group)}: dreamshard plans every table on the topology's {self.topology.compute_device} ranks")
 
     def task(self, module: Any, sharders: list) -> Task:
         """What dreamshard plans: the model's tables on the topology's ranks, each with the memory
-        TorchRec's reservation leaves on the smallest rank."""
+        TorchRec's reservation leaves on the smallest rank, at the global batch (the per-rank
+        `batch_size` × world size). It also notes the sharding types the `sharders` offer on the
+        topology's compute device (`offered`), which bound every table's."""
+        self.offered = offered_types(sharders, self.topology.compute_device)
+        self._check_constraints(module)
         with quiet():
             left = self.reservation.reserve(topology=self.topology, batch_size=self.batch_size, module=module, sharders=sharders, constraints=self.constraints)
-        kind = "hbm" if self.topology.compute_device != "cpu" else "ddr"
+        kind = "ddr" if self.topology.compute_device == "cpu" else "hbm"
         cap = min(int(getattr(d.storage, kind)) for d in left.devices)
         if cap < 1:
             raise InfeasibleError(f"TorchRec's storage reservation leaves no {kind.upper()} on a rank (of {self.topology.world_size})")
-        stats = dict(self.statistics)
-        if self.constraints and "constraints" not in stats:
-            stats["constraints"] = self.constraints
-        return task_from_torchrec(module, self.topology.world_size, cap, self.batch_size * self.topology.world_size, self.optimizer, **stats)
+        world = self.topology.world_size
+        return task_from_torchrec(module, world, cap, self.batch_size * world, self.optimizer, constraints=self.constraints, rank_batch_size=self.batch_size,
+                                  **{k: v for k, v in self.statistics.items() if v is not None})
 
     def plan(self, module: Any, sharders: list | None = None):
+        """The module's TorchRec ShardingPlan (the tables of its EmbeddingBagCollections), planned
+        by the dreamshard planner within the constraints and checked by TorchRec's planner."""
         tr = self.tr
         sharders = sharders if sharders is not None else [tr.EmbeddingBagCollectionSharder()]
-        task = self.task(module, sharders)
-        ours = self.planner.plan(task)
-        ours.check("dreamshard plan")
+        ours = self.dreamshard_plan(self.task(module, sharders))
         self.last_plan = ours
+        pinned = constraints_for(ours, self.constraints, self.local_world_size)
         with quiet():
             self.last_planner = tr.EmbeddingShardingPlanner(
                 topology=self.topology, batch_size=self.batch_size, storage_reservation=self.reservation, proposer=tr.GreedyProposer(),
-                partitioner=dreamshard_partitioner(ours), constraints=constraints_for(ours, self.compute_kernel, self.column_type, self.constraints),
-                stats=self.stats, debug=False)
+                enumerator=dreamshard_enumerator(ours, self.topology, self.batch_size, pinned, self.local_world_size),
+                partitioner=dreamshard_partitioner(ours), performance_model=self.performance_model, constraints=pinned,
+                stats=self.stats, debug=self.debug, callbacks=self.callbacks, timeout_seconds=self.timeout_seconds)
             try:
                 return self.last_planner.plan(module, sharders)
             except tr.PlannerError as e:
                 raise InfeasibleError(self._reason(ours, e)) from None
+            except Exception as e:  # TorchRec's own failure on this model, as one line
+                raise NoPlanError(f"TorchRec failed to take the {ours.planner} plan ({type(e).__name__}: {one_line(e)[:600]})") from None
+
+    def dreamshard_plan(self, task: Task) -> Plan:
+        """The planner's plan of `task` within the constraints (the two passes of the class doc)."""
+        cons = self.constraints or {}
+        kinds = {t.name: allowed_types(t.name, cons.get(t.name), offered=self.offered) for t in task.tables}
+        first, redo = None, {t.name for t in task.tables}
+        if any(set(k) != {"table_wise"} for k in kinds.values()):  # some table may be split: the planner's own plan first
+            try:
+                first = self.planner.plan(task)
+            except InfeasibleError:
+                first = None  # e.g. a table-wise planner and a table larger than a rank: the second pass splits it as allowed
+            if first is not None:
+                first.check("dreamshard plan")
+                redo = set(self._disallowed(first))
+                if not redo:
+                    return first
+        plan = self._lay_out_again(task, first, redo, kinds)
+        left = self._disallowed(plan)
+        if left:  # the planner split a piece though it was asked to place them whole (it has no split=False)
+            why = next(iter(left.values()))
+            raise ConstraintError(f"{why}; laid out again, the {plan.planner} planner still split it: give a planner with split=False")
+        return plan
+
+    def _disallowed(self, plan: Plan) -> dict[str, str]:
+        """Tables whose shards their constraints (or TorchRec) do not allow, with why."""
+        by_table: list[list[Shard]] = [[] for _ in plan.task.tables]
+        for s in plan.shards:
+            by_table[s.table].append(s)
+        cons, out = self.constraints or {}, {}
+        for t, shards in zip(plan.task.tables, by_table):
+            try:
+                table_sharding(t, shards, plan.devices, self.local_world_size, cons.get(t.name), offered=self.offered)
+            except (ConstraintError, NotExpressibleError) as e:
+                out[t.name] = str(e)
+        return out
+
+    def _lay_out_again(self, task: Task, first: Plan | None, redo: set[str], kinds: dict[str, tuple[str, ...]]) -> Plan:
+        """The second pass: the tables in `redo` laid out as their constraints allow (whole where
+        it fits a rank, else by rows in TorchRec's layout, else in the fewest column shards that
+        fit), the others as in `first` (its row layouts kept where they are); the planner's
+        table-wise variant places every piece that is not a row layout."""
+        from dreamshard.planners import splits  # it imports this module
+
+        cap, w, local = task.max_memory_bytes, task.workload, self.local_world_size
+        cons = self.constraints or {}
+        pinned: list[Shard] = []
+        free: list[Shard] = []
+        for i, t in enumerate(task.tables):
+            mine = [s for s in first.shards if s.table == i] if first is not None else []
+            # column shards placed again might span hosts, which table_column_wise alone does not allow
+            one_host_only = "column_wise" not in kinds[t.name] and local < task.devices
+            if first is not None and t.name not in redo and not (one_host_only and len(mine) > 1 and not mine[0].is_row_shard):
+                if any(s.is_row_shard for s in mine):
+                    pinned += mine
+                else:
+                    free += [Shard(i, -1, s.start, s.stop) for s in mine]
+                continue
+            if first is not None and "table_row_wise" in kinds[t.name] and local < task.devices and len(mine) == local \
+                    and sorted(s.row_range(t) for s in mine) == row_wise_cuts(t.rows, local):
+                # the planner's row split over as many ranks as a host has: TorchRec's table_row_wise on one host
+                pinned += self._row_layout(task, i, "table_row_wise", pinned)
+                continue
+            pieces, why = self._pieces(task, i, kinds[t.name], pinned)
+            if pieces is None:
+                c = cons.get(t.name)
+                if c is not None and getattr(c, "sharding_types", None):
+                    raise ConstraintError(f"{constraint_text(t.name, 'sharding_types', c.sharding_types)}: {why}")
+                raise InfeasibleError(f"table {t.name!r}: {why}")
+            if pieces and pieces[0].device >= 0:
+                pinned += pieces
+            else:
+                free += pieces
+        used = [0] * task.devices
+        for s in pinned:
+            used[s.device] += s.bytes(task.tables[s.table], w.precision, w.optimizer)
+        room = cap - max(used)
+        if free and room < 1:
+            raise InfeasibleError(f"the tables split by rows ({', '.join(sorted({task.tables[s.table].name for s in pinned}))}) fill a rank's {cap:,} bytes; no room is left for the others")
+        planner = self._table_wise_planner()
+        placed: list[Shard] = []
+        if free:
+            try:
+                sub = planner.plan(Task(splits.specs(task, free), task.devices, room, w, task.pool))
+            except InfeasibleError as e:
+                restricted = [f"{n!r}: {list(k)}" for n, k in kinds.items() if getattr(cons.get(n), "sharding_types", None)]
+                raise InfeasibleError(one_line(e) + (f"; within the constraints' sharding_types ({', '.join(restricted[:3])}{', ...' if len(restricted) > 3 else ''})"
+                                                     if restricted else "")) from None
+            rank = _relabel(task, pinned, [(free[s.table], s) for s in sub.shards])
+            for s in sub.shards:  # a piece's shards, back on its table's columns
+                p = free[s.table]
+                placed.append(Shard(p.table, rank[s.device], p.start + s.start, p.start + s.stop, s.row_start, s.row_stop))
+        again = sorted(redo) if first is not None else []
+        notes = [f"laid out again for their constraints or TorchRec: {', '.join(again[:8])}{', ...' if len(again) > 8 else ''}"] if again else []
+        plan = Plan(task, pinned + placed, first.planner if first is not None else getattr(planner, "name", "dreamshard"), notes=notes)
+        plan.check("dreamshard plan")
+        return plan
+
+    def _pieces(self, task: Task, table: int, kinds: Sequence[str], pinned: list[Shard]) -> tuple[list[Shard] | None, str]:
+        """How `_lay_out_again` lays out a table anew: [the whole table] (unplaced) where a rank
+        holds it and a whole table is allowed (table_wise, or a column type's one shard); else
+        its row shards (placed) in the first allowed row layout whose blocks fit; else its fewest
+        column shards (unplaced) that fit, none narrower than min_partition. (None, why) where
+        none of those fits."""
+        t, w, cap = task.tables[table], task.workload, task.max_memory_bytes
+        size = task.table_bytes(t)
+        if size <= cap and any(k == "table_wise" or k in COLUMN_TYPES for k in kinds):
+            return [Shard(table, -1, 0, t.dim)], ""
+        block = None
+        for kind in (k for k in kinds if k in ROW_TYPES):
+            rows = self._row_layout(task, table, kind, pinned)
+            block = max(s.bytes(t, w.precision, w.optimizer) for s in rows)
+            if block <= cap:
+                return rows, ""
+        if any(k in COLUMN_TYPES for k in kinds):
+            c = (self.constraints or {}).get(t.name)
+            cut = _fitting_columns(task, table, cap, getattr(c, "min_partition", None) if c is not None else None)
+            if cut is not None:
+                return cut, ""
+        missing = [k for k in ("row_wise", "column_wise") if k not in kinds and (not self.offered or k in self.offered[1])]
+        split = f"; split by rows its largest block needs {block:,}" if block is not None else ""
+        return None, (f"the table needs {size:,} bytes, more than the {cap:,} a rank has left after TorchRec's storage reservation{split}, "
+                      f"and no split allowed fits{'; allow ' + ' or '.join(missing) if missing else ''}")
+
+    def _row_layout(self, task: Task, table: int, kind: str, pinned: list[Shard]) -> list[Shard]:
+        """Table `table` split by rows in TorchRec's `kind` layout: row_wise over every rank,
+        table_row_wise over the ranks of the host with the fewest bytes pinned so far."""
+        t, w, local = task.tables[table], task.workload, self.local_world_size
+        if kind == "row_wise":
+            ranks = list(range(task.devices))
+        else:
+            load = [0] * (task.devices // local)
+            for s in pinned:
+                load[s.device // local] += s.bytes(task.tables[s.table], w.precision, w.optimizer)
+            host = min(range(len(load)), key=lambda h: load[h])
+            ranks = list(range(host * local, (host + 1) * local))
+        return [Shard(table, r, 0, t.dim, a, b) for r, (a, b) in zip(ranks, row_wise_cuts(t.rows, len(ranks))) if a < b]
+
+    def _table_wise_planner(self) -> "Planner":
+        """The planner with its splitting off (a copy with `split=False`), or itself where it has no such switch."""
+        if getattr(self.planner, "split", False):
+            planner = copy.copy(self.planner)
+            planner.split = False
+            return planner
+        return self.planner
 
     @staticmethod
     def _reason(plan: Plan, error: Exception) -> str:
@@ -653,6 +1055,71 @@ class ShardingPlanner:
 
         pg = pg if pg is not None else dist.GroupMember.WORLD
         return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
+
+
+def _relabel(task: Task, pinned: Sequence[Shard], placed: Sequence[tuple[Shard, Shard]]) -> list[int]:
+    """Which rank each device of the table-wise planner's plan of the pieces becomes: that planner
+    saw the ranks empty, but the row layouts pinned before it load some of them, so its busiest
+    device goes to the least loaded rank, and so on (by lookups × width per sample, a row block
+    taking its share of its table's; any relabelling fits, as every rank kept room for the
+    pinned bytes). (piece, its shard in that plan) pairs in `placed`. Without row layouts the
+    ranks are the planner's devices."""
+    if not pinned:
+        return list(range(task.devices))
+    mine = [0.0] * task.devices
+    for s in pinned:
+        t = task.tables[s.table]
+        a, b = s.row_range(t)
+        mine[s.device] += t.pooling_factor * t.dim * (b - a) / t.rows
+    theirs = [0.0] * task.devices
+    for piece, s in placed:
+        t = task.tables[piece.table]
+        a, b = s.row_range(t)
+        theirs[s.device] += t.pooling_factor * s.width * (b - a) / t.rows
+    rank = [0] * task.devices
+    busiest = sorted(range(task.devices), key=lambda d: -theirs[d])
+    for d, r in zip(busiest, sorted(range(task.devices), key=lambda r: mine[r])):
+        rank[d] = r
+    return rank
+
+
+def _fitting_columns(task: Task, table: int, cap: int, min_width: int | None) -> list[Shard] | None:
+    """The fewest about-equal column shards of `table` (widths multiples of 4, at least
+    `min_width`) each within `cap` bytes, unplaced; None where none are."""
+    from dreamshard.plan import column_cuts
+
+    t, w = task.tables[table], task.workload
+    for parts in range(2, t.dim // 4 + 1):
+        pieces = [Shard(table, -1, a, b) for a, b in column_cuts(t.dim, parts)]
+        if min_width and min(p.width for p in pieces) < min(min_width, t.dim):
+            return None
+        if max(p.bytes(t, w.precision, w.optimizer) for p in pieces) <= cap:
+            return pieces
+    return None
+
+
+def _planner_object(planner: Any) -> "Planner":
+    """A dreamshard planner object from a name (`get_planner(name)`) or the object itself."""
+    if isinstance(planner, str):
+        from dreamshard.planners import get_planner  # the planners package imports this module
+
+        return get_planner(planner)
+    if not callable(getattr(planner, "plan", None)):
+        raise OptionError(f"ShardingPlanner: planner must be a dreamshard planner name or object (get_planner(name)), not {planner!r:.60}")
+    return planner
+
+
+def _default_topology(tr: SimpleNamespace) -> Any:
+    """TorchRec's default topology: the process group's world and local sizes on its device type."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise OptionError("ShardingPlanner: no topology given and no process group to take one from; pass topology=Topology(world_size=..., compute_device=...)")
+    from torchrec.distributed.comm import get_local_size
+
+    import torch
+
+    return tr.Topology(world_size=dist.get_world_size(), local_world_size=get_local_size(), compute_device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 # --------------------------------------------------------------------------------------------

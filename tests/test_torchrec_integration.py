@@ -106,29 +106,35 @@ def test_tables_from_stats_and_constraints(tmp_path):
     ebc = meta_ebc()
     stats = {f"t{i}": {"pooling_factor": 3.0, "distribution": "zipf:1.1"} for i in range(4)}
     stats["t2"] = {"pooling_factor": 1.0, "bins": [1.0] + [0.0] * (NUM_BINS - 1)}
-    tables = tio.tables_from_torchrec(ebc, stats=stats)
+    tables = tio.tables_from_torchrec(ebc, table_stats=stats)
     assert tables[0].distribution == "zipf:1.1" and tables[0].bins[0] < 1 and tables[2].bins[0] == 1.0
     # a table file of ours: rows and dims must be the model's
     path = tmp_path / "stats.json"  # JSON keeps the bins exact (CSV rounds to 6 digits)
     save_tables(tables, path)
-    assert tio.tables_from_torchrec(ebc, stats=str(path)) == tables
+    assert tio.tables_from_torchrec(ebc, table_stats=str(path)) == tables
     save_tables([TableSpec("t0", 999, 64, 1.0, distribution="uniform", bins=tables[0].bins)] + tables[1:], path)
     with pytest.raises(TableError, match=r"table 't0' has 999 rows × dim 64, the model's has 1000 × 64$"):
-        tio.tables_from_torchrec(ebc, stats=path)
+        tio.tables_from_torchrec(ebc, table_stats=path)
     # TorchRec's constraints: pooling = the sum of the table's pooling factors, reuse from a distribution
     cons = {f"t{i}": ParameterConstraints(pooling_factors=[2.0, 0.5]) for i in range(4)}
     got = tio.tables_from_torchrec(ebc, constraints=cons, distribution="uniform")
     assert all(t.pooling_factor == 2.5 and t.distribution == "uniform" for t in got)
+    # num_poolings multiply, per-feature batch sizes count relative to the per-rank batch (TorchRec's count of a table's inputs)
+    cons = {f"t{i}": ParameterConstraints(pooling_factors=[2.0], num_poolings=[3.0], batch_sizes=[16]) for i in range(4)}
+    got = tio.tables_from_torchrec(ebc, constraints=cons, distribution="uniform", rank_batch_size=32)
+    assert all(t.pooling_factor == 2.0 * 3.0 * 16 / 32 for t in got)
+    with pytest.raises(tio.ConstraintError, match=r"^table 't0': ParameterConstraints\(batch_sizes=\[16\]\): per-feature batch sizes need the per-rank batch size"):
+        tio.tables_from_torchrec(ebc, constraints=cons, distribution="uniform")
     # stats override measurement, table by table
-    mixed = tio.tables_from_torchrec(ebc, stats={"t1": stats["t1"]}, batches=[batch(0)[0]])
+    mixed = tio.tables_from_torchrec(ebc, table_stats={"t1": stats["t1"]}, batches=[batch(0)[0]])
     assert mixed[1].pooling_factor == 3.0 and mixed[0].distribution is None
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({}, TableError, r"^table 't0': no pooling factor or reuse statistics; give stats, batches"),
+    ({}, TableError, r"^table 't0': no pooling factor or reuse statistics; give table_stats, batches"),
     ({"constraints": {"t0": ParameterConstraints()}}, TableError, r"^table 't0': constraints give its pooling factor but not its reuse"),
-    ({"stats": {"nope": {"pooling_factor": 1.0, "distribution": "uniform"}}}, TableError, r"^stats: table 'nope' is not a table of the model"),
-    ({"stats": {"t0": {"pooling_factor": -1, "distribution": "uniform"}}}, TableError, r"^stats, table 't0', key 'pooling_factor'"),
+    ({"table_stats": {"nope": {"pooling_factor": 1.0, "distribution": "uniform"}}}, TableError, r"^table_stats: table 'nope' is not a table of the model"),
+    ({"table_stats": {"t0": {"pooling_factor": -1, "distribution": "uniform"}}}, TableError, r"^table_stats, table 't0', key 'pooling_factor'"),
     ({"batches": []}, DataError, r"^batches: no samples"),
     ({"batches": [KeyedJaggedTensor(keys=["f0"], values=torch.tensor([1]), lengths=torch.tensor([1]))]}, DataError, r"^batches: batch 0 has no feature 'f1' \(of table 't1'\)"),
     ({"batches": [KeyedJaggedTensor(keys=FEATURES, values=torch.tensor([1000, 0, 0, 0]), lengths=torch.tensor([1, 1, 1, 1]))]}, DataError,
@@ -144,7 +150,7 @@ def test_bad_statistics_are_one_line_errors(kwargs, error, message):
 def test_task_precision_and_bad_sources():
     assert task().workload == Workload(64, "fp32", "sgd")
     fp16 = EmbeddingBagCollection(tables=configs(DataType.FP16), device=torch.device("meta"))
-    assert tio.task_from_torchrec(fp16, 2, 10**7, stats={f"t{i}": {"pooling_factor": 1, "distribution": "uniform"} for i in range(4)}).workload.precision == "fp16"
+    assert tio.task_from_torchrec(fp16, 2, 10**7, table_stats={f"t{i}": {"pooling_factor": 1, "distribution": "uniform"} for i in range(4)}).workload.precision == "fp16"
     int8 = EmbeddingBagCollection(tables=configs(DataType.INT8), device=torch.device("meta"))
     with pytest.raises(TableError, match=r"^table 't0': data_type INT8 is not one of FP32, FP16"):
         tio.task_from_torchrec(int8, 2, 10**7, batches=[batch(0)[0]])
@@ -288,7 +294,7 @@ def test_sharding_planner_returns_the_dreamshard_plan_through_torchrec():
     with tio.quiet():
         topology = Topology(world_size=2, compute_device="cpu", ddr_cap=10**8)
     for name, split in (("size_lookup", False), ("size_lookup", True)):
-        sp_planner = tio.ShardingPlanner(get_planner(name, split=split), topology=topology, batch_size=32, batches=[batch(0)[0]])
+        sp_planner = tio.ShardingPlanner(topology=topology, batch_size=32, planner=get_planner(name, split=split), batches=[batch(0)[0]])
         sp = sp_planner.plan(meta_ebc())
         ours = sp_planner.last_plan
         assert ours.split_tables() == ({"t0": 2} if split else {})
@@ -304,7 +310,7 @@ def test_sharding_planner_refusals_are_one_line():
     with tio.quiet():
         tiny = Topology(world_size=2, compute_device="cpu", ddr_cap=200_000)
     with pytest.raises(InfeasibleError) as e:
-        tio.ShardingPlanner(get_planner("size_lookup"), topology=tiny, batch_size=32, batches=[batch(0)[0]]).plan(meta_ebc())
+        tio.ShardingPlanner(tiny, 32, planner="size_lookup", batches=[batch(0)[0]]).plan(meta_ebc())
     assert "\n" not in str(e.value)
     # TorchRec's storage check refuses what our byte count lets through (its estimate adds I/O buffers)
     with tio.quiet():
@@ -312,10 +318,26 @@ def test_sharding_planner_refusals_are_one_line():
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
     with pytest.raises(InfeasibleError, match=r"^TorchRec refused the size_lookup plan: .* \(rank \d: table t\d's shard needs 0 bytes of HBM and [\d,]+ of DDR by TorchRec's estimate; 0 and [\d,]+ are left\)$"):
-        tio.ShardingPlanner(get_planner("size_lookup"), topology=snug, batch_size=4096, storage_reservation=FixedPercentageStorageReservation(0.0), batches=[batch(0)[0]]).plan(meta_ebc())
+        tio.ShardingPlanner(snug, 4096, storage_reservation=FixedPercentageStorageReservation(0.0), planner="size_lookup", batches=[batch(0)[0]]).plan(meta_ebc())
+
+
+def test_uneven_column_shards_go_through_torchrecs_planner():
+    """TorchRec's enumerator makes only equal column shards; dreamshard_enumerator gives its
+    column-wise option the plan's (24, 20, 20, two on one rank), estimated by TorchRec again."""
     uneven = split_plan(task())
-    with pytest.raises(tio.NotExpressibleError, match=r"^table t0: column shards of widths 24, 20, 20: TorchRec's planner enumerates only equal ones"):
-        tio.constraints_for(uneven)
+    with tio.quiet():
+        topology = Topology(world_size=2, compute_device="cpu", ddr_cap=10**8)
+        pinned = tio.constraints_for(uneven)
+        assert pinned["t0"].min_partition is None and pinned["t0"].sharding_types == ["column_wise"]
+        plain = EmbeddingShardingPlanner(topology=topology, batch_size=32, partitioner=tio.dreamshard_partitioner(uneven), constraints=pinned, debug=False)
+        with pytest.raises(PlannerError):  # TorchRec's own equal blocks are not the plan's
+            plain.plan(meta_ebc(), [tio.import_torchrec().EmbeddingBagCollectionSharder()])
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=32, enumerator=tio.dreamshard_enumerator(uneven, topology, 32, pinned),
+                                           partitioner=tio.dreamshard_partitioner(uneven), constraints=pinned, debug=False)
+        sp = planner.plan(meta_ebc(), [tio.import_torchrec().EmbeddingBagCollectionSharder()])
+    assert shard_layout(sp) == shard_layout(tio.to_sharding_plan(uneven, device_type="cpu"))
+    t0 = next(so for so in planner._best_plan if so.name == "t0")
+    assert [s.size[1] for s in t0.shards] == [24, 20, 20] and all(s.storage.ddr > 0 and s.perf.total > 0 for s in t0.shards)
 
 
 def test_partitioner_refuses_proposals_that_are_not_the_plan():
@@ -386,7 +408,8 @@ class DLRM(torch.nn.Module):
         self.top = torch.nn.Sequential(torch.nn.Linear(8 + sum(d for _, d, _ in SHAPES), 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 
     def forward(self, kjt, dense):
-        return self.top(torch.cat([self.dense(dense), self.ebc(kjt).values()], dim=1)).squeeze(1)
+        pooled = self.ebc(kjt).to_dict()  # by feature: a sharded collection may order its output by sharding type
+        return self.top(torch.cat([self.dense(dense)] + [pooled[f] for f in FEATURES], dim=1)).squeeze(1)
 
 
 def reference(init: dict) -> tuple[list[float], dict]:
@@ -405,7 +428,10 @@ def reference(init: dict) -> tuple[list[float], dict]:
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _worker(rank: int, port: int, plan_file: str, init_file: str, out_dir: str) -> None:
+def _worker(rank: int, port: int, plan_file: str, init_file: str, out_dir: str, sharding_types: dict | None = None) -> None:
+    """One rank: shards the DLRM with DMP — from the plan file's ShardingPlan, or with
+    `sharding_types` (table → its ParameterConstraints sharding_types) from the drop-in
+    ShardingPlanner's collective plan — and trains it, writing what it held and its losses."""
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -425,10 +451,13 @@ def _worker(rank: int, port: int, plan_file: str, init_file: str, out_dir: str) 
     apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": LR})
     sharding_plan = tio.to_sharding_plan(plan, module=model, device_type="cpu")
     with tio.quiet():
-        # the plug-in's way to the same plan: planned on rank 0 inside TorchRec's planner, broadcast
-        planner = tio.ShardingPlanner(get_planner("size_lookup", split=True), topology=Topology(world_size=WORLD, compute_device="cpu"),
-                                      batch_size=GLOBAL_B // WORLD, batches=[batch(s)[0] for s in range(4)])
+        # the drop-in's way to the same plan: planned on rank 0 inside TorchRec's planner, broadcast
+        constraints = {name: ParameterConstraints(sharding_types=kinds) for name, kinds in (sharding_types or {}).items()}
+        planner = tio.ShardingPlanner(topology=Topology(world_size=WORLD, compute_device="cpu"), batch_size=GLOBAL_B // WORLD, constraints=constraints,
+                                      planner=get_planner("size_lookup", split=True), batches=[batch(s)[0] for s in range(4)])
         collective = planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.group.WORLD)
+        if sharding_types:
+            sharding_plan = collective
         dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
                                        plan=sharding_plan, sharders=[EmbeddingBagCollectionSharder()])
     init = torch.load(init_file)
@@ -472,30 +501,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_dmp_trains_a_dreamshard_plan_like_the_unsharded_model(tmp_path):
+def run_dmp(tmp_path: Path, plan: Plan, sharding_types: dict | None = None) -> list[dict]:
+    """Each rank's record (`_worker`) of DMP training the DLRM from the same initial weights."""
     import torch.multiprocessing as mp
 
-    t = tio.task_from_torchrec(meta_ebc(), WORLD, 10**7, batch_size=GLOBAL_B, batches=[batch(s)[0] for s in range(4)])
-    plan = get_planner("size_lookup", split=True).plan(t)
-    assert plan.split_tables() == {"t0": 2}, plan.shards  # the premise: a column-split table
     save_plans([plan], tmp_path / "plan.json")
     torch.manual_seed(0)
     init = DLRM(torch.device("cpu")).state_dict()
     torch.save(init, tmp_path / "init.pt")
-    mp.start_processes(_worker, args=(free_port(), str(tmp_path / "plan.json"), str(tmp_path / "init.pt"), str(tmp_path)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_worker, args=(free_port(), str(tmp_path / "plan.json"), str(tmp_path / "init.pt"), str(tmp_path), sharding_types), nprocs=WORLD,
+                       start_method="spawn")
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def trains_like_the_unsharded_model(results: list[dict], init: dict) -> None:
+    """The same losses as the unsharded model, step by step, and the same trained tables."""
     ref_losses, ref_final = reference(init)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    # each rank got the plan from ShardingPlanner.collective_plan too, and holds exactly its shards, at their offsets and sizes
-    for rank, res in enumerate(results):
-        assert res["collective"] == res["given"] and res["given"]["t0"][0] == "column_wise"
-        expected = {}
-        for s in plan.shards:
-            if s.device == rank:
-                tb = plan.task.tables[s.table]
-                expected.setdefault(f"ebc.embedding_bags.{tb.name}.weight", []).append(((0, s.start), (tb.rows, s.width), (tb.rows, s.width)))
-        got = {k: sorted((tuple(o), tuple(z), sh) for o, z, sh in v) for k, v in res["held"].items() if v}
-        assert got == {k: sorted(v) for k, v in expected.items()}
-    # the same losses as the unsharded model, step by step, and the same trained tables
     for res in results:
         assert res["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
     assert all(math.isfinite(x) for x in ref_losses)
@@ -507,6 +528,57 @@ def test_dmp_trains_a_dreamshard_plan_like_the_unsharded_model(tmp_path):
                 torch.testing.assert_close(tensor, want, rtol=1e-5, atol=1e-6)
 
 
+def held_by_rank(layout: dict, rank: int) -> dict:
+    """What a rank holds of a ShardingPlan's layout (`shard_layout`): per table weight, its shards' (offsets, sizes, shape)."""
+    out: dict = {}
+    for name, (_, _, shards) in layout.items():
+        for offsets, sizes, where in shards:
+            if where.startswith(f"rank:{rank}/") and sizes[0] > 0:
+                out.setdefault(f"ebc.embedding_bags.{name}.weight", []).append((tuple(offsets), tuple(sizes), tuple(sizes)))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def initial_weights() -> dict:
+    torch.manual_seed(0)
+    return DLRM(torch.device("cpu")).state_dict()
+
+
+def test_dmp_trains_a_dreamshard_plan_like_the_unsharded_model(tmp_path):
+    t = tio.task_from_torchrec(meta_ebc(), WORLD, 10**7, batch_size=GLOBAL_B, batches=[batch(s)[0] for s in range(4)])
+    plan = get_planner("size_lookup", split=True).plan(t)
+    assert plan.split_tables() == {"t0": 2}, plan.shards  # the premise: a column-split table
+    results = run_dmp(tmp_path, plan)
+    # each rank got the plan from ShardingPlanner.collective_plan too, and holds exactly its shards, at their offsets and sizes
+    for rank, res in enumerate(results):
+        assert res["collective"] == res["given"] and res["given"]["t0"][0] == "column_wise"
+        expected = {}
+        for s in plan.shards:
+            if s.device == rank:
+                tb = plan.task.tables[s.table]
+                expected.setdefault(f"ebc.embedding_bags.{tb.name}.weight", []).append(((0, s.start), (tb.rows, s.width), (tb.rows, s.width)))
+        got = {k: sorted((tuple(o), tuple(z), sh) for o, z, sh in v) for k, v in res["held"].items() if v}
+        assert got == {k: sorted(v) for k, v in expected.items()}
+    trains_like_the_unsharded_model(results, initial_weights())
+
+
+def test_dmp_trains_the_drop_in_plan_under_constraints(tmp_path):
+    """ShardingPlanner.collective_plan with a sharding type constrained per table — column_wise,
+    table_column_wise, table_wise, and column_wise on a table the planner keeps whole (one
+    shard) — is the plan DMP shards by, and it trains as the unsharded model does. (TorchRec's
+    CPU sharder has no row-wise types: those are checked on a cuda topology, without DMP.)"""
+    kinds = {"t0": ["column_wise"], "t1": ["table_column_wise"], "t2": ["table_wise"], "t3": ["column_wise"]}
+    t = tio.task_from_torchrec(meta_ebc(), WORLD, 10**7, batch_size=GLOBAL_B, batches=[batch(s)[0] for s in range(4)])
+    results = run_dmp(tmp_path, get_planner("size_lookup").plan(t), kinds)
+    layout = results[0]["collective"]
+    assert {name: kind for name, (kind, _, _) in layout.items()} == {"t0": "column_wise", "t1": "table_column_wise", "t2": "table_wise", "t3": "column_wise"}
+    assert len(layout["t0"][2]) == 2 and len(layout["t3"][2]) == 1  # t0 cut by the planner, t3 one column shard
+    for rank, res in enumerate(results):
+        assert res["collective"] == layout  # broadcast from rank 0
+        got = {k: sorted((tuple(o), tuple(z), sh) for o, z, sh in v) for k, v in res["held"].items() if v}
+        assert got == held_by_rank(layout, rank)
+    trains_like_the_unsharded_model(results, initial_weights())
+
+
 @pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
 def test_example_runs():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "torchrec_dlrm.py")], capture_output=True, text=True, timeout=1800, cwd=ROOT)  # a hang guard only: a busy machine may take minutes
@@ -515,10 +587,3 @@ def test_example_runs():
     assert "column_wise" in out and "table_wise" in out  # the plan in TorchRec's terms, a split table among them
     losses = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if line.startswith("step ")]
     assert len(losses) >= 3 and all(math.isfinite(x) for x in losses)
-
-
-def test_sharding_planner_takes_a_planner_object():
-    from dreamshard.validation import OptionError
-
-    with pytest.raises(OptionError, match=r"planner must be a dreamshard planner object \(get_planner\(name\)\)"):
-        tio.ShardingPlanner("size_lookup")
