@@ -72,16 +72,17 @@ class Setting:
         return "-".join("".join(c if c.isalnum() else " " for c in self.name).split()).lower()
 
 
-def settings(suites: Sequence[str] = SUITES, tasks: int = 50, family_tasks: int = 5) -> list[Setting]:
-    """The suites' settings, `tasks` train and test tasks per paper setting, `family_tasks` test tasks per family setting."""
+def settings(suites: Sequence[str] = SUITES, tasks: int = 50, family_tasks: int = 5, test_tasks: int | None = None) -> list[Setting]:
+    """The suites' settings: `tasks` train and `test_tasks` (default: as many) test tasks per paper
+    setting, `family_tasks` test tasks per family setting."""
     from dreamshard.families import FAMILIES
 
     out = []
     if "paper" in suites:
         for devices, sizes in ((4, (20, 40, 60, 80, 100)), (8, (40, 80, 120, 160, 200))):
-            out += [Setting("paper", f"DLRM-{n} ({devices})", "dlrm", n, devices, 5 * GB, tasks, tasks, dim=16) for n in sizes]
-    if "families" in suites:
-        for family in FAMILIES:
+            out += [Setting("paper", f"DLRM-{n} ({devices})", "dlrm", n, devices, 5 * GB, tasks, test_tasks or tasks, dim=16) for n in sizes]
+    if "families" in suites:  # onehot's tables are MLPerf's: the mlperf suite places them as published
+        for family in (f for f in FAMILIES if f != "onehot"):
             out += [Setting("families", f"{family} {n} ({d})", family, n, d, m * GB, 0, family_tasks) for n, d, m in ((60, 4, 24), (120, 8, 16))]
     if "mlperf" in suites:  # one task: the 26 published tables; HBM of an 80 GB GPU
         out += [Setting("mlperf", f"DCNv2 ({d})", "onehot", 26, d, 80 * GB, 0, 1) for d in (4, 8)]
@@ -200,6 +201,13 @@ def plan_hash(plan: Plan) -> str:
     return hashlib.sha1(repr(shards).encode()).hexdigest()[:12]
 
 
+def task_hash(task: Task) -> str:
+    """12 hex digits of a task's tables and devices: runs that made a task's rows on different
+    machines can be checked to have drawn the same task."""
+    tables = [(t.name, t.rows, t.dim, round(t.pooling_factor, 6), t.distribution, t.seed) for t in task.tables]
+    return hashlib.sha1(repr((tables, task.devices, task.max_memory_bytes)).encode()).hexdigest()[:12]
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     """The complete lines of a JSONL file a killed run may have cut in the middle of a line."""
     if not path.exists():
@@ -259,10 +267,11 @@ class Run:
 
 def run_suite(run: Run, chosen: Sequence[Setting], backend, seeds: int = 1, train_budget: int = 100, oracle_budget: int = ORACLE_BUDGET,
               say: Callable[[str], None] = print, progress: Callable[[int, int], None] | None = None,
-              labels: Sequence[str] = PAPER_COLUMNS + FIELD_COLUMNS) -> None:
+              labels: Sequence[str] = PAPER_COLUMNS + FIELD_COLUMNS, deadline: float | None = None) -> None:
     """Plan every task of every setting and seed with every planner of `labels` (on train tasks,
     those of the paper's table), price each plan with `backend`, append the rows. A planner's
-    rows already in the run are not made again (resume; a run with more labels adds theirs)."""
+    rows already in the run are not made again (resume; a run with more labels adds theirs).
+    `deadline` (time.monotonic()): no task is begun after it."""
     done = run.done()
     pools: dict = {}
     jobs = [(s, seed) for s in chosen for seed in range(seeds)]
@@ -275,23 +284,30 @@ def run_suite(run: Run, chosen: Sequence[Setting], backend, seeds: int = 1, trai
             wanted["test"] += ["dreamshard (shipped)"] if "dreamshard" in labels and "dreamshard (shipped)" not in labels else []
         else:
             wanted["test"] = [lb for lb in wanted["test"] if lb != "dreamshard (shipped)"]
+        # test tasks first: a run cut short has the field's rows before the paper's train column
         todo = [(split, i, t, [lb for lb in wanted[split] if (setting.name, seed, split, i, lb) not in done])
-                for split, ts in (("train", train), ("test", test)) for i, t in enumerate(ts)]
+                for split, ts in (("test", test), ("train", train)) for i, t in enumerate(ts)]
         todo = [job for job in todo if job[3]]
         finished += len(train) + len(test) - len(todo)
         if progress:
             progress(finished, total)
         if not todo:
             continue
+        if deadline is not None and time.monotonic() > deadline:
+            say(f"deadline: stopped before {setting.name} (the run resumes there)")
+            return
         learned = [n for n in LEARNED if any(lb.split(" ")[0] == n for job in todo for lb in job[3]) or (n == "dreamshard" and any(lb == "neuroshard" for job in todo for lb in job[3]))]
         models = train_models(setting, seed, train, backend, run.folder / "models", train_budget, learned, say) if train and train_budget else {}
         planners = planners_for(models, oracle_budget, dict.fromkeys(lb for job in todo for lb in job[3]))
         for split, i, task, todo_labels in todo:
+            if deadline is not None and time.monotonic() > deadline:
+                say(f"deadline: stopped before {setting.name} {split} task {i} (the run resumes there)")
+                return
             rows, plans, seen = [], [], {}
             for label in todo_labels:
                 planner = planners[label]
                 row = {"suite": setting.suite, "setting": setting.name, "seed": seed, "split": split, "task": i, "planner": label,
-                       "tables": len(task.tables), "devices": task.devices, "refused_draws": refused,
+                       "tables": len(task.tables), "devices": task.devices, "refused_draws": refused, "task_hash": task_hash(task),
                        "trained": label.split(" ")[0] in models and label != "dreamshard (shipped)", "ms": None, "error": None}
                 if isinstance(planner, str):
                     rows.append({**row, "error": planner, "planning_ms": 0.0})

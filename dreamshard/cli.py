@@ -1029,17 +1029,20 @@ def bench() -> None:
 @click.option("--suite", default=",".join(["paper", "families", "mlperf"]), show_default=True,
               help="comma-separated: paper (its ten settings), families (every table family, 4 and 8 devices), mlperf (DLRM-DCNv2's 26 tables)")
 @click.option("--tasks", default=50, show_default=True, type=click.IntRange(1, limits.MAX_TASKS), help="train and test tasks per paper setting")
+@click.option("--test-tasks", type=click.IntRange(1, limits.MAX_TASKS), help="test tasks per paper setting  [--tasks]")
 @click.option("--family-tasks", default=5, show_default=True, type=click.IntRange(1, limits.MAX_TASKS), help="test tasks per family setting")
 @click.option("--seeds", default=1, show_default=True, type=click.IntRange(1, 100), help="runs of each setting (pool split, tasks, training): cells are mean ± std over them")
 @click.option("--train-budget", default=100, show_default=True, type=click.IntRange(0, limits.MAX_BUDGET),
               help="measured plans per learned planner, trained per paper setting on its train tasks (0: the shipped models)")
 @click.option("--oracle-budget", default=4000, show_default=True, type=click.IntRange(1, limits.MAX_BUDGET), help="the oracle's evaluations on the simulator per task")
+@click.option("--planners", "planner_labels", help="comma-separated columns to make  [default: every one: random, size, dim, lookup, size_lookup, rnn, "
+              "'dreamshard --no-split', autoshard, dreamshard, neuroshard, torchrec, oracle]; a run given more later adds theirs")
 @click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="what prices the plans and trains the learned planners (as for `compare`)")
 @click.option("--runner", default="sequential", show_default=True, type=click.Choice(["distributed", "sequential"]), help="with a kernel: as for `compare`")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.pass_context
-def bench_paper(ctx, out, quick, suite, tasks, family_tasks, seeds, train_budget, oracle_budget, backend, runner, device) -> None:
+def bench_paper(ctx, out, quick, suite, tasks, test_tasks, family_tasks, seeds, train_budget, oracle_budget, planner_labels, backend, runner, device) -> None:
     """Every planner on the paper's ten settings (DLRM-20…100 on 4 devices, 40…200 on 8, dim-16
     tables, 5 GB), the table families and MLPerf DLRM-DCNv2: results.md, results.csv."""
     from dreamshard import bench as results
@@ -1051,10 +1054,14 @@ def bench_paper(ctx, out, quick, suite, tasks, family_tasks, seeds, train_budget
     if unknown or not names:
         raise OptionError(f"--suite: {', '.join(unknown) or 'nothing given'}: choose from {', '.join(results.SUITES)}")
     if quick:
-        refuse_unused(ctx, ["suite", "tasks", "family_tasks", "train_budget"], "with --quick (its settings are fixed)")
+        refuse_unused(ctx, ["suite", "tasks", "test_tasks", "family_tasks", "train_budget"], "with --quick (its settings are fixed)")
         chosen, train_budget, oracle_budget = results.quick_settings(), 0, min(oracle_budget, 1000)
     else:
-        chosen = results.settings(names, tasks, family_tasks)
+        chosen = results.settings(names, tasks, family_tasks, test_tasks)
+    columns = results.PAPER_COLUMNS + results.FIELD_COLUMNS
+    labels = columns if planner_labels is None else [x.strip() for x in planner_labels.split(",") if x.strip()]
+    if not labels or any(x not in columns for x in labels):
+        raise OptionError(f"--planners: {', '.join(x for x in labels if x not in columns) or 'nothing given'}: choose from {', '.join(columns)}")
     cost_backend, _ = _cost_backend(backend, runner, device)
     run = results.Run(Path(out))
     console.print(f"{len(chosen)} settings × {seeds} seed(s), priced by {cost_backend.name}; "
@@ -1062,7 +1069,7 @@ def bench_paper(ctx, out, quick, suite, tasks, family_tasks, seeds, train_budget
     with progress_bar() as bar:
         job = bar.add_task("tasks planned and priced", total=None)
         results.run_suite(run, chosen, cost_backend, seeds, train_budget, oracle_budget, say=lambda line: bar.console.print(line),
-                          progress=lambda done, total: bar.update(job, completed=done, total=total))
+                          progress=lambda done, total: bar.update(job, completed=done, total=total), labels=labels)
     paths = results.write_report(run)
     console.print(Path(paths[0]).read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
