@@ -79,8 +79,16 @@ def plan_cmd(args) -> None:
     print(json.dumps({"settings": len(jobs), "rows": sum(1 for _ in open(out / "rows.jsonl")), "wall_s": round(time.monotonic() - T0, 1)}), flush=True)
 
 
+def _queue_iter(q):
+    """The tasks put on `q` until a None."""
+    while (item := q.get()) is not None:
+        yield item
+
+
 def _measure_share(job) -> int:
-    gpu, plans_json, out, args = job
+    """GPU `gpu` measures the plans of `tasks` (lists of (key, plan JSON), one list per task, or a
+    queue of them ended by None) into OUT/measured-<gpu>.csv, beginning no task after the budget."""
+    gpu, tasks, out, args = job
     import torch
 
     from dreamshard.costs.runners import SequentialRunner
@@ -97,60 +105,52 @@ def _measure_share(job) -> int:
         writer = csv.DictWriter(fh, COLUMNS)
         if fresh:
             writer.writeheader()
-        last = None
-        for key, doc in plans_json:
-            if key[:3] != last and time.monotonic() - T0 > args.budget_s:
-                break
-            last = key[:3]
-            plan = Plan.from_json(doc)
-            if args.quick:
-                from gpu_comm import shrunk
+        for task in tasks if isinstance(tasks, list) else _queue_iter(tasks):
+            if time.monotonic() - T0 > args.budget_s:
+                continue  # drain the queue without measuring
+            for key, doc in task:
+                plan = Plan.from_json(doc)
+                if args.quick:
+                    from gpu_comm import shrunk
 
-                plan = shrunk(plan)
-            t0 = time.monotonic()
-            report = runner.evaluate_plan(plan, 256 if args.quick else None)
-            writer.writerow({"setting": key[0], "seed": key[1], "task": key[2], "plan": key[3], "measured_ms": f"{report.overall_ms:.5f}",
-                             "max_device_ms": f"{max(d.total_ms for d in report.devices):.5f}",
-                             "comm_ms": f"{max(d.fwd_comm_ms + d.bwd_comm_ms for d in report.devices):.5f}",
-                             "wall_s": f"{time.monotonic() - t0:.2f}", "gpu": device})
-            fh.flush()
-            done += 1
+                    plan = shrunk(plan)
+                t0 = time.monotonic()
+                report = runner.evaluate_plan(plan, 256 if args.quick else None)
+                writer.writerow({"setting": key[0], "seed": key[1], "task": key[2], "plan": key[3], "measured_ms": f"{report.overall_ms:.5f}",
+                                 "max_device_ms": f"{max(d.total_ms for d in report.devices):.5f}",
+                                 "comm_ms": f"{max(d.fwd_comm_ms + d.bwd_comm_ms for d in report.devices):.5f}",
+                                 "wall_s": f"{time.monotonic() - t0:.2f}", "gpu": device})
+                fh.flush()
+                done += 1
     return done
 
 
-def measure_cmd(args) -> None:
-    import torch
-
-    from dreamshard.costs.hardware import describe_hardware, software_versions
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.resume:
-        for p in Path(args.resume).glob("measured-*.csv"):
-            if p.parent != out:
-                shutil.copy(p, out / p.name)
+def measured_keys(out: Path) -> set:
     done = set()
     for p in out.glob("measured-*.csv"):
         with open(p) as fh:
             done |= {(r["setting"], int(r["seed"]), int(r["task"]), r["plan"]) for r in csv.DictReader(fh)}
-    # every distinct test plan not measured yet, task by task
-    todo: dict[tuple, dict] = {}
-    for line in Path(args.folder, "plans.jsonl").read_text().splitlines():
+    return done
+
+
+def test_tasks(plans_file: Path, skip: set) -> list[list[tuple]]:
+    """The distinct test plans of a plans file not in `skip`, grouped by task: [[(key, JSON), ...], ...]."""
+    by_task: dict[tuple, dict] = {}
+    for line in plans_file.read_text().splitlines() if plans_file.exists() else []:
         try:
             doc = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn last line
         notes = dict(n.split(" ", 1) for n in doc.get("notes", []) if n.split(" ", 1)[0] in ("setting", "seed", "task", "hash"))
         key = (notes["setting"], int(notes["seed"]), int(notes["task"]), notes["hash"])
-        if key not in done:
-            todo.setdefault(key, doc)
-    tasks = sorted({k[:3] for k in todo})
-    gpus = 1 if args.cpu else torch.cuda.device_count()
-    shares = [[(k, d) for k, d in todo.items() if tasks.index(k[:3]) % gpus == g] for g in range(gpus)]
-    print(f"[{time.monotonic() - T0:6.1f}s] {len(todo)} plans of {len(tasks)} tasks on {gpus} GPU(s)", flush=True)
-    with mp.get_context("spawn").Pool(gpus) as pool:
-        counts = pool.map(_measure_share, [(g, shares[g], str(out), args) for g in range(gpus)])
+        if key not in skip:
+            by_task.setdefault(key[:3], {}).setdefault(key, doc)
+    return [list(plans.items()) for plans in by_task.values()]
+
+
+def write_measured(out: Path, args, gpus: int, counts: list[int], left: int) -> None:
+    from dreamshard.costs.hardware import describe_hardware, software_versions
+
     rows = []
     for p in sorted(out.glob("measured-*.csv")):
         with open(p) as fh:
@@ -160,10 +160,74 @@ def measure_cmd(args) -> None:
         w.writeheader()
         w.writerows(rows)
     summary = {"device": describe_hardware("cpu" if args.cpu else "cuda", gpus), "versions": software_versions(), "runner": "sequential (triton)",
-               "measured_this_call": sum(counts), "measured": len(rows), "left": len(todo) - sum(counts), "wall_s": round(time.monotonic() - T0, 1),
+               "measured_this_call": sum(counts), "measured": len(rows), "left": left, "wall_s": round(time.monotonic() - T0, 1),
                "command": " ".join(["benchmarks/gpu_bench.py", *sys.argv[1:]])}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary), flush=True)
+
+
+def measure_cmd(args) -> None:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.resume:
+        for p in Path(args.resume).glob("measured-*.csv"):
+            if p.parent != out:
+                shutil.copy(p, out / p.name)
+    tasks = test_tasks(Path(args.folder, "plans.jsonl"), measured_keys(out))
+    gpus = 1 if args.cpu else torch.cuda.device_count()
+    shares = [tasks[g::gpus] for g in range(gpus)]
+    print(f"[{time.monotonic() - T0:6.1f}s] {sum(map(len, tasks))} plans of {len(tasks)} tasks on {gpus} GPU(s)", flush=True)
+    with mp.get_context("spawn").Pool(gpus) as pool:
+        counts = pool.map(_measure_share, [(g, shares[g], str(out), args) for g in range(gpus)])
+    write_measured(out, args, gpus, counts, sum(map(len, tasks)) - sum(counts))
+
+
+def all_cmd(args) -> None:
+    """plan and measure in one call: each setting's test plans go to the GPUs as soon as it is planned."""
+    import queue
+    import threading
+
+    import torch
+
+    from dreamshard import bench
+
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.quick:
+        chosen, args.train_budget, args.oracle_budget = bench.quick_settings(), 0, min(args.oracle_budget, 1000)
+    else:
+        chosen = bench.settings(args.suite.split(","), args.tasks, args.family_tasks, args.test_tasks)
+    jobs = sorted(((s, str(work / s.slug), args) for s in chosen), key=lambda j: j[0].tables * (j[0].train + j[0].test))  # small first: the GPUs start early
+    ctx = mp.get_context("spawn")
+    gpus = 1 if args.cpu else torch.cuda.device_count()
+    tasks_q = ctx.Queue()
+    workers = [ctx.Process(target=_measure_share, args=((g, tasks_q, str(out), args),)) for g in range(gpus)]
+    for w in workers:
+        w.start()
+    ready: queue.Queue = queue.Queue()
+    sent = 0
+    with ctx.Pool(min(args.jobs, len(jobs)), maxtasksperchild=1) as pool:
+        for job in jobs:
+            pool.apply_async(_plan_setting, (job,), callback=lambda line, job=job: ready.put((job, line)),
+                             error_callback=lambda e, job=job: ready.put((job, f"FAILED {e}")))
+        for _ in jobs:
+            job, line = ready.get()
+            print(f"[{time.monotonic() - T0:6.1f}s] {line}", flush=True)
+            for task in test_tasks(Path(job[1]) / "plans.jsonl", set()):
+                tasks_q.put(task)
+                sent += len(task)
+    for _ in workers:
+        tasks_q.put(None)
+    for w in workers:
+        w.join()
+    for name in ("rows.jsonl",):
+        (out / name).write_text("".join((Path(j[1]) / name).read_text() for j in jobs if (Path(j[1]) / name).exists()))
+    done = len(measured_keys(out))
+    write_measured(out, args, gpus, [done], sent - done)
 
 
 def main() -> None:
@@ -192,8 +256,24 @@ def main() -> None:
     m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
     m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
     m.set_defaults(run=measure_cmd)
+    a = sub.add_parser("all", help="plan (the machine's CPUs) and measure (every GPU) at once: OUT/rows.jsonl, OUT/measured.csv")
+    a.add_argument("--out", required=True)
+    a.add_argument("--work", default="/tmp/gpu_bench", help="the per-setting run folders (plans and models stay here)")
+    a.add_argument("--suite", default="paper,families,mlperf")
+    a.add_argument("--tasks", type=int, default=50)
+    a.add_argument("--test-tasks", type=int)
+    a.add_argument("--family-tasks", type=int, default=5)
+    a.add_argument("--seeds", type=int, default=1)
+    a.add_argument("--train-budget", type=int, default=100)
+    a.add_argument("--oracle-budget", type=int, default=4000)
+    a.add_argument("--skip", default="torchrec")
+    a.add_argument("--jobs", type=int, default=os.cpu_count())
+    a.add_argument("--budget-s", type=float, default=540.0, help="no task planned or measured is begun after this many seconds")
+    a.add_argument("--cpu", action="store_true")
+    a.add_argument("--quick", action="store_true")
+    a.set_defaults(run=all_cmd)
     args = ap.parse_args()
-    if args.command == "plan":
+    if args.command in ("plan", "all"):
         args.skip = [s for s in args.skip.split(",") if s]
     args.run(args)
 
