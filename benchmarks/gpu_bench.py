@@ -50,7 +50,7 @@ def _plan_setting(job) -> str:
     lines = []
     try:
         bench.run_suite(bench.Run(Path(out)), [setting], SimBackend(), args.seeds, args.train_budget, args.oracle_budget,
-                        say=lines.append, labels=labels, deadline=T0 + args.budget_s)
+                        say=lines.append, labels=labels, deadline=T0 + args.budget_s, splits=args.splits)
     except Exception as e:  # one setting's failure is reported; the others' rows are kept
         import traceback
 
@@ -79,24 +79,35 @@ def plan_cmd(args) -> None:
     print(json.dumps({"settings": len(jobs), "rows": sum(1 for _ in open(out / "rows.jsonl")), "wall_s": round(time.monotonic() - T0, 1)}), flush=True)
 
 
-def _queue_iter(q):
-    """The tasks put on `q` until a None."""
-    while (item := q.get()) is not None:
-        yield item
+def _queue_iter(queues):
+    """The tasks put on the queues, the first queue's first, until each has given a None."""
+    import queue
+
+    open_ = list(queues)
+    while open_:
+        for q in open_:
+            try:
+                item = q.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if item is None:
+                open_.remove(q)
+            else:
+                yield item
+            break
 
 
 def _measure_share(job) -> int:
-    """GPU `gpu` measures the plans of `tasks` (lists of (key, plan JSON), one list per task, or a
-    queue of them ended by None) into OUT/measured-<gpu>.csv, beginning no task after the budget."""
+    """GPU `gpu` measures the plans of `tasks` (lists of (key, plan JSON), one list per task; or a
+    tuple of queues of them, each ended by None) into OUT/measured-<gpu>.csv, beginning no task
+    after the budget."""
     gpu, tasks, out, args = job
-    import torch
-
+    if not args.cpu:  # this process sees its GPU alone: Triton launches on the device it was given
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     from dreamshard.costs.runners import SequentialRunner
     from dreamshard.plan import Plan
 
     device = "cpu" if args.cpu else f"cuda:{gpu}"
-    if not args.cpu:
-        torch.cuda.set_device(gpu)
     runner = SequentialRunner("torch" if args.cpu else "triton", None, "cpu" if args.cpu else "cuda", warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
     path = Path(out) / f"measured-{gpu}.csv"
     fresh = not path.exists()
@@ -126,11 +137,7 @@ def _measure_share(job) -> int:
 
 
 def measured_keys(out: Path) -> set:
-    done = set()
-    for p in out.glob("measured-*.csv"):
-        with open(p) as fh:
-            done |= {(r["setting"], int(r["seed"]), int(r["task"]), r["plan"]) for r in csv.DictReader(fh)}
-    return done
+    return set().union(*(_keys(p) for p in out.glob("measured-*.csv")))
 
 
 def test_tasks(plans_file: Path, skip: set) -> list[list[tuple]]:
@@ -185,11 +192,25 @@ def measure_cmd(args) -> None:
     write_measured(out, args, gpus, counts, sum(map(len, tasks)) - sum(counts))
 
 
-def all_cmd(args) -> None:
-    """plan and measure in one call: each setting's test plans go to the GPUs as soon as it is planned."""
-    import queue
-    import threading
+def _train_one(job) -> str:
+    """One learned planner trained on one paper setting (the models a planning job then finds)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
 
+    torch.set_num_threads(1)
+    from dreamshard import bench
+    from dreamshard.costs.sim import SimBackend
+
+    setting, folder, name, args = job
+    train, _, _ = bench.tasks_of(setting, 0, {})
+    bench.train_models(setting, 0, train, SimBackend(), Path(folder) / "models", args.train_budget, [name], say=lambda line: None)
+    return f"trained {name} for {setting.name} at {time.monotonic() - T0:.0f} s"
+
+
+def all_cmd(args) -> None:
+    """The test tasks planned (the machine's CPUs: each learned planner trained per paper setting
+    in its own process, then a process per setting) and measured (every GPU) at once: a task's
+    plans go to the GPUs as soon as it is planned, the paper's settings first."""
     import torch
 
     from dreamshard import bench
@@ -197,37 +218,63 @@ def all_cmd(args) -> None:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.resume:
+        for p in Path(args.resume).glob("measured-*.csv"):
+            shutil.copy(p, out / f"earlier-{p.name}")  # measured-*.csv names are the workers'
     if args.quick:
-        chosen, args.train_budget, args.oracle_budget = bench.quick_settings(), 0, min(args.oracle_budget, 1000)
+        chosen, args.oracle_budget = bench.quick_settings(), min(args.oracle_budget, 1000)
     else:
         chosen = bench.settings(args.suite.split(","), args.tasks, args.family_tasks, args.test_tasks)
-    jobs = sorted(((s, str(work / s.slug), args) for s in chosen), key=lambda j: j[0].tables * (j[0].train + j[0].test))  # small first: the GPUs start early
+    measured = measured_keys(out) | {k for p in out.glob("earlier-*.csv") for k in _keys(p)}
     ctx = mp.get_context("spawn")
     gpus = 1 if args.cpu else torch.cuda.device_count()
-    tasks_q = ctx.Queue()
-    workers = [ctx.Process(target=_measure_share, args=((g, tasks_q, str(out), args),)) for g in range(gpus)]
+    queues = (ctx.Queue(), ctx.Queue())  # the paper's settings, the others
+    workers = [ctx.Process(target=_measure_share, args=((g, queues, str(out), args),)) for g in range(gpus)]
     for w in workers:
         w.start()
-    ready: queue.Queue = queue.Queue()
-    sent = 0
-    with ctx.Pool(min(args.jobs, len(jobs)), maxtasksperchild=1) as pool:
-        for job in jobs:
-            pool.apply_async(_plan_setting, (job,), callback=lambda line, job=job: ready.put((job, line)),
-                             error_callback=lambda e, job=job: ready.put((job, f"FAILED {e}")))
-        for _ in jobs:
-            job, line = ready.get()
-            print(f"[{time.monotonic() - T0:6.1f}s] {line}", flush=True)
-            for task in test_tasks(Path(job[1]) / "plans.jsonl", set()):
-                tasks_q.put(task)
-                sent += len(task)
-    for _ in workers:
-        tasks_q.put(None)
+    folder = {s.name: work / s.slug for s in chosen}
+    trained = [s for s in chosen if s.train and args.train_budget]
+    pending, sent, plans = {}, set(), 0
+    with ctx.Pool(min(args.jobs, 3 * len(trained) + len(chosen)), maxtasksperchild=1) as pool:
+        def plan(s):
+            pending[s.name] = pool.apply_async(_plan_setting, ((s, str(folder[s.name]), args),))
+
+        training = {s.name: [pool.apply_async(_train_one, ((s, str(folder[s.name]), n, args),)) for n in bench.LEARNED] for s in trained}
+        for s in chosen:
+            if s.name not in training:
+                plan(s)
+        while training or pending:
+            time.sleep(5)
+            for name in [n for n, rs in training.items() if all(r.ready() for r in rs)]:
+                for r in training.pop(name):
+                    print(f"[{time.monotonic() - T0:6.1f}s] {r.get() if r.successful() else 'FAILED training ' + name}", flush=True)
+                plan(next(s for s in chosen if s.name == name))
+            for s in chosen:  # every test task planned so far, to the GPUs
+                done = {bench.task_key(r)[:4] for r in bench.Run(folder[s.name]).rows()}
+                for task in test_tasks(folder[s.name] / "plans.jsonl", measured):
+                    key = task[0][0][:3]
+                    if key not in sent and (key[0], key[1], "test", key[2]) in done:
+                        sent.add(key)
+                        plans += len(task)
+                        queues[0 if s.suite == "paper" else 1].put(task)
+            for name in [n for n, r in pending.items() if r.ready()]:
+                r = pending.pop(name)
+                print(f"[{time.monotonic() - T0:6.1f}s] {r.get() if r.successful() else 'FAILED ' + name}", flush=True)
+    for q in queues:
+        for _ in workers:
+            q.put(None)
     for w in workers:
         w.join()
-    for name in ("rows.jsonl",):
-        (out / name).write_text("".join((Path(j[1]) / name).read_text() for j in jobs if (Path(j[1]) / name).exists()))
-    done = len(measured_keys(out))
-    write_measured(out, args, gpus, [done], sent - done)
+    (out / "rows.jsonl").write_text("".join((f / "rows.jsonl").read_text() for f in folder.values() if (f / "rows.jsonl").exists()))
+    done = len(measured_keys(out))  # this call's
+    for p in out.glob("earlier-*.csv"):  # the earlier call's lines join this call's
+        shutil.move(p, out / p.name.replace("earlier-", "measured-earlier-"))
+    write_measured(out, args, gpus, [done], plans - done)
+
+
+def _keys(path: Path) -> set:
+    with open(path) as fh:
+        return {(r["setting"], int(r["seed"]), int(r["task"]), r["plan"]) for r in csv.DictReader(fh)}
 
 
 def main() -> None:
@@ -247,6 +294,7 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=560.0, help="no task is begun after this many seconds")
     p.add_argument("--resume", help="an earlier call's OUT")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--splits", default="test,train")
     p.set_defaults(run=plan_cmd)
     m = sub.add_parser("measure", help="RUN's test plans measured on every GPU")
     m.add_argument("folder", help="the run folder (plans.jsonl)")
@@ -267,14 +315,17 @@ def main() -> None:
     a.add_argument("--train-budget", type=int, default=100)
     a.add_argument("--oracle-budget", type=int, default=4000)
     a.add_argument("--skip", default="torchrec")
+    a.add_argument("--resume", help="a folder of an earlier call's measured-*.csv: those plans are not measured again")
     a.add_argument("--jobs", type=int, default=os.cpu_count())
     a.add_argument("--budget-s", type=float, default=540.0, help="no task planned or measured is begun after this many seconds")
+    a.add_argument("--splits", default="test", help="the tasks planned: test (the rows measured), or test,train")
     a.add_argument("--cpu", action="store_true")
     a.add_argument("--quick", action="store_true")
     a.set_defaults(run=all_cmd)
     args = ap.parse_args()
     if args.command in ("plan", "all"):
         args.skip = [s for s in args.skip.split(",") if s]
+        args.splits = tuple(s for s in args.splits.split(",") if s)
     args.run(args)
 
 

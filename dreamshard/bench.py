@@ -267,11 +267,12 @@ class Run:
 
 def run_suite(run: Run, chosen: Sequence[Setting], backend, seeds: int = 1, train_budget: int = 100, oracle_budget: int = ORACLE_BUDGET,
               say: Callable[[str], None] = print, progress: Callable[[int, int], None] | None = None,
-              labels: Sequence[str] = PAPER_COLUMNS + FIELD_COLUMNS, deadline: float | None = None) -> None:
+              labels: Sequence[str] = PAPER_COLUMNS + FIELD_COLUMNS, deadline: float | None = None, splits: Sequence[str] = ("test", "train")) -> None:
     """Plan every task of every setting and seed with every planner of `labels` (on train tasks,
     those of the paper's table), price each plan with `backend`, append the rows. A planner's
     rows already in the run are not made again (resume; a run with more labels adds theirs).
-    `deadline` (time.monotonic()): no task is begun after it."""
+    `deadline` (time.monotonic()): no task is begun after it. `splits`: the tasks planned (the
+    learned planners are trained on the train tasks either way)."""
     done = run.done()
     pools: dict = {}
     jobs = [(s, seed) for s in chosen for seed in range(seeds)]
@@ -286,7 +287,7 @@ def run_suite(run: Run, chosen: Sequence[Setting], backend, seeds: int = 1, trai
             wanted["test"] = [lb for lb in wanted["test"] if lb != "dreamshard (shipped)"]
         # test tasks first: a run cut short has the field's rows before the paper's train column
         todo = [(split, i, t, [lb for lb in wanted[split] if (setting.name, seed, split, i, lb) not in done])
-                for split, ts in (("test", test), ("train", train)) for i, t in enumerate(ts)]
+                for split, ts in (("test", test), ("train", train)) if split in splits for i, t in enumerate(ts)]
         todo = [job for job in todo if job[3]]
         finished += len(train) + len(test) - len(todo)
         if progress:
