@@ -17,8 +17,10 @@ $(BIN)/dreamshard: pyproject.toml requirements.lock Makefile
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $@
 
+# the demo, then the quick form of the results suite (the paper's table on two of its settings)
 demo: $(BIN)/dreamshard
 	$(BIN)/dreamshard demo
+	$(BIN)/dreamshard bench paper --quick --out runs/bench
 
 test: $(BIN)/dreamshard
 	$(BIN)/pytest -q

@@ -69,7 +69,12 @@ class Setting:
 
     @property
     def slug(self) -> str:
-        return "-".join("".join(c if c.isalnum() else " " for c in self.name).split()).lower()
+        return _slug(f"{self.suite} {self.name}")
+
+
+def _slug(text: str) -> str:
+    """"paper DLRM-80 (8)" → "paper-dlrm-80-8": a file name."""
+    return "-".join("".join(c if c.isalnum() else " " for c in text).split()).lower()
 
 
 def settings(suites: Sequence[str] = SUITES, tasks: int = 50, family_tasks: int = 5, test_tasks: int | None = None) -> list[Setting]:
@@ -213,7 +218,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in dict.fromkeys(path.read_text().splitlines()):  # a line twice (files joined twice) counts once
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
@@ -348,12 +353,17 @@ def _measurements(planner) -> int:
 
 
 def with_costs(rows: list[dict], costs: dict[tuple, float]) -> list[dict]:
-    """The rows of the test plans that `costs` has ((setting, seed, task, plan hash) → ms), their
-    cost replaced by it; test tasks any of whose plans lack a cost are left out whole."""
+    """The test rows priced by `costs` ((setting, seed, task, plan hash) → ms) instead: a planner
+    none of whose plans in a setting has a cost (one that was not measured) is left out there,
+    and so is a task on which some other planner's plan has none (a measurement cut short)."""
+    def cost(r):
+        return None if r["ms"] is None else costs.get((r["setting"], r["seed"], r["task"], r["plan"]))
+
     tests = [r for r in rows if r["split"] == "test"]
-    missing = {task_key(r) for r in tests if r["ms"] is not None and (r["setting"], r["seed"], r["task"], r["plan"]) not in costs}
-    return [{**r, "ms": costs[(r["setting"], r["seed"], r["task"], r["plan"])] if r["ms"] is not None else None}
-            for r in tests if task_key(r) not in missing]
+    measured = {(r["setting"], r["planner"]) for r in tests if cost(r) is not None}
+    kept = [r for r in tests if (r["setting"], r["planner"]) in measured]
+    incomplete = {task_key(r) for r in kept if r["ms"] is not None and cost(r) is None}
+    return [{**r, "ms": cost(r)} for r in kept if task_key(r) not in incomplete]
 
 
 def read_costs(path: Path) -> dict[tuple, float]:
@@ -425,19 +435,27 @@ def _ms(c: Cell) -> str:
     return f"{c.mean_ms:.3f}" + ("" if math.isnan(c.std_ms) else f" ± {c.std_ms:.3f}")
 
 
+def setting_order(names) -> list[str]:
+    """Settings in the suites' order (the paper's by devices and tables, then the families,
+    then MLPerf); names no suite has (a test's) after them, as they came."""
+    canon = [s.name for s in settings()]
+    names = list(dict.fromkeys(names))
+    return sorted(names, key=lambda n: (canon.index(n) if n in canon else len(canon), names.index(n)))
+
+
 def markdown(cs: list[Cell], source: str) -> str:
     """The paper's table (its planners, train and test, mean ms and % over random, the paper's own
     cells beside), then the field's (every planner on the test tasks: % vs the best heuristic, gap
     to oracle, planning time, measurements), then where DreamShard is not the best."""
-    settings_seen = list(dict.fromkeys(c.setting for c in cs))
+    settings_seen = setting_order(c.setting for c in cs)
     get = {(c.setting, c.split, c.planner): c for c in cs}
     lines = [f"Costs: {source}. Mean step (ms) over the tasks every planner placed; in brackets the speedup over random "
              "(random's mean / the planner's − 1, as the paper reports it).", ""]
-    paper = [s for s in settings_seen if (s, "train", "random") in get]
+    paper = [s for s in settings_seen if s.startswith("DLRM-")]
     if paper:
         lines += ["## The paper's table", "", "| setting | split | " + " | ".join(PAPER_COLUMNS) + " |", "|---|---|" + "---:|" * len(PAPER_COLUMNS)]
         for s in paper:
-            for split in ("train", "test"):
+            for split in [x for x in ("train", "test") if (s, x, "random") in get]:
                 cells_ = [get.get((s, split, p)) for p in PAPER_COLUMNS]
                 lines.append(f"| {s} | {split} | " + " | ".join("" if c is None else f"{_ms(c)} ({_pct(c.over_random)})" for c in cells_) + " |")
             if any((s, p) in PAPER_CELLS for p in PAPER_COLUMNS):
@@ -491,7 +509,10 @@ def write_report(run: Run, costs_file: Path | None = None, out: Path | None = No
         rows = with_costs(rows, read_costs(costs_file))
         if not rows:
             raise OptionError(f"{costs_file}: none of its costs belong to a complete test task of {run.folder}")
-        source = f"measured ({costs_file.name})"
+        summary = costs_file.with_name("summary.json")
+        about = json.loads(summary.read_text()) if summary.exists() else {}
+        source = (f"measured on {about['device']}, {about.get('runner', '')}, each plan on one GPU; collectives from the comm model shipped for the GPU and the plan's device count ({costs_file.name})"
+                  if "device" in about else f"measured ({costs_file.name})")
     else:
         source = ", ".join(sorted({r["source"] for r in rows if r.get("source")}))
     out = out or run.folder
@@ -499,4 +520,40 @@ def write_report(run: Run, costs_file: Path | None = None, out: Path | None = No
     written = [out / "results.md", out / "results.csv"]
     atomic_write(written[0], markdown(cs, source))
     atomic_write(written[1], csv_text(cs))
+    from dreamshard import plots
+
+    if plots.available():
+        written += figures(rows, cs, out, "measured" if costs_file else "simulated", run.folder)
+    return written
+
+
+def figures(rows: list[dict], cs: list[Cell], out: Path, source: str, folder: Path | None = None) -> list[Path]:
+    """improvement.png/svg: each planner's mean step on the test tasks against the best
+    heuristic, per setting; devices.png/svg: the per-device phases of every planner's plan of
+    one task (the largest paper setting's first, from the rows' own pricing); training.png/svg:
+    the learned planners' training curves of one paper setting where the run kept their logs."""
+    from dreamshard import plots
+    from dreamshard.costs.base import CostReport, DeviceCost
+
+    written = []
+    order = setting_order(c.setting for c in cs)
+    tests = [c for c in cs if c.split == "test" and c.planner not in ("random", "size", "dim") and not math.isnan(c.mean_ms)]
+    bars_ = [(c.setting, c.planner, c.vs_best_heuristic * 100) for c in sorted(tests, key=lambda c: order.index(c.setting))]
+    for suffix in plots.SUFFIXES:
+        written.append(plots.grouped_bars(bars_, out / f"improvement{suffix}", "% vs the best heuristic (lower is better)",
+                                          f"mean step on the test tasks — {source}", "{:+.0f}", 0.0))
+    paper = [s for s in order if s.startswith("DLRM-")]
+    pick = max(paper or order, key=lambda s: next((r["tables"] for r in rows if r["setting"] == s), 0))
+    first = [r for r in rows if r["setting"] == pick and r["split"] == "test" and r.get("devices_ms")]
+    if first:
+        key = min(task_key(r) for r in first)
+        panels = [(r["planner"], CostReport([DeviceCost(*d) for d in r["devices_ms"]], r.get("source", ""), "", "", 0))
+                  for r in first if task_key(r) == key and r["planner"] not in ("random", "size", "dim")]
+        panels.sort(key=lambda p: p[1].overall_ms)
+        for suffix in plots.SUFFIXES:
+            written.append(plots.device_components(panels, out / f"devices{suffix}", f"{pick}, test task {key[3]}: per-device phases — {panels[0][1].backend}"))
+    for log in sorted((folder or out).glob(f"models/{_slug('paper ' + pick)}-s0-*.log.jsonl")):
+        name = log.name.split(".")[0]
+        for suffix in plots.SUFFIXES:
+            written.append(plots.training_curves(_read_jsonl(log), out / f"training-{name}{suffix}", f"{name}: trained against the simulator"))
     return written

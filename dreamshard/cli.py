@@ -180,7 +180,8 @@ HELD_OUT_NAMES = ["mixed", "rmc", "din"]  # dreamshard.families.HELD_OUT_FAMILIE
 @click.option("--tables", "n_tables", type=click.IntRange(1, limits.MAX_TABLES), help="number of tables  [the family's: 856; 788 for dlrm2022]")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--family", default="dlrm", show_default=True, type=click.Choice(FAMILY_NAMES), help=f"table family (docs/families.md); held out: {', '.join(HELD_OUT_NAMES)}")
-def data_synth(out: str, n_tables: int | None, seed: int, family: str) -> None:
+@click.option("--dim", type=click.IntRange(limits.MIN_DIM, limits.MAX_DIM), help="give every table this dim (the DreamShard reference code's pools: 16)  [the family's dims]")
+def data_synth(out: str, n_tables: int | None, seed: int, family: str, dim: int | None) -> None:
     """Write a synthetic table pool of a family (specs + regenerable index streams)."""
     from dreamshard.families import FAMILIES, synth_family
     from dreamshard.synth import PoolConfig, synth_pool, write_pool
@@ -194,6 +195,12 @@ def data_synth(out: str, n_tables: int | None, seed: int, family: str) -> None:
         else:
             tables = synth_family(family, n, seed)
             bar.advance(job, n)
+    if dim is not None:
+        if dim % limits.DIM_MULTIPLE:
+            raise OptionError(f"--dim {dim} is not a multiple of {limits.DIM_MULTIPLE}")
+        from dataclasses import replace
+
+        tables = [replace(t, dim=dim) for t in tables]
     path = write_pool(tables, out, config, family=None if family == "dlrm" else family)
     console.print(f"wrote {len(tables)} {family} tables to {path}")
 
@@ -257,11 +264,13 @@ def data_tasks(pool, count, devices, max_memory, num_train, num_test, seed, prec
     train, test = split_pool(tables, seed)
     pool_path = str(Path(pool).resolve())
     out_dir = Path(out)
-    drawn = [(name, half, sample_tasks(half, n, rng, devices, cap, s, pool_path, Workload(precision=precision, optimizer=optimizer)))
+    refused = {"train": [0], "test": [0]}
+    drawn = [(name, half, sample_tasks(half, n, rng, devices, cap, s, pool_path, Workload(precision=precision, optimizer=optimizer), refused=refused[name]))
              for name, half, n, s in (("train", train, num_train, seed), ("test", test, num_test, seed + 1))]
     for name, half, tasks in drawn:  # nothing is written unless both halves could be drawn
         save_tasks(tasks, out_dir / f"{name}.jsonl")
-        console.print(f"wrote {len(tasks)} {name} tasks ({rng[0]}–{rng[1]} of {len(half)} {name} tables, {devices} devices) to {out_dir / f'{name}.jsonl'}")
+        again = f"; {refused[name][0]} draws did not fit memory and were drawn again (this favours small tables)" if refused[name][0] else ""
+        console.print(f"wrote {len(tasks)} {name} tasks ({rng[0]}–{rng[1]} of {len(half)} {name} tables, {devices} devices) to {out_dir / f'{name}.jsonl'}{again}")
 
 
 @data.command("dlrm")
@@ -1073,6 +1082,8 @@ def bench_paper(ctx, out, quick, suite, tasks, test_tasks, family_tasks, seeds, 
     paths = results.write_report(run)
     console.print(Path(paths[0]).read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    if quick:
+        console.print("the whole suite (10 paper settings, 16 family settings, MLPerf DLRM-DCNv2), measured on 4 × H100: docs/results.md")
 
 
 @bench.command("report")

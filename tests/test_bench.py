@@ -55,7 +55,7 @@ def test_every_planner_on_every_task_and_split(suite_run):
         assert r["ms"] is not None or r["error"], r  # a planner that could not be built says why
     # per-setting models: trained on the paper setting's train tasks, used by the learned planners there
     models = sorted(p.name for p in (run.folder / "models").glob("*.pt"))
-    assert models == ["dlrm-8-2-s0-dreamshard.pt", "dlrm-8-2-s0-rnn.pt"]
+    assert models == ["paper-dlrm-8-2-s0-dreamshard.pt", "paper-dlrm-8-2-s0-rnn.pt"]
     dream = [r for r in rows if r["setting"] == "DLRM-8 (2)" and r["planner"] == "dreamshard"]
     assert all(r["trained"] and r["measurements"] == 2 for r in dream if r["ms"] is not None)
     # every test plan is in plans.jsonl under its hash, for measuring elsewhere
