@@ -578,9 +578,10 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--kernel-features/--no-kernel-features", default=None,
               help="dreamshard: also give the cost net each table's kernel terms (the work counts the simulator prices), scaled by their mean over the training tables  [config's: no; docs/costs.md]")
 @click.option("--comm", "comm_source", help="dreamshard: a device's all-to-all from the cost net's comm head ('head') or from the comm model of the backend trained against ('model'; its parameters are stored in the model)  [config's: head]")
+@click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for the nets  [1; $OMP_NUM_THREADS where set; torch's default with a kernel measured on the CPU]")
 @click.pass_context
 def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
-              prior_plans, kernel_features, comm_source) -> None:
+              prior_plans, kernel_features, comm_source, threads) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.learned.dreamshard import COMM_SOURCES
     from dreamshard.learned.loop import check_training_tasks
@@ -620,7 +621,9 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
     check_training_tasks(tasks, evals, tasks_file, eval_tasks)  # the loop checks them too; here first, naming the files, before anything is printed
-    console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")
+    threads = training_threads(threads, backend != "sim" and dev_type == "cpu")
+    console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, "
+                  f"up to {cfg.total_budget()} measured plans, {threads} CPU thread{'s' if threads > 1 else ''}")
     # the simulator prior's plans are priced by the shipped calibration (a learned module imports no backend: it is given one)
     prior = {"prior": _cost_backend("sim", runner, device)[0]} if getattr(cfg, "prior_plans", 0) else {}
     planner = planner_cls.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals, **prior)
@@ -631,6 +634,21 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     meta = planner.model.meta
     shards = f", {meta['shard_measurements']} shards" if "shard_measurements" in meta else ""
     console.print(f"wrote {out} ({meta['measurements']} measured plans{shards} by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
+
+
+def training_threads(threads: int | None, cpu_kernel: bool) -> int:
+    """Set torch's threads for a training run and → how many. The nets are small: a step is a
+    few hundred small matrix products, which a second thread does not make faster but which
+    threads spin-waiting on a busy machine make many times slower (a run beside two busy
+    processes took minutes an iteration with two threads, seconds with one). So one thread,
+    unless `--threads` or $OMP_NUM_THREADS says otherwise; a kernel measured on the CPU keeps
+    torch's default, which its measurements (and `measure`'s) are taken with."""
+    import torch
+
+    if threads is None and (os.environ.get("OMP_NUM_THREADS") or cpu_kernel):
+        return torch.get_num_threads()
+    torch.set_num_threads(threads or 1)
+    return torch.get_num_threads()
 
 
 # --------------------------------------------------------------------------------------------
