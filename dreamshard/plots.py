@@ -15,7 +15,6 @@ never through pyplot, so no backend or global state of the caller's is touched.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import math
 from pathlib import Path
@@ -38,7 +37,11 @@ MAX_LABELLED_BARS = 16  # above this, bars carry no value labels (they would ove
 
 
 def available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def require(what: str) -> None:
@@ -119,6 +122,7 @@ def bars(ax, rows: Iterable[tuple[str, str, float]], ylabel: str, value_format: 
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
     if reference is not None:
         ax.axhline(reference, color="0.3", linewidth=0.8)
+    ax.margins(y=0.12)  # room for the value labels
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
@@ -156,7 +160,7 @@ def planner_costs(rows: Sequence[tuple[str, float, float]], path: str | Path, ti
     left, right = fig.subplots(1, 2)
     names = [p for p, _, _ in rows]
     bars(left, [("", p, m) for p, m, _ in rows], "mean cost (ms)", "{:.3f}", series_order=names)
-    bars(right, [("", p, (r - 1) * 100 if _finite(r) else None) for p, _, r in rows], "above the best plan of each task (%, mean)", "{:+.1f}", 0.0,
+    bars(right, [("", p, (r - 1) * 100 if _finite(r) else None) for p, _, r in rows], "% above each task's best (mean)", "{:+.1f}", 0.0,
          series_order=names)
     if title:
         fig.suptitle(title, fontsize=9)
@@ -181,6 +185,7 @@ def device_components(panels: Sequence[tuple[str, "CostReport"]], path: str | Pa
             bottom = [b + h for b, h in zip(bottom, heights)]
         slowest = max(devices, key=lambda d: bottom[d])
         ax.annotate("slowest", (slowest, bottom[slowest]), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7)
+        ax.margins(y=0.1)
         ax.set_title(f"{label}\n{report.overall_ms:.3f} ms", fontsize=8)
         ax.set_xlabel("device")
         step = max(1, len(report.devices) // 8)
