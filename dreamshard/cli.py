@@ -453,6 +453,7 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
         tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool).validate(str(tables_file), OptionError)]
+    limit_threads(cpu_kernel=backend_name not in (None, "sim"))
     kwargs = {"seed": seed} if "seed" in options else {}
     if model_path is not None:
         kwargs["model"] = model_path
@@ -707,18 +708,27 @@ def training_plot(log_file: str, plot_file: str, planner_name: str, backend: str
     return str(plots.training_curves(rows, plot_file, f"training {planner_name} against {backend}"))
 
 
+def limit_threads(threads: int | None = None, cpu_kernel: bool = False) -> None:
+    """One CPU thread for torch, unless `threads` (`train --threads`) or $OMP_NUM_THREADS says
+    otherwise. The learned planners' and training's nets are small: a step is a few hundred small
+    matrix products, which a second thread does not make faster but which threads spin-waiting
+    on a busy machine make many times slower (2 cores beside four busy processes: a training
+    iteration took 28–39 s with one thread, over 4 minutes with two; beside two, `compare` took
+    12 s of CPU instead of 25). A kernel measured on the CPU (`cpu_kernel`) keeps torch's default,
+    which its measurements (and `measure`'s) are taken with."""
+    if threads is None and (os.environ.get("OMP_NUM_THREADS") or cpu_kernel):
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads or 1)
+    else:  # torch reads it when it loads (importing it here would cost a command that never needs it a second)
+        os.environ["OMP_NUM_THREADS"] = str(threads or 1)
+
+
 def training_threads(threads: int | None, cpu_kernel: bool) -> int:
-    """Set torch's threads for a training run and → how many. The nets are small: a step is a
-    few hundred small matrix products, which a second thread does not make faster but which
-    threads spin-waiting on a busy machine make many times slower (a run beside two busy
-    processes took minutes an iteration with two threads, seconds with one). So one thread,
-    unless `--threads` or $OMP_NUM_THREADS says otherwise; a kernel measured on the CPU keeps
-    torch's default, which its measurements (and `measure`'s) are taken with."""
+    """`limit_threads` for a training run, → torch's thread count."""
     import torch
 
-    if threads is None and (os.environ.get("OMP_NUM_THREADS") or cpu_kernel):
-        return torch.get_num_threads()
-    torch.set_num_threads(threads or 1)
+    limit_threads(threads, cpu_kernel)
     return torch.get_num_threads()
 
 
@@ -1161,6 +1171,7 @@ def compare_cmd(ctx, tasks_file, planner_list, models, variants, backend, runner
     names = parse_planner_list(planner_list) if planner_list is not None else every_planner()[0]
     mine = parse_models(models, names)
     cost_backend, dev_type = _cost_backend(backend, runner, device)
+    limit_threads(cpu_kernel=backend != "sim" and dev_type == "cpu")
     if batch_size is None and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     tasks = load_tasks(tasks_file)
@@ -1221,6 +1232,7 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     from dreamshard.synth import PoolConfig, load_pool, synth_pool, write_pool
     from dreamshard.tasks import sample_tasks, split_pool
 
+    limit_threads()
     pool_dir = Path(workdir) / "pool"
     if (pool_dir / "tables.csv").exists():
         tables = load_pool(pool_dir)

@@ -176,3 +176,23 @@ def test_cli_train_off_a_terminal_says_how_long(tasks, tmp_path):
     lines = r.stderr.splitlines()
     assert lines[0].startswith("estimated time: about ") and lines[1].startswith("iteration 1/2 done in ") and lines[2].startswith("iteration 2/2 done in ")
     assert "left" in lines[1] and "elapsed" in lines[2]
+
+
+def test_planning_commands_take_one_thread_without_importing_torch_for_it(tasks, tmp_path):
+    """plan, compare and demo: torch (where a learned planner loads it) at one thread, set through
+    $OMP_NUM_THREADS before it loads, so a heuristic's plan still never imports it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dreamshard.tasks import save_tasks
+
+    save_tasks(tasks, tmp_path / "t.jsonl")
+    code = ("import os, sys\nfrom dreamshard.cli import cli\ntry:\n    cli(sys.argv[1:], prog_name='dreamshard')\nexcept SystemExit:\n    pass\n"
+            "torch = sys.modules.get('torch')\nprint(os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads() if torch else 'no torch', file=sys.stderr)")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for args, expected in ((["plan", "--tasks", tmp_path / "t.jsonl", "--planner", "lookup", "--out", tmp_path / "p.jsonl", "--quiet"], "1 no torch"),
+                           (["compare", "--tasks", tmp_path / "t.jsonl", "--planners", "lookup,dreamshard", "--quiet"], "1 1")):
+        p = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, timeout=240)
+        assert p.stderr.strip().splitlines()[-1] == expected, p.stderr
