@@ -104,7 +104,8 @@ def bars(ax, rows: Iterable[tuple[str, str, float]], ylabel: str, value_format: 
         vals = [value.get((groups[0], s)) for s in series]
         drawn = ax.bar([x for x, v in zip(xs, vals) if _finite(v)], [v for v in vals if _finite(v)],
                        color=[c for c, v in zip(colors, vals) if _finite(v)])
-        ax.set_xticks(list(xs), series, rotation=30 if max((len(s) for s in series), default=0) * len(series) > 60 else 0, ha="right" if len(series) > 4 else "center")
+        tilt = len(series) > 2 and max((len(s) for s in series), default=0) > 6  # long names side by side would run into each other
+        ax.set_xticks(list(xs), series, rotation=30 if tilt else 0, ha="right" if tilt else "center")
         if len(series) <= MAX_LABELLED_BARS:
             ax.bar_label(drawn, [value_format.format(v) for v in vals if _finite(v)], fontsize=7, padding=2)
         if groups[0]:
@@ -118,7 +119,8 @@ def bars(ax, rows: Iterable[tuple[str, str, float]], ylabel: str, value_format: 
                 drawn = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=s, color=color)
                 if len(groups) * len(series) <= MAX_LABELLED_BARS:
                     ax.bar_label(drawn, [value_format.format(v) for _, v in pts], fontsize=6, padding=2)
-        ax.set_xticks(range(len(groups)), groups, rotation=30 if sum(len(g) for g in groups) > 60 else 0, ha="right" if sum(len(g) for g in groups) > 60 else "center")
+        tilt = len(groups) > 2 and max(len(g) for g in groups) > 10
+        ax.set_xticks(range(len(groups)), groups, rotation=30 if tilt else 0, ha="right" if tilt else "center")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
     if reference is not None:
         ax.axhline(reference, color="0.3", linewidth=0.8)
