@@ -357,9 +357,9 @@ def device_summary(plan, title: str, report=None, every: str | None = "--json li
     else:
         loads, which = [sum(x.lookup for x in shard) for shard in held], "with the most lookups × dim"
     shown = shown_devices(loads)
-    t = compact_table(title + (" (ms)" if report is not None else ""), device_caption(len(held), shown, which, every))
+    t = compact_table(title, device_caption(len(held), shown, which, every))
     cols = ["device", "tables", "memory", "dims"]
-    cols += ["fwd comp", "fwd comm", "bwd comm", "bwd comp", "total"] if report is not None else ["lookups·dim / sample"]
+    cols += ["fwd comp", "fwd comm", "bwd comm", "bwd comp", "total ms"] if report is not None else ["lookups·dim / sample"]
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
     used = plan.device_bytes()
