@@ -15,7 +15,6 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dreamshard import validation as limits
@@ -121,10 +120,13 @@ class FiniteFloatRange(click.FloatRange):
 TIMEOUT = FiniteFloatRange(min=0, max=limits.MAX_TIMEOUT_S, min_open=True)
 
 
-def progress_bar() -> Progress:
-    """A bar on stderr, on a terminal only (piped stderr keeps to its one line on error)."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True,
-                    disable=not err_console.is_terminal)
+def progress_bar():
+    """A bar on stderr with the time left, on a terminal; elsewhere a line for each stage that
+    runs longer than a few seconds (`progress.Lines`: a quick command's stderr stays empty, or
+    its one line on error)."""
+    from dreamshard import progress
+
+    return progress.bar(err_console)
 
 
 def given(ctx: click.Context, name: str) -> bool:
@@ -208,7 +210,8 @@ def data_synth(out: str, n_tables: int | None, seed: int, family: str, dim: int 
 @data.command("stats")
 @click.argument("pool", type=click.Path(exists=True, file_okay=False))
 @click.option("--reference", default="2021", type=click.Choice(["2021", "2022"]), show_default=True, help="published file to compare with")
-def data_stats(pool: str, reference: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the statistics as a JSON document instead of a table")
+def data_stats(pool: str, reference: str, as_json: bool) -> None:
     """Aggregate statistics of a pool beside the published DLRM dataset's."""
     import numpy as np
 
@@ -220,6 +223,17 @@ def data_stats(pool: str, reference: str) -> None:
     if any((t.distribution or "").startswith("dlrm:") for t in tables):
         raise OptionError(f"{pool}: stats are computed from synthetic stream descriptors; this pool replays DLRM files")
     mine = pool_stats(tables, ref.batch_size)
+    l1 = float(np.abs(np.array(mine.lookup_hist) - ref.lookup_hist).sum())
+    l1_rows = float(np.abs(np.array(mine.row_hist) - ref.row_hist).sum())
+    rel = mine.lookups_per_table_sample / ref.lookups_per_table_sample - 1
+    if as_json:
+        def stats(x) -> dict:
+            return {"source": x.source, "tables": x.tables, "batch_size": x.batch_size, "lookups_per_batch": x.indices, "distinct_rows_per_batch": x.unique,
+                    "lookups_per_table_sample": x.lookups_per_table_sample, "lookup_hist": list(x.lookup_hist), "row_hist": list(x.row_hist)}
+
+        click.echo(json.dumps({"pool": str(pool), "reference": reference, "bins": list(BIN_LABELS), "this_pool": {**stats(mine), "zero_lookup_tables": sum(x.pooling_factor == 0 for x in tables)},
+                               "published": stats(ref), "l1_lookup_hist": l1, "l1_row_hist": l1_rows, "lookups_per_table_sample_vs_published": rel}, indent=1))
+        return
     t = Table(title=f"{pool} vs {ref.source} (batch {ref.batch_size})")
     t.add_column("statistic")
     t.add_column("this pool", justify="right")
@@ -234,9 +248,6 @@ def data_stats(pool: str, reference: str) -> None:
     for i, label in enumerate(BIN_LABELS[:8]):
         t.add_row(f"distinct rows used {label}", f"{mine.row_hist[i]:.3f}", f"{ref.row_hist[i]:.3f}")
     console.print(t)
-    l1 = float(np.abs(np.array(mine.lookup_hist) - ref.lookup_hist).sum())
-    l1_rows = float(np.abs(np.array(mine.row_hist) - ref.row_hist).sum())
-    rel = mine.lookups_per_table_sample / ref.lookups_per_table_sample - 1
     console.print(f"L1 distance, lookup-weighted reuse histogram: {l1:.3f} (target ≤ 0.10)")
     console.print(f"L1 distance, distinct-row reuse histogram: {l1_rows:.3f}")
     console.print(f"mean lookups per table-sample: {rel:+.1%} vs published (target within ±10%)")
@@ -313,18 +324,57 @@ def planners_cmd(as_json: bool) -> None:
     console.print(t)
 
 
-def device_summary(plan, title: str, report=None) -> Table:
-    """Per-device table of a plan: what is placed where, and its costs when a report is given."""
+# Above MAX_DEVICE_ROWS devices a per-device table shows the SHOWN_DEVICES slowest (a plan's cost
+# is its slowest device's) and says how many it leaves out: 64 rows would fill three screens.
+MAX_DEVICE_ROWS = 16
+SHOWN_DEVICES = 8
+
+
+def shown_devices(loads: list[float]) -> list[int]:
+    """The devices a table shows, in order: all of them, or the SHOWN_DEVICES with the largest loads."""
+    if len(loads) <= MAX_DEVICE_ROWS:
+        return list(range(len(loads)))
+    return sorted(sorted(range(len(loads)), key=lambda d: (-loads[d], d))[:SHOWN_DEVICES])
+
+
+def device_caption(devices: int, shown: list[int], which: str, every: str | None) -> str | None:
+    """The line under a table that leaves devices out: how many, which are shown, where to see all."""
+    hidden = devices - len(shown)
+    if not hidden:
+        return None
+    return f"{hidden} of {devices} devices not shown: these are the {len(shown)} {which}" + (f"; {every}" if every else "")
+
+
+def compact_table(title: str | None = None, caption: str | None = None) -> Table:
+    """A table whose columns are separated by spaces only: nine columns of numbers fit in 80."""
+    from rich import box
+
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True, caption_justify="left")
+
+
+def device_summary(plan, title: str, report=None, every: str | None = "--json lists every device") -> Table:
+    """Per-device table of a plan: what is placed where, and its costs (ms) when a report is given;
+    for many devices the slowest only (by the report, else by the planner's estimate, else by
+    lookups × dim)."""
     from dreamshard.packing import format_bytes
 
-    t = Table(title=title)
-    cols = ["device", "tables", "memory", "dim sum"]
+    held = plan.device_tables()
+    if report is not None:
+        loads, which = [c.total_ms for c in report.devices], "slowest"
+    elif plan.predicted:
+        loads, which = [c["total_ms"] for c in plan.predicted["devices"]], "slowest by the planner's estimate"
+    else:
+        loads, which = [sum(x.lookup for x in shard) for shard in held], "with the most lookups × dim"
+    shown = shown_devices(loads)
+    t = compact_table(title, device_caption(len(held), shown, which, every))
+    cols = ["device", "tables", "memory", "dims"]
     cols += ["fwd comp", "fwd comm", "bwd comm", "bwd comp", "total ms"] if report is not None else ["lookups·dim / sample"]
     for col in cols:
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
     used = plan.device_bytes()
-    worst = max(range(len(report.devices)), key=lambda d: report.devices[d].total_ms) if report is not None else -1
-    for d, shard in enumerate(plan.device_tables()):
+    worst = max(range(len(loads)), key=lambda d: loads[d]) if report is not None else -1
+    for d in shown:
+        shard = held[d]
         row = [str(d), str(len(shard)), format_bytes(used[d]), str(sum(x.dim for x in shard))]
         if report is not None:
             c = report.devices[d]
@@ -412,6 +462,7 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
         tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool).validate(str(tables_file), OptionError)]
+    limit_threads(cpu_kernel=backend_name not in (None, "sim"))
     kwargs = {"seed": seed} if "seed" in options else {}
     if model_path is not None:
         kwargs["model"] = model_path
@@ -551,10 +602,14 @@ def format_duration(seconds: float) -> str:
 
 
 def predicted_table(predicted: dict) -> Table:
-    t = Table(title=f"the planner's own estimate, by the {predicted['source']}: overall {predicted['overall_ms']:.3f} ms")
+    devices = predicted["devices"]
+    shown = shown_devices([c["total_ms"] for c in devices])
+    t = compact_table(f"the planner's own estimate, by the {predicted['source']}: overall {predicted['overall_ms']:.3f} ms",
+                      device_caption(len(devices), shown, "slowest", "--json lists every device"))
     for col in ("device", "fwd comp", "bwd comp", "comm", "total (ms)"):
-        t.add_column(col, justify="right")
-    for d, c in enumerate(predicted["devices"]):
+        t.add_column(col, justify="right", no_wrap=True)
+    for d in shown:
+        c = devices[d]
         t.add_row(str(d), f"{c['fwd_comp_ms']:.3f}", f"{c['bwd_comp_ms']:.3f}", f"{c['comm_ms']:.3f}", f"{c['total_ms']:.3f}")
     return t
 
@@ -587,9 +642,11 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--kernel-features/--no-kernel-features", default=None,
               help="dreamshard: also give the cost net each table's kernel terms (the work counts the simulator prices), scaled by their mean over the training tables  [config's: no; docs/costs.md]")
 @click.option("--comm", "comm_source", help="dreamshard: a device's all-to-all from the cost net's comm head ('head') or from the comm model of the backend trained against ('model'; its parameters are stored in the model)  [config's: head]")
+@click.option("--plot", "plot_file", type=OUT_FILE, help="also draw the --log file's curves (measured cost, cost-net error, policy loss) to this .png or .svg (matplotlib)")
+@click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for the nets  [1; $OMP_NUM_THREADS where set; torch's default with a kernel measured on the CPU]")
 @click.pass_context
 def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
-              prior_plans, kernel_features, comm_source) -> None:
+              prior_plans, kernel_features, comm_source, plot_file, threads) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.learned.dreamshard import COMM_SOURCES
     from dreamshard.learned.loop import check_training_tasks
@@ -619,6 +676,13 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
         refuse_unused(ctx, ["runner", "device", "comm_model"], "with --backend sim (the simulator measures nothing)")
     elif runner == "distributed":
         refuse_unused(ctx, ["comm_model"], "with --runner distributed (its all-to-alls are real)")
+    if plot_file:
+        from dreamshard import plots
+
+        if not log_file:
+            raise OptionError("--plot draws the curves of the --log file: give --log FILE.jsonl too")
+        plots.check_path(plot_file, "--plot")
+        plots.require("--plot")
     cost_backend, dev_type = _cost_backend(backend, runner, device, comm_model=comm_model, calibration=calibration)
     if prior_plans and backend == "sim" and cost_backend.name == _cost_backend("sim", runner, device)[0].name:  # train's prior: the default simulator
         raise OptionError(f"--prior-plans: the backend is already the simulator that prices the prior ({cost_backend.name}); raise --budget instead")
@@ -629,17 +693,52 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
     check_training_tasks(tasks, evals, tasks_file, eval_tasks)  # the loop checks them too; here first, naming the files, before anything is printed
-    console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, up to {cfg.total_budget()} measured plans")
+    threads = training_threads(threads, backend != "sim" and dev_type == "cpu")
+    console.print(f"training {planner_name} ({cfg.name} config) on {len(tasks)} tasks against {cost_backend.name}: {cfg.iterations} iterations, "
+                  f"up to {cfg.total_budget()} measured plans, {threads} CPU thread{'s' if threads > 1 else ''}")
     # the simulator prior's plans are priced by the shipped calibration (a learned module imports no backend: it is given one)
     prior = {"prior": _cost_backend("sim", runner, device)[0]} if getattr(cfg, "prior_plans", 0) else {}
     planner = planner_cls.fit(tasks, cost_backend, out, cfg, log=log_file, resume=resume, eval_tasks=evals, **prior)
+    drawn = f"; curves: {training_plot(log_file, plot_file, planner_name, cost_backend.name)}" if plot_file else ""
     note = getattr(planner.model, "end_note", None)  # a resumed run that had finished (learned.loop.finished_run)
     if note:
-        console.print(note, soft_wrap=True)
+        console.print(note + drawn, soft_wrap=True)
         return
     meta = planner.model.meta
     shards = f", {meta['shard_measurements']} shards" if "shard_measurements" in meta else ""
-    console.print(f"wrote {out} ({meta['measurements']} measured plans{shards} by {cost_backend.name})" + (f"; log: {log_file}" if log_file else ""))
+    console.print(f"wrote {out} ({meta['measurements']} measured plans{shards} by {cost_backend.name})" + (f"; log: {log_file}" if log_file else "") + drawn)
+
+
+def training_plot(log_file: str, plot_file: str, planner_name: str, backend: str) -> str:
+    """`train --plot`: the log's curves (every iteration it holds, a resumed run's earlier ones too)."""
+    from dreamshard import plots
+
+    rows = [json.loads(line) for line in Path(log_file).read_text().splitlines() if line.strip()]  # the run's own lines (RunLog checked them)
+    return str(plots.training_curves(rows, plot_file, f"training {planner_name} against {backend}"))
+
+
+def limit_threads(threads: int | None = None, cpu_kernel: bool = False) -> None:
+    """One CPU thread for torch, unless `threads` (`train --threads`) or $OMP_NUM_THREADS says
+    otherwise. The learned planners' and training's nets are small: a step is a few hundred small
+    matrix products, which a second thread does not make faster but which threads spin-waiting
+    on a busy machine make many times slower (2 cores beside four busy processes: a training
+    iteration took 28–39 s with one thread, over 4 minutes with two; beside two, `compare` took
+    12 s of CPU instead of 25). A kernel measured on the CPU (`cpu_kernel`) keeps torch's default,
+    which its measurements (and `measure`'s) are taken with."""
+    if threads is None and (os.environ.get("OMP_NUM_THREADS") or cpu_kernel):
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads or 1)
+    else:  # torch reads it when it loads (importing it here would cost a command that never needs it a second)
+        os.environ["OMP_NUM_THREADS"] = str(threads or 1)
+
+
+def training_threads(threads: int | None, cpu_kernel: bool) -> int:
+    """`limit_threads` for a training run, → torch's thread count."""
+    import torch
+
+    limit_threads(threads, cpu_kernel)
+    return torch.get_num_threads()
 
 
 # --------------------------------------------------------------------------------------------
@@ -706,6 +805,9 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int = DEFAULT_I
     return SequentialRunner(backend, comm_model, dev_type, warmup, iters), dev_type
 
 
+MEASURE_PANELS = 4  # `measure --plot` draws this many plans of a file side by side
+
+
 @cli.command("measure")
 @click.argument("plan_file", metavar="PLAN.json", type=click.Path(exists=True, dir_okay=False))
 @click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "fbgemm", "triton", "torch", "sim"]),
@@ -721,8 +823,9 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int = DEFAULT_I
 @click.option("--precision", type=click.Choice(["fp16", "fp32"]), help="weights/outputs  [default: the plan's, fp16]")
 @click.option("--out", type=OUT_FILE, help="report file  [default: PLAN.cost-BACKEND-RUNNER.json next to the plan]")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON (top-level overall_ms) to stdout instead of tables")
+@click.option("--plot", "plot_file", type=OUT_FILE, help=f"also draw each device's fwd comp, fwd comm, bwd comm and bwd comp (of the first {MEASURE_PANELS} plans) to this .png or .svg (matplotlib)")
 @click.pass_context
-def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, timeout, comm_model, device, precision, out, as_json) -> None:
+def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, timeout, comm_model, device, precision, out, as_json, plot_file) -> None:
     """Cost of a placement: per device fwd comp, fwd comm, bwd comm, bwd comp; overall = max total."""
     import contextlib
 
@@ -736,6 +839,11 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
     else:
         refuse_unused(ctx, ["timeout"], "with --runner sequential (no worker processes)")
 
+    if plot_file:
+        from dreamshard import plots
+
+        plots.check_path(plot_file, "--plot")
+        plots.require("--plot")
     plans = load_plans(plan_file)
     cost_backend, dev_type = _cost_backend(backend, runner, device, iters, warmup, timeout, comm_model)
     backend = cost_backend.kernel if backend == "auto" else backend
@@ -754,10 +862,14 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
         reports[0].save(path)
     else:
         atomic_write(path, "".join(json.dumps(r.to_json()) + "\n" for r in reports))
+    wrote = [path]
+    if plot_file:
+        panels = [(f"{p.planner} plan" + (f" {i + 1}" if len(plans) > 1 else ""), r) for i, (p, r) in enumerate(zip(plans, reports))][:MEASURE_PANELS]
+        wrote.append(plots.device_components(panels, plot_file, f"{reports[0].source}, B={reports[0].batch_size}"))
     if as_json:
         for r in reports:
             click.echo(json.dumps(r.to_json(), indent=None if len(reports) > 1 else 1))
-        err_console.print(f"wrote {path}")
+        err_console.print(f"wrote {', '.join(map(str, wrote))}")
         return
     for plan, r in zip(plans, reports):
         console.print(device_summary(plan, f"{plan.planner} plan: {len(plan.task.tables)} tables on {plan.devices} devices, B={r.batch_size}, {r.precision}", r))
@@ -770,7 +882,7 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
             console.print(f"[dim]comm modelled: {r.details['comm_model']}[/dim]")
         if plan.predicted:  # the planner's own number for the same plan: say which is which
             console.print(f"[dim]{plan.predicted['source']}, the planner's own estimate: {plan.predicted['overall_ms']:.3f} ms[/dim]")
-    console.print(f"wrote {path}")
+    console.print(f"wrote {', '.join(map(str, wrote))}")
 
 
 @cli.group("calibrate", cls=Group, invoke_without_command=True)
@@ -993,38 +1105,129 @@ def parse_planner_list(text: str) -> list[str]:
     return names
 
 
+def model_planner(path: str) -> str:
+    """The learned planner whose model file `path` is (by the format it names); ModelError otherwise."""
+    from dreamshard.learned import autoshard, nets, rnn
+    from dreamshard.validation import ModelError, load_torch_file
+
+    owners = {nets.MODEL_FORMAT: "dreamshard", autoshard.MODEL_FORMAT: "autoshard", rnn.MODEL_FORMAT: "rnn"}
+    state = load_torch_file(path, "model", ModelError)
+    fmt = state.get("format") if isinstance(state, dict) else None
+    if fmt not in owners:
+        raise ModelError(f"{path}: not a model of a learned planner ({', '.join(sorted(owners.values()))}); train one with `dreamshard train`")
+    return owners[fmt]
+
+
+def parse_models(values: tuple[str, ...], taken: list[str]) -> dict[str, tuple[str, str]]:
+    """--model NAME=FILE (repeatable) → {NAME: (planner, FILE)}; NAME is the row's name in the
+    results, so it may be none of the planners' (`taken`) nor another model's."""
+    out: dict[str, tuple[str, str]] = {}
+    for value in values:
+        name, eq, path = value.partition("=")
+        name = name.strip()
+        if not eq or not name or not path:
+            raise OptionError(f"--model {value!r:.80}: give NAME=FILE, e.g. mine=model.pt")
+        if name in taken or name in out:
+            raise OptionError(f"--model {name}=…: the name {name!r:.40} is already {'a planner' if name in taken else 'another model'} of this comparison; choose another")
+        if not Path(path).is_file():
+            raise OptionError(f"--model {name}={path}: no such file")
+        out[name] = (model_planner(path), path)
+    return out
+
+
+def split_variants(planners: dict, options_of) -> dict:
+    """{NAME: (planner, build)} → {NAME: planner}, each planner that can cut tables followed by
+    itself the other way, `build(split)`: NAME --split, or NAME --no-split for one that cuts by
+    default. `options_of(NAME)`: the registry's options of the planner behind NAME."""
+    out = {}
+    for name, (planner, build) in planners.items():
+        out[name] = planner
+        default = options_of(name).get("split")
+        if default is not None:
+            out[f"{name} --no-split" if default else f"{name} --split"] = build(not default)
+    return out
+
+
 @cli.command("compare")
 @click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="tasks JSONL (from `dreamshard data tasks`)")
 @click.option("--planners", "planner_list", help="comma-separated, e.g. lookup,size_lookup,dreamshard  [default: every planner that needs no arguments]")
+@click.option("--model", "models", multiple=True, metavar="NAME=FILE",
+              help="also plan with a model from `dreamshard train` (its planner read off the file), named NAME in the results; repeatable")
+@click.option("--split", "variants", is_flag=True, help="also each planner that can cut tables the other way (NAME --split; dreamshard --no-split)")
 @click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="what prices the plans: the calibrated simulator, or a kernel measured by --runner (auto: as for `measure`)")
 @click.option("--runner", default="sequential", show_default=True, type=click.Choice(["distributed", "sequential"]),
               help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.option("--batch-size", type=BATCH, help="global batch B  [default: each task's (65536) on GPUs and the simulator, 1024 for a kernel on CPU]")
-@click.option("--out", type=OUT_DIR, help="folder for results.md, results.csv and results.json")
+@click.option("--out", type=OUT_DIR, help="folder for results.md, results.csv, results.json and, with matplotlib, the figures planners.png/.svg and devices.png/.svg")
+@click.option("--json", "as_json", is_flag=True, help="print the results as a JSON document (results.json's) instead of tables")
+@click.option("--quiet", "-q", is_flag=True, help="print one summary line only")
 @click.pass_context
-def compare_cmd(ctx, tasks_file, planner_list, backend, runner, device, batch_size, out) -> None:
+def compare_cmd(ctx, tasks_file, planner_list, models, variants, backend, runner, device, batch_size, out, as_json, quiet) -> None:
     """Plan every task with each planner, price every plan with one backend, and compare."""
+    import contextlib
+
+    from dreamshard import plots
+    from dreamshard.planners import PLANNERS, get_planner
     from dreamshard.report import evaluate
     from dreamshard.tasks import load_tasks
 
+    if as_json and quiet:
+        raise OptionError("--json and --quiet: give one (--json prints a document, --quiet one line)")
     if backend == "sim":
         refuse_unused(ctx, ["runner", "device"], "with --backend sim (the simulator measures nothing)")
     names = parse_planner_list(planner_list) if planner_list is not None else every_planner()[0]
+    mine = parse_models(models, names)
     cost_backend, dev_type = _cost_backend(backend, runner, device)
+    limit_threads(cpu_kernel=backend != "sim" and dev_type == "cpu")
     if batch_size is None and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     tasks = load_tasks(tasks_file)
-    with progress_bar() as bar:
-        job = bar.add_task(f"planning and pricing ({cost_backend.name})", total=len(tasks) * len(names))
-        results = evaluate(names, tasks, cost_backend, batch_size, progress=lambda row: bar.advance(job))
-    console.print(results.summary_table())
-    for line in results.note_lines():
-        console.print(f"[yellow]note:[/yellow] {line}")
+    chosen = {n: (get_planner(n), lambda split, n=n: get_planner(n, split=split)) for n in names}
+    chosen.update({name: (get_planner(planner, model=path), lambda split, planner=planner, path=path: get_planner(planner, model=path, split=split))
+                   for name, (planner, path) in mine.items()})
+    behind = {**{n: n for n in names}, **{name: planner for name, (planner, _) in mine.items()}}
+    planners = split_variants(chosen, lambda n: PLANNERS[behind[n]].options()) if variants else {n: p for n, (p, _) in chosen.items()}
+    # --json: stdout is the document's alone, whatever a library prints while planning
+    with _stdout_to_stderr() if as_json else contextlib.nullcontext(), progress_bar() as bar:
+        job = bar.add_task(f"planning and pricing ({cost_backend.name})", total=len(tasks) * len(planners))
+        results = evaluate(planners, tasks, cost_backend, batch_size, progress=lambda row: bar.advance(job))
+    paths = results.write(out) if out else []
+    figures_note = None
     if out:
-        paths = results.write(out)
+        if plots.available():
+            paths += plots.compare_figures(results, out)
+        else:
+            figures_note = f"no figures: they need matplotlib, which is not installed here ({plots.EXTRA})"
+    if as_json:
+        click.echo(json.dumps({**results.to_json(), "wrote": [str(p) for p in paths]}, indent=1))
+        if figures_note:
+            err_console.print(f"note: {figures_note}", highlight=False)
+        return
+    line = compare_summary(results) + (f"; wrote {len(paths)} files to {out}" if paths else "")
+    if quiet:
+        click.echo(line)
+        return
+    console.print(results.summary_table())
+    for note in results.note_lines() + ([figures_note] if figures_note else []):
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if paths:
         console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    click.echo(line)  # plain: a script's `tail -1` reads it as --quiet prints it
+
+
+def compare_summary(results) -> str:
+    """The line `compare` ends with (all that --quiet prints): the best planner and how far the
+    others are from each task's best plan."""
+    ranked = [s for s in results.ranked() if s.failures < s.tasks]
+    tasks = f"{results.tasks} task{'s' if results.tasks != 1 else ''}"
+    if not ranked:
+        return f"no planner placed any of the {tasks}"
+    best = ranked[0]
+    rest = ", ".join(f"{s.planner} {(s.mean_ratio_to_best - 1):+.1%}" for s in ranked[1:4])
+    return (f"best on {tasks}: {best.planner}, mean {best.mean_ms:.3f} ms ({(best.mean_ratio_to_best - 1):+.1%} above each task's best plan)"
+            + (f"; then {rest}" if rest else "") + (f" and {len(ranked) - 4} more" if len(ranked) > 4 else "") + f" — {results.source}")
 
 
 @cli.group("bench", cls=Group)
@@ -1110,6 +1313,7 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     from dreamshard.synth import PoolConfig, load_pool, synth_pool, write_pool
     from dreamshard.tasks import sample_tasks, split_pool
 
+    limit_threads()
     pool_dir = Path(workdir) / "pool"
     if (pool_dir / "tables.csv").exists():
         tables = load_pool(pool_dir)
@@ -1128,16 +1332,13 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
         console.print(f"[dim]skipped planner {name}: it needs {', '.join(needs)}[/dim]")
     # every planner as it comes, and those that can cut tables also the other way (--split, or
     # --no-split for dreamshard, whose search cuts by default)
-    planners = {}
+    built = {}
     for n in names:
         try:
-            planners[n] = get_planner(n)
+            built[n] = (get_planner(n), lambda split, n=n: get_planner(n, split=split))
         except OptionError as e:  # e.g. torchrec where TorchRec is not installed
             console.print(f"[dim]skipped planner {n}: {one_line(e)}[/dim]")
-            continue
-        default = PLANNERS[n].options().get("split")
-        if default is not None:
-            planners[f"{n} --no-split" if default else f"{n} --split"] = get_planner(n, split=not default)
+    planners = split_variants(built, lambda n: PLANNERS[n].options())
     results = evaluate(planners, [task], SimBackend())  # dreamshard: the shipped model, trained on the pool's train tables
     placed = [row for row in results.rows if row.ok]
     for row in results.rows:
@@ -1149,7 +1350,7 @@ def demo(workdir: str, devices: int, n_tables: int) -> None:
     for row, what in ((table_wise, "best table-wise plan"), (best, "best plan")):
         if row is not None and (what == "best table-wise plan" or row is not table_wise):
             cut = f", split: {', '.join(f'{t} in {n}' for t, n in row.split_tables.items())}" if row.split_tables else ""
-            console.print(device_summary(row.plan, f"{what}: {row.planner}, cost {row.overall_ms:.3f} ms{cut}", row.report))
+            console.print(device_summary(row.plan, f"{what}: {row.planner}, cost {row.overall_ms:.3f} ms{cut}", row.report, every=None))
     console.print(results.summary_table(baseline="random"))
     for line in results.note_lines():
         console.print(f"[yellow]note:[/yellow] {line}")

@@ -193,3 +193,80 @@ def test_measure_says_which_number_is_the_simulators_and_which_the_planners(pool
     from dreamshard import shipped
 
     assert f"dreamshard cost net ({shipped.label('dreamshard')}), the planner's own estimate: " in p.stdout  # the shipped model this machine plans with
+
+
+@pytest.fixture(scope="module")
+def task_file(pool, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tasks")
+    p = piped("data", "tasks", "--pool", pool, "--tables", "8:12", "--devices", 2, "--max-memory", "80GB", "--num-train", 0, "--num-test", 2, "--out", out)
+    assert p.returncode == 0, p.stderr
+    return out / "test.jsonl"
+
+
+def test_compare_json_quiet_model_and_split(task_file, tmp_path):
+    """A user's model beside the planners (its planner read off the file), each planner that can
+    cut tables also the other way; --json a document on stdout, --quiet the line the tables end with."""
+    import json
+
+    from dreamshard import shipped
+
+    model = shipped.model_path("dreamshard")
+    args = ["compare", "--tasks", task_file, "--planners", "lookup,size", "--model", f"mine={model}", "--split"]
+    doc = json.loads(piped(*args, "--json").stdout)
+    assert doc["planners"] == ["lookup", "lookup --split", "size", "size --split", "mine", "mine --no-split"]
+    assert len(doc["rows"]) == 2 * 6 and doc["wrote"] == [] and {s["planner"] for s in doc["summary"]} == set(doc["planners"])
+    q = piped(*args, "--quiet")
+    assert q.returncode == 0 and len(q.stdout.splitlines()) == 1 and q.stdout.startswith("best on 2 tasks: ") and q.stderr == ""
+    full = piped(*args, columns=80)
+    assert full.returncode == 0 and full.stdout.splitlines()[-1] == q.stdout.strip()
+    assert max(len(line) for line in full.stdout.splitlines()[:-1]) <= 80 and "…" not in full.stdout  # short headers: nothing cut at 80 columns
+    assert "\nmine --no-split " in full.stdout and "no plan" in full.stdout
+
+
+@pytest.mark.parametrize("value,needle", [("mine", "give NAME=FILE"), ("=m.pt", "give NAME=FILE"), ("lookup={model}", "the name 'lookup' is already a planner"),
+                                          ("mine=nope.pt", "mine=nope.pt: no such file"), ("mine={tasks}", "cannot read this model file")])
+def test_compare_model_refused_in_one_line(task_file, value, needle):
+    from dreamshard import shipped
+
+    p = piped("compare", "--tasks", task_file, "--planners", "lookup", "--model", value.format(model=shipped.model_path("dreamshard"), tasks=task_file))
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and needle in p.stderr and p.stdout == "", p.stderr
+
+
+def test_compare_model_of_a_peer_and_a_file_of_no_planner(task_file, tmp_path):
+    import json
+
+    import torch
+
+    from dreamshard import shipped
+
+    doc = json.loads(piped("compare", "--tasks", task_file, "--planners", "lookup", "--model", f"peer={shipped.model_path('autoshard')}", "--json").stdout)
+    assert doc["planners"] == ["lookup", "peer"] and all(r["error"] is None for r in doc["rows"])
+    torch.save({"format": "something/1"}, tmp_path / "x.pt")
+    p = piped("compare", "--tasks", task_file, "--model", f"x={tmp_path / 'x.pt'}")
+    assert p.returncode == 2 and "not a model of a learned planner (autoshard, dreamshard, rnn)" in p.stderr and len(p.stderr.splitlines()) == 1
+
+
+def test_data_stats_json(pool):
+    import json
+
+    doc = json.loads(piped("data", "stats", pool, "--json").stdout)
+    assert doc["this_pool"]["tables"] == 40 and doc["published"]["tables"] == 856 and len(doc["this_pool"]["lookup_hist"]) == len(doc["bins"])
+    assert 0 <= doc["l1_lookup_hist"] <= 2 and doc["reference"] == "2021"
+
+
+def test_many_devices_show_the_slowest_in_80_columns(pool, tmp_path):
+    plan = tmp_path / "p.json"
+    assert piped("plan", pool / "tables.csv", "--devices", 24, "--max-memory", "80GB", "--planner", "lookup", "--out", plan, "--quiet").returncode == 0
+    p = piped("measure", plan, "--backend", "sim", columns=80)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in p.stdout
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["device"])
+    rows = lines[header + 2 : header + 2 + 8]
+    report = __import__("json").loads((tmp_path / "p.cost-sim.json").read_text())
+    totals = [sum(d[k] for k in ("fwd_comp_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_comp_ms")) for d in report["devices"]]
+    slowest = sorted(sorted(range(24), key=lambda d: -totals[d])[:8])
+    assert [int(r.split()[0]) for r in rows] == slowest  # the 8 slowest, in device order
+    assert "16 of 24 devices not shown: these are the 8 slowest" in " ".join(p.stdout.split())
+    q = piped("plan", pool / "tables.csv", "--devices", 12, "--max-memory", "80GB", "--planner", "lookup", "--out", tmp_path / "q.json", columns=80)
+    assert "not shown" not in q.stdout and sum(1 for line in q.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()) == 12

@@ -82,6 +82,9 @@ class CostBackend(ABC):
     """Gives the cost of placements. Planners never import one; the training loop is handed one."""
 
     name: str = "?"
+    # prices a plan in about a millisecond without running anything (the simulator): a training
+    # run's estimate of its time includes its measurements only then
+    instant: bool = False
 
     @abstractmethod
     def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:

@@ -218,6 +218,8 @@ def _coef(cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
 class SimBackend(CostBackend):
     """Analytic cost surface fitted to real measurements; answers in microseconds."""
 
+    instant = True
+
     def __init__(self, calibration: str | Path | Calibration | None = None, product_path: bool | None = None, comm: str = "shipped"):
         """`product_path`: price the Triton kernel's product path for the tables it takes (default:
         as the calibration says). `comm`: "shipped" prices the collectives of a GPU calibration

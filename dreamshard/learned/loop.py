@@ -6,7 +6,7 @@ planner (AutoShard, an RNN placer) writes only its loop:
   measurements; `complete` turns a stuck episode into a memory packing so it can be measured;
 - `Checkpoint`: the full state of a run beside its model (`MODEL.pt.ckpt`), written atomically
   after every iteration, checked key by key on load, refused on resume if the run differs;
-- `RunLog` (one JSON line per iteration) and `Progress` (a bar on stderr);
+- `RunLog` (one JSON line per iteration) and `Progress` (on stderr, with the time left);
 - `run_meta`: where a model came from; `mape`, `spearman`: a cost model's accuracy;
 - `check_training_tasks` (refused up front: nothing to train on) and `finished_run` (the end of
   a run resumed after its last iteration: the model file as the last checkpoint holds it).
@@ -350,33 +350,106 @@ class RunLog:
 
 
 class Progress:
-    """A rich progress bar over iterations on stderr, with the current phase and, once an
-    iteration is done, the numbers of its log row named in `shown` (log key → label)."""
+    """Training progress on stderr that says how long: an estimate up front where the loop gives
+    one (`estimate_s`, the seconds its iterations left should take, timed on a probe), then, on a
+    terminal, a bar with the phase, the last iteration's numbers (its log row's keys named in
+    `shown`, key → label) and the time left; elsewhere (a pipe, a file, a job scheduler's log) a
+    line per iteration with the same. The time left follows the run: the iterations done so far
+    (the estimate until the first is), less the time spent in the current one."""
 
-    def __init__(self, enabled: bool, total: int, start: int, shown: dict[str, str]):
-        self.bar, self.shown, self.last = None, shown, ""
-        if enabled:
+    def __init__(self, enabled: bool, total: int, start: int, shown: dict[str, str], estimate_s: float | None = None, stream=None):
+        import sys
+        import time
+
+        self.total, self.start, self.shown, self.last = total, start, shown, ""
+        self.enabled, self.estimate, self.times = enabled, estimate_s, []
+        self.now = time.monotonic
+        self.t0 = self.it_start = self.now()
+        self.current: int | None = None
+        self.stream = stream or sys.stderr
+        self.bar = None
+        if not enabled:
+            return
+        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+        if self.terminal:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
+            from rich.text import Text
 
-            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+            from dreamshard.progress import clock
+
+            progress = self
+
+            class Left(ProgressColumn):
+                def render(self, task) -> Text:
+                    left = progress.remaining()
+                    return Text("" if left is None else f"about {clock(left)} left", style="progress.remaining")
+
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), Left(), console=Console(file=self.stream))
             self.bar.start()
             self.job = self.bar.add_task("training", total=total, completed=start)
+        if estimate_s is not None and total > start:
+            self.say(f"estimated time: about {self.clock(estimate_s)} for {total - start} iteration{'s' if total - start > 1 else ''} "
+                     "(each step timed once here; the time left is updated as they run)")
+
+    @staticmethod
+    def clock(seconds: float) -> str:
+        from dreamshard.progress import clock
+
+        return clock(seconds)
+
+    def say(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar:
+            self.bar.console.print(line, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def remaining(self) -> float | None:
+        """Seconds left: the mean iteration so far times those left, less the current one's time."""
+        left = self.total - self.start - len(self.times)
+        if left <= 0:
+            return 0.0
+        if self.times:
+            return max(0.0, left * sum(self.times) / len(self.times) - (self.now() - self.it_start))
+        if self.estimate is not None:
+            return max(0.0, self.estimate - (self.now() - self.t0))
+        return None
+
+    def stage(self, what: str) -> None:
+        """A stage before the iterations (a prior's fit): the bar's text, or a line."""
+        if self.bar:
+            self.bar.update(self.job, description=what)
+        elif self.enabled:
+            self.say(f"{what} ...")
 
     def phase(self, it: int, what: str) -> None:
+        if it != self.current:  # an iteration's first phase: its clock starts
+            self.current, self.it_start = it, self.now()
         if self.bar:
             self.bar.update(self.job, description=f"iteration {it + 1}: {what}{self.last}")
 
     def done(self, it: int, row: dict) -> None:
+        if self.current != it:
+            self.current, self.it_start = it, self.now()
+        took = self.now() - self.it_start
+        self.times.append(took)
+        self.it_start = self.now()
+        bits = [f"{label} {row[k]:.3f} ms" for k, label in self.shown.items() if k in row and not math.isnan(row[k])]
+        self.last = " · " + ", ".join(bits) if bits else ""
         if self.bar:
-            bits = [f"{label} {row[k]:.3f} ms" for k, label in self.shown.items() if k in row and not math.isnan(row[k])]
-            self.last = " · " + ", ".join(bits) if bits else ""
             self.bar.update(self.job, advance=1, description=f"iteration {it + 1} done{self.last}")
+        elif self.enabled:
+            left = self.remaining()
+            when = f"{self.clock(self.now() - self.t0)} elapsed" + (f", about {self.clock(left)} left" if left else "")
+            print(f"iteration {it + 1}/{self.total} done in {self.clock(took)}{self.last} · {when}", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar:
             self.bar.stop()
+            self.bar = None
 
 
 def now() -> str:
@@ -406,9 +479,22 @@ def mape(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - true) / np.maximum(true, 1e-12)))
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import spearmanr
+def ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their mean rank (scipy.stats.rankdata's "average")."""
+    x = np.asarray(x, np.float64)
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    ends = np.r_[starts[1:], len(x)]
+    out = np.empty(len(x))
+    out[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
+    return out
 
-    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (scipy.stats.spearmanr's, in NumPy: importing scipy.stats
+    costs a training run a second or more); nan for fewer than 3 points, constants or nans."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if len(a) < 3 or np.isnan(a).any() or np.isnan(b).any() or np.ptp(a) == 0 or np.ptp(b) == 0:
         return math.nan
-    return float(spearmanr(a, b).statistic)
+    return float(np.corrcoef(ranks(a), ranks(b))[0, 1])
