@@ -244,6 +244,23 @@ class Run:
     def plans_path(self) -> Path:
         return self.folder / "plans.jsonl"
 
+    def check_config(self, config: dict) -> None:
+        """Write the run's parameters to run.json, or refuse (OptionError) to go on in a folder
+        made with other ones: its rows and models would be mixed with this run's unseen."""
+        path = self.folder / "run.json"
+        if path.exists():
+            try:
+                before = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise OptionError(f"{path}: unreadable ({e}); give another --out") from None
+            changed = {k: (before.get(k), v) for k, v in config.items() if before.get(k) != v}
+            if changed:
+                what = ", ".join(f"{k} {a!r} → {b!r}" for k, (a, b) in changed.items())
+                raise OptionError(f"{self.folder} was made with other parameters ({what}); give another --out, or the same parameters to resume it")
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(config, indent=1) + "\n")
+
     def rows(self) -> list[dict]:
         """The rows of every write that was completed (`append`)."""
         rows = _read_jsonl(self.rows_path)

@@ -1276,6 +1276,9 @@ def bench_paper(ctx, out, quick, suite, tasks, test_tasks, family_tasks, seeds, 
         raise OptionError(f"--planners: {', '.join(x for x in labels if x not in columns) or 'nothing given'}: choose from {', '.join(columns)}")
     cost_backend, _ = _cost_backend(backend, runner, device)
     run = results.Run(Path(out))
+    # the planners (--planners) may grow between calls; what the rows and models depend on may not
+    run.check_config({"settings": [s.name for s in chosen], "tasks": [[s.train, s.test] for s in chosen], "seeds": seeds, "train_budget": train_budget,
+                      "oracle_budget": oracle_budget, "backend": cost_backend.name})
     console.print(f"{len(chosen)} settings × {seeds} seed(s), priced by {cost_backend.name}; "
                   f"learned planners {'trained per paper setting on ' + str(train_budget) + ' measured plans' if train_budget else 'as shipped'}; rows in {run.rows_path}")
     with progress_bar() as bar:

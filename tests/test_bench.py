@@ -127,3 +127,11 @@ def test_bench_paper_refusals(tmp_path, args, message):
 
 def test_bench_report_of_an_empty_run(tmp_path):
     assert "no results yet" in one_line_error(invoke("bench", "report", tmp_path))
+
+
+def test_bench_paper_refuses_a_run_made_otherwise(tmp_path):
+    out = tmp_path / "b"
+    bench.Run(out).check_config({"settings": ["DLRM-20 (4)"], "tasks": [[3, 3]], "seeds": 1, "train_budget": 0, "oracle_budget": 1000, "backend": "x"})
+    bench.Run(out).check_config({"settings": ["DLRM-20 (4)"], "tasks": [[3, 3]], "seeds": 1, "train_budget": 0, "oracle_budget": 1000, "backend": "x"})  # the same: resumes
+    line = one_line_error(invoke("bench", "paper", "--out", out, "--quick", "--seeds", 2))
+    assert "was made with other parameters" in line and "seeds 1 → 2" in line
