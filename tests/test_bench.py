@@ -113,7 +113,7 @@ def test_report_from_measured_costs(suite_run, tmp_path):
 def test_markdown_names_the_tables(suite_run):
     run, _ = suite_run
     text = bench.markdown(bench.cells(run.rows()), "sim")
-    assert "## The paper's table" in text and "| DLRM-8 (2) | train |" in text and "## Where `dreamshard` is not the lowest mean" in text
+    assert "## The paper's table" in text and "| DLRM-8 (2) | train |" in text and "## Where `dreamshard` is not the lowest mean on the test tasks" in text
 
 
 @pytest.mark.parametrize("args, message", [
