@@ -97,6 +97,7 @@ class Memory(click.ParamType):
 MEMORY = Memory()
 OUT_FILE = OutPath()
 OUT_DIR = OutPath(directory=True)
+OUT_MODEL = OutPath(beside=(".ckpt",))  # a training run's checkpoint goes beside its model
 DEVICES = click.IntRange(1, limits.MAX_DEVICES)
 SEED = click.IntRange(0, limits.MAX_SEED)
 BATCH = click.IntRange(1, limits.MAX_BATCH_SIZE)
@@ -565,7 +566,7 @@ def predicted_table(predicted: dict) -> Table:
               help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="with --runner sequential: comm model  [default: the one shipped for the device]")
-@click.option("--out", required=True, type=OUT_FILE, help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
+@click.option("--out", required=True, type=OUT_MODEL, help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
 @click.option("--config", "config_name", help="named hyperparameters [dreamshard: default (our ablated changes) or paper (the reference code); autoshard, rnn: paper]")
 @click.option("--iterations", type=click.IntRange(1, limits.MAX_ITERS), help="training iterations [config's]")
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET), help="real measurements (measured plans) in all, spread over the iterations [config's]")
@@ -1089,9 +1090,10 @@ cli.add_command(export)
 
 
 def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
-    """OptionError if a file the command writes (an `OutPath` option) is one of the files it reads
-    (any other path option or argument: the same file, through a link too) or another of its
-    outputs: `plan t.csv --out t.csv` would replace its own input. One check for every command."""
+    """OptionError if a file the command writes (an `OutPath` option, and the files written beside
+    it: `train --out M.pt` writes M.pt.ckpt) is one of the files it reads (any other path option or
+    argument: the same file, through a link too) or another of its outputs: `plan t.csv --out t.csv`
+    would replace its own input. One check for every command."""
     import os
 
     outs, ins = [], []
@@ -1102,7 +1104,7 @@ def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
                 continue
             if isinstance(p.type, OutPath):
                 if not p.type.directory:
-                    outs.append((p, v))
+                    outs.extend((p, w, v) for w in (v, *p.type.companions(v)))
             elif isinstance(p.type, click.Path):
                 ins.append((p, v))
 
@@ -1112,14 +1114,17 @@ def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
     def same(a: str, b: str) -> bool:
         try:
             return os.path.samefile(a, b)
-        except OSError:  # one does not exist (yet): the same file only by name
-            return os.path.abspath(a) == os.path.abspath(b)
+        except OSError:  # one does not exist (yet): the same file only by name, links followed (a dangling one too)
+            return os.path.realpath(a) == os.path.realpath(b)
 
-    for i, (p, out) in enumerate(outs):
-        for q, other in ins + outs[:i]:
+    def written(p: click.Parameter, path: str, given: str) -> str:
+        return f"{name(p)} {given}" + ("" if path == given else f" (which also writes {path})")
+
+    for i, (p, out, given) in enumerate(outs):
+        for q, other, other_given in [(q, v, v) for q, v in ins] + outs[:i]:
             if same(out, other):
                 role = "reads" if (q, other) in ins else "also writes"
-                raise OptionError(f"{name(p)} {out}: the same file as {name(q)} {other}, which this command {role}; give another file to write")
+                raise OptionError(f"{written(p, out, given)}: the same file as {name(q)} {other}, which this command {role}; give another file to write")
 
 
 def _guard_outputs(command: click.Command) -> None:

@@ -204,14 +204,24 @@ def check_out_path(path: str | Path, what: str = "--out", directory: bool = Fals
 
 class OutPath(click.ParamType):
     """A path to write (a file, or a folder with `directory`), checked before any work is done;
-    the CLI also refuses a file output that is one of the command's inputs (cli.refuse_outputs_onto_inputs)."""
+    the CLI also refuses a file output that is one of the command's inputs (cli.refuse_outputs_onto_inputs).
+    `beside`: suffixes of the files written next to it (`train --out MODEL.pt` also writes
+    MODEL.pt.ckpt), checked as well and counted among the command's outputs."""
 
-    def __init__(self, directory: bool = False) -> None:
-        self.directory = directory
+    def __init__(self, directory: bool = False, beside: tuple[str, ...] = ()) -> None:
+        self.directory, self.beside = directory, tuple(beside)
         self.name = "DIR" if directory else "FILE"
+
+    def companions(self, value: str) -> list[str]:
+        return [os.fspath(value) + suffix for suffix in self.beside]
 
     def convert(self, value, param, ctx):
         try:
-            return str(check_out_path(value, "path", self.directory))
+            checked = str(check_out_path(value, "path", self.directory))
+            for other in self.companions(checked):
+                problem = target_problem(other)
+                if problem:
+                    raise OptionError(f"path {checked}: {other}, written beside it, {problem if problem.startswith('is ') else 'has ' + problem}")
+            return checked
         except OptionError as e:
             self.fail(str(e).removeprefix("path "), param, ctx)
