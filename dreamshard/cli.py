@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dreamshard import validation as limits
-from dreamshard.files import OutPath, atomic_write, check_out_path
+from dreamshard.files import OutPath, atomic_write, check_out_path, one_writer
 from dreamshard.validation import InputError, MeasurementError, NoPlanError, OptionError, one_line
 
 # Piped or redirected output has no width of its own: rich would take 80 columns, which cuts the
@@ -260,8 +260,10 @@ def data_tasks(pool, count, devices, max_memory, num_train, num_test, seed, prec
     out_dir = Path(out)
     drawn = [(name, half, sample_tasks(half, n, rng, devices, cap, s, pool_path, Workload(precision=precision, optimizer=optimizer)))
              for name, half, n, s in (("train", train, num_train, seed), ("test", test, num_test, seed + 1))]
-    for name, half, tasks in drawn:  # nothing is written unless both halves could be drawn
-        save_tasks(tasks, out_dir / f"{name}.jsonl")
+    with one_writer(out_dir):  # train and test of one draw, also where another command writes the folder at once
+        for name, half, tasks in drawn:  # nothing is written unless both halves could be drawn
+            save_tasks(tasks, out_dir / f"{name}.jsonl")
+    for name, half, tasks in drawn:
         console.print(f"wrote {len(tasks)} {name} tasks ({rng[0]}–{rng[1]} of {len(half)} {name} tables, {devices} devices) to {out_dir / f'{name}.jsonl'}")
 
 

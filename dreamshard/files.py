@@ -1,7 +1,8 @@
 """Writing files: the project's one atomic-write helper and the check of an output path.
 
 `atomic_write` writes to `NAME.tmp<pid>` beside the target and renames it over the target, so a
-reader never sees half a file. A failure (an exception, Ctrl-C) removes the temporary file; one
+reader never sees half a file, and of two processes writing one file at once the file ends as one
+of them wrote it. `one_writer` does the same for a command's set of files in one folder. A failure (an exception, Ctrl-C) removes the temporary file; one
 left by a process that was killed outright (SIGKILL, power loss) is removed by the next write to
 the same target, once its process is gone.
 
@@ -14,6 +15,8 @@ or `/dev/null` would replace it with a regular file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -153,6 +156,35 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[BinaryIO], None
         if recorder is not None and recorder.error is not None:  # a library's own error over a failed write
             raise OptionError(f"{path}: cannot write ({one_line(recorder.error.strerror or recorder.error)})") from None
         raise
+
+
+@contextlib.contextmanager
+def one_writer(folder: str | Path):
+    """Hold `folder` (created if need be) for one command's set of files: two commands writing the
+    same folder at once (`data tasks --out D` twice) each write all their files while holding it,
+    so that the folder ends with one command's whole set, never train.jsonl of one run beside
+    test.jsonl of the other. Each file is still written by `atomic_write`. An advisory lock
+    (flock) on the folder; where the filesystem has none, the files are written without it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OptionError(f"{folder}: cannot create this folder ({one_line(e.strerror or e)})") from None
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # a folder that cannot be opened for reading: the writes say what is wrong
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # no locks here (some network filesystems): each file is still whole
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def append_line(path: str | Path, line: str) -> None:
