@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dreamshard import validation as limits
-from dreamshard.files import OutPath, atomic_write, check_out_path
+from dreamshard.files import OutPath, atomic_write, check_out_path, one_writer
 from dreamshard.validation import InputError, MeasurementError, NoPlanError, OptionError, one_line
 
 # Piped or redirected output has no width of its own: rich would take 80 columns, which cuts the
@@ -96,6 +96,7 @@ class Memory(click.ParamType):
 MEMORY = Memory()
 OUT_FILE = OutPath()
 OUT_DIR = OutPath(directory=True)
+OUT_MODEL = OutPath(beside=(".ckpt",))  # a training run's checkpoint goes beside its model
 DEVICES = click.IntRange(1, limits.MAX_DEVICES)
 SEED = click.IntRange(0, limits.MAX_SEED)
 BATCH = click.IntRange(1, limits.MAX_BATCH_SIZE)
@@ -278,8 +279,10 @@ def data_tasks(pool, count, devices, max_memory, num_train, num_test, seed, prec
     refused = {"train": [0], "test": [0]}
     drawn = [(name, half, sample_tasks(half, n, rng, devices, cap, s, pool_path, Workload(precision=precision, optimizer=optimizer), refused=refused[name]))
              for name, half, n, s in (("train", train, num_train, seed), ("test", test, num_test, seed + 1))]
-    for name, half, tasks in drawn:  # nothing is written unless both halves could be drawn
-        save_tasks(tasks, out_dir / f"{name}.jsonl")
+    with one_writer(out_dir):  # train and test of one draw, also where another command writes the folder at once
+        for name, half, tasks in drawn:  # nothing is written unless both halves could be drawn
+            save_tasks(tasks, out_dir / f"{name}.jsonl")
+    for name, half, tasks in drawn:
         again = f"; {refused[name][0]} draws did not fit memory and were drawn again (this favours small tables)" if refused[name][0] else ""
         console.print(f"wrote {len(tasks)} {name} tasks ({rng[0]}–{rng[1]} of {len(half)} {name} tables, {devices} devices) to {out_dir / f'{name}.jsonl'}{again}")
 
@@ -629,7 +632,7 @@ def predicted_table(predicted: dict) -> Table:
               help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="with --runner sequential: comm model  [default: the one shipped for the device]")
-@click.option("--out", required=True, type=OUT_FILE, help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
+@click.option("--out", required=True, type=OUT_MODEL, help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
 @click.option("--config", "config_name", help="named hyperparameters [dreamshard: default (our ablated changes) or paper (the reference code); autoshard, rnn: paper]")
 @click.option("--iterations", type=click.IntRange(1, limits.MAX_ITERS), help="training iterations [config's]")
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET), help="real measurements (measured plans) in all, spread over the iterations [config's]")
@@ -1374,9 +1377,10 @@ cli.add_command(export)
 
 
 def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
-    """OptionError if a file the command writes (an `OutPath` option) is one of the files it reads
-    (any other path option or argument: the same file, through a link too) or another of its
-    outputs: `plan t.csv --out t.csv` would replace its own input. One check for every command."""
+    """OptionError if a file the command writes (an `OutPath` option, and the files written beside
+    it: `train --out M.pt` writes M.pt.ckpt) is one of the files it reads (any other path option or
+    argument: the same file, through a link too) or another of its outputs: `plan t.csv --out t.csv`
+    would replace its own input. One check for every command."""
     import os
 
     outs, ins = [], []
@@ -1387,7 +1391,7 @@ def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
                 continue
             if isinstance(p.type, OutPath):
                 if not p.type.directory:
-                    outs.append((p, v))
+                    outs.extend((p, w, v) for w in (v, *p.type.companions(v)))
             elif isinstance(p.type, click.Path):
                 ins.append((p, v))
 
@@ -1397,14 +1401,17 @@ def refuse_outputs_onto_inputs(ctx: click.Context) -> None:
     def same(a: str, b: str) -> bool:
         try:
             return os.path.samefile(a, b)
-        except OSError:  # one does not exist (yet): the same file only by name
-            return os.path.abspath(a) == os.path.abspath(b)
+        except OSError:  # one does not exist (yet): the same file only by name, links followed (a dangling one too)
+            return os.path.realpath(a) == os.path.realpath(b)
 
-    for i, (p, out) in enumerate(outs):
-        for q, other in ins + outs[:i]:
+    def written(p: click.Parameter, path: str, given: str) -> str:
+        return f"{name(p)} {given}" + ("" if path == given else f" (which also writes {path})")
+
+    for i, (p, out, given) in enumerate(outs):
+        for q, other, other_given in [(q, v, v) for q, v in ins] + outs[:i]:
             if same(out, other):
                 role = "reads" if (q, other) in ins else "also writes"
-                raise OptionError(f"{name(p)} {out}: the same file as {name(q)} {other}, which this command {role}; give another file to write")
+                raise OptionError(f"{written(p, out, given)}: the same file as {name(q)} {other}, which this command {role}; give another file to write")
 
 
 def _guard_outputs(command: click.Command) -> None:

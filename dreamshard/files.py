@@ -1,7 +1,8 @@
 """Writing files: the project's one atomic-write helper and the check of an output path.
 
 `atomic_write` writes to `NAME.tmp<pid>` beside the target and renames it over the target, so a
-reader never sees half a file. A failure (an exception, Ctrl-C) removes the temporary file; one
+reader never sees half a file, and of two processes writing one file at once the file ends as one
+of them wrote it. `one_writer` does the same for a command's set of files in one folder. A failure (an exception, Ctrl-C) removes the temporary file; one
 left by a process that was killed outright (SIGKILL, power loss) is removed by the next write to
 the same target, once its process is gone.
 
@@ -14,6 +15,8 @@ or `/dev/null` would replace it with a regular file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -155,6 +158,35 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[BinaryIO], None
         raise
 
 
+@contextlib.contextmanager
+def one_writer(folder: str | Path):
+    """Hold `folder` (created if need be) for one command's set of files: two commands writing the
+    same folder at once (`data tasks --out D` twice) each write all their files while holding it,
+    so that the folder ends with one command's whole set, never train.jsonl of one run beside
+    test.jsonl of the other. Each file is still written by `atomic_write`. An advisory lock
+    (flock) on the folder; where the filesystem has none, the files are written without it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OptionError(f"{folder}: cannot create this folder ({one_line(e.strerror or e)})") from None
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # a folder that cannot be opened for reading: the writes say what is wrong
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # no locks here (some network filesystems): each file is still whole
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def append_line(path: str | Path, line: str) -> None:
     """Append one line to a log (a training run's JSONL log grows by a line an iteration; rewriting
     it whole each time would cost its size squared). A failed write is the atomic writer's one
@@ -204,14 +236,24 @@ def check_out_path(path: str | Path, what: str = "--out", directory: bool = Fals
 
 class OutPath(click.ParamType):
     """A path to write (a file, or a folder with `directory`), checked before any work is done;
-    the CLI also refuses a file output that is one of the command's inputs (cli.refuse_outputs_onto_inputs)."""
+    the CLI also refuses a file output that is one of the command's inputs (cli.refuse_outputs_onto_inputs).
+    `beside`: suffixes of the files written next to it (`train --out MODEL.pt` also writes
+    MODEL.pt.ckpt), checked as well and counted among the command's outputs."""
 
-    def __init__(self, directory: bool = False) -> None:
-        self.directory = directory
+    def __init__(self, directory: bool = False, beside: tuple[str, ...] = ()) -> None:
+        self.directory, self.beside = directory, tuple(beside)
         self.name = "DIR" if directory else "FILE"
+
+    def companions(self, value: str) -> list[str]:
+        return [os.fspath(value) + suffix for suffix in self.beside]
 
     def convert(self, value, param, ctx):
         try:
-            return str(check_out_path(value, "path", self.directory))
+            checked = str(check_out_path(value, "path", self.directory))
+            for other in self.companions(checked):
+                problem = target_problem(other)
+                if problem:
+                    raise OptionError(f"path {checked}: {other}, written beside it, {problem if problem.startswith('is ') else 'has ' + problem}")
+            return checked
         except OptionError as e:
             self.fail(str(e).removeprefix("path "), param, ctx)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from dreamshard.costs.base import CostBackend, CostReport
-from dreamshard.files import atomic_write
+from dreamshard.files import atomic_write, one_writer
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
 from dreamshard.validation import NoPlanError
@@ -254,9 +254,10 @@ class Results:
         """results.md, results.csv and results.json in `out_dir`, each written atomically."""
         out = Path(out_dir)
         paths = [out / "results.md", out / "results.csv", out / "results.json"]
-        atomic_write(paths[0], self.to_markdown())
-        self.to_csv(paths[1])
-        atomic_write(paths[2], json.dumps(self.to_json(), indent=1))
+        with one_writer(out):  # the three of one comparison
+            atomic_write(paths[0], self.to_markdown())
+            self.to_csv(paths[1])
+            atomic_write(paths[2], json.dumps(self.to_json(), indent=1))
         return paths
 
     def priced_by(self, backend: CostBackend, batch_size: int | None = None) -> "Results":

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dreamshard.bins import REFERENCE_BATCH, reuse_bins_many, reuse_stats_many
-from dreamshard.files import atomic_write
+from dreamshard.files import atomic_write, one_writer
 from dreamshard.tables import TableSpec, load_tables, save_tables
 from dreamshard.validation import MAX_SEED
 
@@ -110,11 +110,12 @@ def table_specs(names: Sequence[str], rows: Sequence[int], dims: Sequence[int], 
 def write_pool(tables: Sequence[TableSpec], out: str | Path, config: PoolConfig, family: str | None = None) -> Path:
     """tables.csv and pool.json (the generator's config; `family` when not the default pool's)."""
     out = Path(out)
-    save_tables(tables, out / "tables.csv")  # atomic, creating the folder
     meta = {"format": "dreamshard.pool/1", "config": asdict(config)}
     if family is not None:
         meta["family"] = family
-    atomic_write(out / "pool.json", json.dumps(meta, indent=1))
+    with one_writer(out):  # both files of one pool, also where another command writes the folder at once
+        save_tables(tables, out / "tables.csv")
+        atomic_write(out / "pool.json", json.dumps(meta, indent=1))
     return out / "tables.csv"
 
 

@@ -1,5 +1,6 @@
 """Fuzzing the command line with malformed table, task and plan files and option values, output
-paths, calibration records and the resume of a finished training run.
+paths, calibration records, the resume of a finished training run and two processes writing the
+same output at once.
 
 Every case is generated together with whether it is valid: each field is drawn either from values
 that are valid or from values that are not (wrong type, out of range, over a limit, missing,
@@ -12,10 +13,10 @@ duplicated, not finite, garbage text). The case then runs through the real CLI c
 
 A handful run as real subprocesses (`.venv/bin/dreamshard`) for exit statuses and stderr.
 
-Examples per fuzz test: DREAMSHARD_FUZZ_EXAMPLES (default 150: about 840 cases over the file,
-option and output-path fuzzers, the model-file fuzzer (a third as many), the records fuzzer (a
-fifth) and the resume fuzzer (six trainings); under a minute; e.g. DREAMSHARD_FUZZ_EXAMPLES=3000
-for a long run). Half the cases are drawn clean
+Examples per fuzz test: DREAMSHARD_FUZZ_EXAMPLES (default 150: about 790 cases over the file,
+option and output-path fuzzers, the model-file and concurrent-writer fuzzers (a third as many
+each), the records fuzzer (a fifth) and the resume fuzzer (six trainings); a minute or two; e.g.
+DREAMSHARD_FUZZ_EXAMPLES=3000 for a long run). Half the cases are drawn clean
 (every field valid), half with flaws. Default runs are derandomized (the same cases every time); a
 run with the variable set draws new ones.
 """
@@ -690,6 +691,175 @@ def test_fuzz_resume_of_a_finished_run(train_tasks, planner, damage, log):
         assert torch.load(out, weights_only=True)["meta"] == meta and meta["measurements"] == 2
         if log:
             assert (d / "log.jsonl").read_text() == log_text
+
+
+# --------------------------------------------------------------------------------------------
+# Concurrent writers: two processes writing the same --out at once
+# --------------------------------------------------------------------------------------------
+
+# The writers: (kind of --out, arguments before "--out OUT"). Two drawn (the same command with
+# other options, or two commands writing the same kind of output) run at once as two processes
+# (forked from this one: milliseconds, where a new interpreter takes seconds); a file must end
+# exactly as one of them writes it alone, a folder as one's whole set of files written over the
+# other's (never train.jsonl of one beside test.jsonl of the other).
+WRITERS = {
+    "plan size": ("file", lambda f: ["plan", f["pool"] / "tables.csv", "--devices", 2, "--max-memory", BIG_MEMORY, "--planner", "size"]),
+    "plan lookup": ("file", lambda f: ["plan", f["pool"] / "tables.csv", "--devices", 3, "--max-memory", BIG_MEMORY, "--planner", "lookup"]),
+    "plan --tasks": ("file", lambda f: ["plan", "--tasks", f["tasks"] / "train.jsonl", "--planner", "random"]),
+    "measure A": ("file", lambda f: ["measure", f["plan_a"], "--backend", "sim"]),
+    "measure B": ("file", lambda f: ["measure", f["plan_b"], "--backend", "sim", "--batch-size", 1024]),
+    "calibrate A": ("file", lambda f: ["calibrate", "--backend", "fbgemm", "--from-records", f["records_a"]]),
+    "calibrate B": ("file", lambda f: ["calibrate", "--backend", "fbgemm", "--from-records", f["records_b"]]),
+    "data synth 1": ("folder", lambda f: ["data", "synth", "--tables", 12, "--seed", 1]),
+    "data synth 2": ("folder", lambda f: ["data", "synth", "--tables", 9, "--seed", 2, "--family", "wide"]),
+    "data tasks 0": ("folder", lambda f: ["data", "tasks", "--pool", f["pool"], "--tables", 2, "--devices", 2, "--max-memory", BIG_MEMORY, "--num-train", 3, "--num-test", 2]),
+    "data tasks 1": ("folder", lambda f: ["data", "tasks", "--pool", f["pool"], "--tables", 3, "--devices", 2, "--max-memory", BIG_MEMORY, "--num-train", 2, "--num-test", 3, "--seed", 1]),
+}
+
+
+def _contents(out: Path) -> dict[str, bytes] | bytes | None:
+    """A file's bytes, or a folder's files by name (temporary files included: none may be left)."""
+    if out.is_dir():
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    return out.read_bytes() if out.exists() else None
+
+
+@pytest.fixture(scope="module")
+def writers(pool, base_plan, base_records, train_tasks, tmp_path_factory) -> tuple[dict, dict]:
+    """The writers' inputs, and what each writes alone (its output, which must not depend on where)."""
+    d = tmp_path_factory.mktemp("writers")
+    plan_b = {**base_plan, "devices": 3}
+    plan_b["tables"] = [{**e, "shards": [{**e["shards"][0], "device": i % 3}]} for i, e in enumerate(base_plan["tables"])]
+    records = [json.loads(line) for line in RECORDS.read_text().splitlines()[:24]]
+    files = {"pool": pool, "tasks": train_tasks.parent, "plan_a": d / "plan_a.json", "plan_b": d / "plan_b.json",
+             "records_a": d / "records_a.jsonl", "records_b": d / "records_b.jsonl"}
+    files["plan_a"].write_text(json.dumps(base_plan))
+    files["plan_b"].write_text(json.dumps(plan_b))
+    files["records_a"].write_text("".join(json.dumps(r) + "\n" for r in records[:12]))
+    files["records_b"].write_text("".join(json.dumps(r) + "\n" for r in records[10:24]))
+    alone = {}
+    for name, (kind, args) in WRITERS.items():
+        out = d / name.replace(" ", "_") / ("out" if kind == "folder" else "out.json")
+        r = invoke(*args(files), "--out", out)
+        assert r.exit_code == 0, (name, r.stderr)
+        alone[name] = _contents(out)
+    assert len({repr(v) for v in alone.values()}) == len(alone)  # every writer's output is its own
+    return files, alone
+
+
+def _slow_writes(delays: tuple[float, float]) -> None:
+    """In a child: every atomic write waits before and after (a slow disk, a busy machine), so
+    that two writers' files interleave as they can in the field. What is written is unchanged."""
+    import time
+
+    import dreamshard.files as files_module
+
+    real = files_module.atomic_write
+
+    def slow(*args, **kwargs):
+        time.sleep(delays[0])
+        real(*args, **kwargs)
+        time.sleep(delays[1])
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("dreamshard") and getattr(module, "atomic_write", None) is real:
+            module.atomic_write = slow
+
+
+def _fork_cli(args: list, go: int, err: Path, delays: tuple[float, float]) -> int:
+    """A child process running `dreamshard ARGS` as its entry point does, once `go` (a pipe) says
+    so; its stderr to `err`, its stdout dropped. Returns the child's pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 70
+    try:
+        sys.stderr = open(err, "w")
+        sys.stdout = open(os.devnull, "w")
+        os.dup2(sys.stderr.fileno(), 2)
+        os.dup2(sys.stdout.fileno(), 1)
+        _slow_writes(delays)
+        os.read(go, 1)
+        sys.argv = ["dreamshard", *map(str, args)]
+        from dreamshard.cli import main
+
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the test reads it from the child's stderr
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _wait_all(pids: list[int], hang_s: float = 300) -> list[int]:
+    """The children's exit statuses; a hang guard only (a command here takes well under a second)."""
+    import time
+
+    statuses, end = {}, time.monotonic() + hang_s
+    while len(statuses) < len(pids):
+        for pid in pids:
+            if pid not in statuses:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    statuses[pid] = os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            for pid in pids:
+                if pid not in statuses:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+            raise AssertionError(f"concurrent writers still running after {hang_s} s: a hang")
+        time.sleep(0.005)
+    return [statuses[pid] for pid in pids]
+
+
+@settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
+@given(data=st.data())
+def test_fuzz_concurrent_writers(writers, data):
+    files, alone = writers
+    kind = data.draw(st.sampled_from(["file", "folder"]))
+    names = sorted(n for n, (k, _) in WRITERS.items() if k == kind)
+    first = data.draw(st.sampled_from(names))
+    others = [n for n in names if n != first]
+    pair = [first, data.draw(st.sampled_from(others) if data.draw(st.integers(0, 3)) else st.just(first))]  # a quarter: the same writer twice
+    delays = [data.draw(st.tuples(*[st.sampled_from([0.0, 0.0, 0.002, 0.01])] * 2)) for _ in pair]
+    existing = data.draw(st.booleans())
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        out = d / ("out" if kind == "folder" else "out.json")
+        if existing:  # an earlier output in the way, replaced whole
+            if kind == "folder":
+                out.mkdir()
+                (out / "train.jsonl").write_text("an earlier run's tasks\n")
+            else:
+                out.write_text("an earlier report")
+        go_read, go_write = os.pipe()
+        try:
+            pids = [_fork_cli([*WRITERS[n][1](files), "--out", out], go_read, d / f"err{i}", delays[i]) for i, n in enumerate(pair)]
+            os.write(go_write, b"go")  # both at once
+        finally:
+            os.close(go_read)
+            os.close(go_write)
+        statuses = _wait_all(pids)
+        case = (pair, delays, existing)
+        event(f"{kind}: {'same writer' if pair[0] == pair[1] else 'two writers'}")
+        for i in range(2):
+            err = (d / f"err{i}").read_text()
+            assert statuses[i] == 0 and "Traceback" not in err, (case, statuses[i], err)
+        got = _contents(out)
+        if kind == "file":
+            assert got in (alone[pair[0]], alone[pair[1]]), (case, got)
+        else:  # one writer's whole set, then the other's over it (an earlier file neither writes stays)
+            earlier = {"train.jsonl": b"an earlier run's tasks\n"} if existing else {}
+            orders = [{**earlier, **alone[a], **alone[b]} for a, b in (pair, pair[::-1])]
+            assert got in orders, (case, {k: [k in o and o[k] == v for o in orders] for k, v in got.items()})
+        assert not [p for p in d.rglob("*") if ".tmp" in p.name], case
 
 
 # --------------------------------------------------------------------------------------------

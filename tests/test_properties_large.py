@@ -11,8 +11,15 @@ hopeless to roomy) and every planner in the registry:
 Then a 10,000-table task and a 1,024-device task go through planning and simulated pricing under
 a guard against hangs only (timings live in benchmarks/large_tasks.py, not here).
 
-`make test` runs the first 80 random tasks; the 2,000 and the large tasks are marked `long`
-(`make test-long`).
+And every planner as a user gets it — the registry's every entry, TorchRec's included, each with
+its `--split` and `--no-split`, the learned ones with their shipped models, the searches with a
+small budget — on each of 2,000 small random tasks (1 to 30 tables, 1 to 16 devices, memory
+from hopeless to roomy): every plan passes the package's own checks (`Plan.check`, and the plan
+file's loader on its JSON) besides the independent one here, and every refusal is a typed
+NoPlanError.
+
+`make test` runs the first 80 random tasks and the first 30 small ones; the 2,000 of each and the
+large tasks are marked `long` (`make test-long`).
 """
 
 from __future__ import annotations
@@ -106,17 +113,24 @@ def untrained_models() -> dict[str, dict]:
 SMALL_SEARCH.update(untrained_models())
 
 
-def planner_configs() -> dict[str, tuple[str, dict]]:
+def planner_configs(small: dict[str, dict], torchrec: bool = False) -> dict[str, tuple[str, dict]]:
+    """Every registered planner with the options in `small`, and each that can split tables also
+    with the other setting of `split` than its default (or than `small` gives it)."""
     configs = {}
     for name, cls in sorted(PLANNERS.items()):
-        if name == "torchrec": continue  # noqa: E701  TorchRec's planner: ~0.1 s a task, and it refuses tight tasks others place by design (its memory reservation): tests/test_torchrec_planner.py
-        configs[name] = (name, SMALL_SEARCH.get(name, {}))
+        if name == "torchrec" and not torchrec:
+            continue
+        kw = small.get(name, {})
+        configs[name] = (name, kw)
         if "split" in cls.options():
-            configs[f"{name}+split"] = (name, {**SMALL_SEARCH.get(name, {}), "split": True})
+            split = kw.get("split", cls.options()["split"])
+            configs[f"{name} --{'no-' if split else ''}split"] = (name, {**kw, "split": not split})
     return configs
 
 
-CONFIGS = planner_configs()
+# TorchRec's planner: ~0.1 s a task, and by design it refuses tight tasks others place (its memory
+# reservation): it joins the small tasks below, tests/test_torchrec_planner.py has the rest
+CONFIGS = planner_configs(SMALL_SEARCH)
 # The planners with a cost net take 20–150 ms a task (a few seconds on 2,500 tables over 1,024
 # devices); they plan every 5th task here (400 of them, the large ones among them) and every
 # large task below. The heuristics plan all 2,000.
@@ -259,3 +273,96 @@ def test_large_infeasible_tasks_fail_clearly(planners, devices, slack):
             else:
                 assert slack > 0, f"{name} placed more bytes than the devices hold"
                 check_plan(task, plan)
+
+
+# --------------------------------------------------------------------------------------------
+# Every planner as a user gets it, on 2,000 small tasks
+# --------------------------------------------------------------------------------------------
+
+SMALL_TASKS = 2_000
+# The learned planners with their shipped models (`plan --planner autoshard` without --model), the
+# searches with a small budget (`plan --budget`): the property is validity, not search quality.
+AS_SHIPPED = {"neuroshard": SMALL_SEARCH["neuroshard"], "oracle": {"backend": SimBackend(), "budget": 200}}
+USER_CONFIGS = planner_configs(AS_SHIPPED, torchrec=True)
+# Which planners may answer a task that fits with NoPlanError (the CLI's "no plan for this task"),
+# and what they must say: the RNN placer's model has no output for a device beyond its width (the
+# shipped one: 8); TorchRec has none where its own search finds none.
+MAY_HAVE_NO_PLAN = {"rnn": "places tasks of up to", "torchrec": ""}
+
+
+def small_random_tasks(count: int, seed: int) -> list[Task]:
+    """1–30 tables of one 3,000-table pool on 1–16 devices, each precision and optimizer; memory
+    per device below the largest table (5% of tasks), tight (0.8–1.5 × the even share, at least
+    the largest table), roomy (1.5–4 ×) or 80 GB (where TorchRec's reservation leaves room)."""
+    pool = random_tables(3_000, seed, prefix="s")
+    rng = np.random.default_rng(seed + 1)
+    tasks = []
+    for _ in range(count):
+        n, devices = int(rng.integers(1, 31)), int(rng.choice([1, 2, 3, 4, 6, 8, 16]))
+        tables = [pool[j] for j in rng.choice(len(pool), n, replace=False)]
+        precision, optimizer = str(rng.choice(list(PRECISION_BYTES))), str(rng.choice(OPTIMIZERS))
+        sizes = [t.bytes(precision, optimizer) for t in tables]
+        regime, share, largest = rng.random(), sum(sizes) / devices, max(sizes)
+        cap = (largest * rng.uniform(0.5, 1.0) if regime < 0.05
+               else max(share * rng.uniform(0.8, 1.5), largest * rng.uniform(1.0, 1.3)) if regime < 0.55
+               else max(share * rng.uniform(1.5, 4.0), largest * rng.uniform(1.3, 2.0)) if regime < 0.85 else 80 * 2**30)
+        tasks.append(Task(tables, devices, max(1, int(cap)), Workload(precision=precision, optimizer=optimizer)))
+    return tasks
+
+
+@contextmanager
+def one_torch_thread():
+    """The nets here are small: on a busy machine two intra-op threads spend more time waiting
+    for each other than computing (AutoShard's 25 ms a task becomes 250 ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# `make test-long`: 2,000 tasks × 17 planners, about 8 minutes of CPU (12 minutes on a shared
+# 2-core machine; a quarter of a second a task for all of them, most of it the learned planners,
+# TorchRec's and the searches). `make test`: the first 30 tasks, about 10 s.
+@pytest.mark.parametrize("count", [30, pytest.param(SMALL_TASKS, marks=pytest.mark.long)])
+def test_every_planner_as_shipped_on_small_random_tasks(count):
+    from dreamshard.plan import Plan
+    from dreamshard.validation import NoPlanError
+
+    tasks = small_random_tasks(count, seed=34)
+    planners = {label: get_planner(name, **kw) for label, (name, kw) in USER_CONFIGS.items()}
+    outcomes = {label: {"plans": 0, "split": 0, "infeasible": 0, "no plan": 0} for label in planners}
+    with one_torch_thread(), hang_guard(3 * 3600 * count // SMALL_TASKS + 600):
+        for i, task in enumerate(tasks):
+            sizes = task.sizes()
+            hopeless = over_bounds(sizes, task.max_memory_bytes, task.devices)
+            packs = hopeless is False and pack(sizes, task.max_memory_bytes, task.devices) is not None
+            for label, planner in planners.items():
+                name = USER_CONFIGS[label][0]
+                try:
+                    plan = planner.plan(task)
+                except InfeasibleError as e:
+                    assert not packs or name == "torchrec", f"task {i}: {label} gave up on a task the memory packing places: {e}"
+                    if name != "torchrec":
+                        check_infeasible(task, e)
+                    outcomes[label]["infeasible"] += 1
+                    continue
+                except NoPlanError as e:
+                    assert name in MAY_HAVE_NO_PLAN and MAY_HAVE_NO_PLAN[name] in str(e) and "\n" not in str(e), f"task {i}: {label}: {e}"
+                    outcomes[label]["no plan"] += 1
+                    continue
+                assert not hopeless or plan.split_tables(), f"task {i}: {label} placed a task that cannot fit"
+                plan.check(f"task {i}, {label}")  # the package's own check (PlanError)
+                Plan.from_json(plan.to_json(), f"task {i}, {label}").check()  # as `measure` would read its file
+                check_plan(task, plan)
+                outcomes[label]["plans"] += 1
+                outcomes[label]["split"] += bool(plan.split_tables())
+    print(f"\n{count} small random tasks (seed 34): plans (of them split), infeasible, no plan; 0 invalid plans")
+    for label, o in outcomes.items():
+        print(f"  {label:24s} {o['plans']:5d} ({o['split']:4d}) {o['infeasible']:5d} {o['no plan']:5d}")
+    for label, o in outcomes.items():
+        assert sum(o.values()) - o["split"] == count
+        assert o["plans"] > count // (4 if USER_CONFIGS[label][0] != "torchrec" else 20), (label, o)  # placing is the common case
+    if count == SMALL_TASKS:  # every --split variant cuts somewhere
+        assert all(o["split"] > 0 for label, o in outcomes.items() if USER_CONFIGS[label][1].get("split", PLANNERS[USER_CONFIGS[label][0]].options().get("split"))), outcomes

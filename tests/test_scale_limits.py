@@ -56,3 +56,42 @@ def test_a_plan_file_is_a_line_per_key_and_per_table(tmp_path):
     assert lines[0] == "{" and lines[-1] == "}" and ' "devices": 2,' in lines
     assert sum(line.startswith('  {"name": "t') for line in lines) == 5
     assert load_plans(tmp_path / "p.json")[0].placement == plan.placement
+
+
+def test_the_search_is_bounded_at_the_largest_sizes():
+    from dreamshard.planners import get_planner
+    from dreamshard.planners import dreamshard as planner_module
+
+    planner = get_planner("dreamshard")
+    best = planner.best_of
+    assert best > 2  # the shipped model samples: otherwise there is nothing to bound
+    # every task of the benchmarks and the docs' tables plays all its episodes
+    assert [planner.episodes(t, d) for t, d in ((200, 8), (2_000, 1_024), (10_000, 1_024), (20_000, 256), (100_000, 64))] == [best] * 5
+    # the sampled ones bounded above: the greedy episode and one sampled at the limits
+    assert planner.episodes(50_000, 1_024) < best and planner.episodes(100_000, 1_024) == 2
+    assert planner.episodes(10**9, 1_024) == 1 and planner.episodes(10**9, 1_024, least=2) == 2
+    assert get_planner("dreamshard", best_of=1).episodes(100_000, 1_024) == 1
+    assert planner_module.CUTS_MAX_TABLES < 100_000
+
+
+def test_a_bounded_search_says_so_and_still_places_every_table(monkeypatch):
+    """The bounds of `test_the_search_is_bounded_at_the_largest_sizes`, lowered to a small task
+    (a plan at 100,000 tables takes a minute: benchmarks/large_tasks.py and docs/usage.md)."""
+    from dreamshard.planners import dreamshard as planner_module
+    from dreamshard.planners import get_planner
+    from dreamshard.synth import PoolConfig, synth_pool
+
+    tables = synth_pool(PoolConfig(tables=60, seed=2))
+    sizes = [t.bytes() for t in tables]
+    task = Task(tables, 8, max(int(sum(sizes) / 8 * 1.3), max(sizes)))
+    unbounded = get_planner("dreamshard").plan(task)
+    assert not any("bounded" in n or "learned cuts" in n for n in unbounded.notes)
+    monkeypatch.setattr(planner_module, "SAMPLED_DEVICE_STEPS", 60 * 8 * 3)  # 3 sampled episodes
+    monkeypatch.setattr(planner_module, "CUTS_MAX_TABLES", 50)
+    for split in (False, True):
+        plan = get_planner("dreamshard", split=split).plan(task)
+        plan.check()
+        assert any("the policy played 4 of its 16 episodes (the greedy one and 3 sampled" in n for n in plan.notes), plan.notes
+        assert any("the search placed no learned cuts" in n and "under 6 of its 11 dim caps" in n for n in plan.notes) == split, plan.notes
+        if split:
+            assert "learned cuts" not in plan.predicted["candidate"]

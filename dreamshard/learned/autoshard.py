@@ -312,8 +312,8 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     cfg.validate()
     check_training_tasks(tasks, eval_tasks)
     prepared = [prepare(t) for t in tasks]
-    task_ids = [[t.name for t in task.tables] for task in tasks]
-    checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE)
+    checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE, cfg, tasks, backend)
+    ck = checkpoint.start(resume)  # before any work: nothing of another run is lost
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         net = AutoShardNet()
@@ -324,7 +324,6 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
     measurer = Measurer(backend, cfg.batch_size, cfg.total_budget())
     start, shards_measured = 0, 0
     if resume:
-        ck = checkpoint.resume(cfg, task_ids, backend.name)
         finished = finished_run(checkpoint, ck, cfg.iterations, out, AutoShardModel.from_state)
         if finished is not None:
             return finished
@@ -423,7 +422,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
         row["seconds"] = time.time() - t0
         run_log.write(row)
         model.meta = {**run_meta(cfg, backend.name, tasks, measurer.used, it + 1), "shard_measurements": shards_measured}
-        checkpoint.save(cfg, task_ids, backend.name, it + 1, measurer.used, model=model.state(), optimizer=optimizer.state_dict(),
+        checkpoint.save(it + 1, measurer.used, model=model.state(), optimizer=optimizer.state_dict(),
                         buffer=buffer.state_dict(), numpy_rng=rng.bit_generator.state, torch_rng=gen.get_state())
         bar.done(it, row)
         done_here += 1
@@ -432,6 +431,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
             return model
     bar.close()
     net.eval()
+    checkpoint.check_unchanged()
     model.save(out)
     return model
 

@@ -450,8 +450,8 @@ def train(
     if cfg.prior_plans and prior is None:
         raise OptionError(f"prior_plans is {cfg.prior_plans} but no prior backend prices them; pass prior= (the calibrated simulator, costs.sim.SimBackend())")
     prior_name = prior.name if cfg.prior_plans else ""
-    task_ids = [[t.name for t in task.tables] for task in tasks]
-    checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE)
+    checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE, cfg, tasks, backend)
+    ck = checkpoint.start(resume)  # before any work: nothing of another run is lost
 
     # --- state: nets, optimizer, replay buffer, random streams, measurements ------------------
     model = create_model(cfg, tasks, backend)
@@ -463,7 +463,6 @@ def train(
     measurer = Measurer(backend, cfg.batch_size, cfg.total_budget())
     start = 0
     if resume:
-        ck = checkpoint.resume(cfg, task_ids, backend.name)
         model = DreamShardModel.from_state(ck["model"], f"{checkpoint.path}, key 'model'")
         cost_net = model.cost_net
         optimizer = adam(model.parameters(), cfg.lr)
@@ -559,7 +558,7 @@ def train(
         model.meta = run_meta(cfg, backend.name, tasks, measurer.used, it + 1)
         if prior_name:
             model.meta["prior_backend"] = prior_name
-        checkpoint.save(cfg, task_ids, backend.name, it + 1, measurer.used, model=model.state(), optimizer=optimizer.state_dict(),
+        checkpoint.save(it + 1, measurer.used, model=model.state(), optimizer=optimizer.state_dict(),
                         buffer=buffer.state_dict(), prior_buffer=prior_buffer.state_dict(), prior_backend=prior_name,
                         numpy_rng=rng.bit_generator.state, torch_rng=gen.get_state())
         bar.done(it, row)
@@ -570,6 +569,7 @@ def train(
     bar.close()
     for net in model.nets():
         net.eval()
+    checkpoint.check_unchanged()
     model.save(out)
     return model
 

@@ -5,7 +5,8 @@ planner (AutoShard, an RNN placer) writes only its loop:
   training batch (one backend call per workload), counted against the budget of real
   measurements; `complete` turns a stuck episode into a memory packing so it can be measured;
 - `Checkpoint`: the full state of a run beside its model (`MODEL.pt.ckpt`), written atomically
-  after every iteration, checked key by key on load, refused on resume if the run differs;
+  after every iteration, checked key by key on load, refused on resume if the run differs, never
+  replaced by a new run while its own run is unfinished, nor shared by two runs at once;
 - `RunLog` (one JSON line per iteration) and `Progress` (on stderr, with the time left);
 - `run_meta`: where a model came from; `mape`, `spearman`: a cost model's accuracy;
 - `check_training_tasks` (refused up front: nothing to train on) and `finished_run` (the end of
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import torch
 
-from dreamshard.files import append_line, atomic_write, load_torch_file
+from dreamshard.files import append_line, atomic_write, load_torch_file, target_problem
 from dreamshard.packing import infeasible_error, pack
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task, Workload
@@ -231,28 +235,118 @@ class NetFile:
 
 # what every checkpoint carries besides its planner's own state: which run, how far
 RUN_KEYS = {"config": dict, "tasks": list, "backend": str, "iteration": int, "measurements": int}
+# which run, more closely (checked where present): every number of the tasks, the simulator's calibration
+DIGEST_KEYS = ("task_digest", "backend_digest")
+# every learned planner's checkpoint format: "dreamshard.checkpoint/1", "dreamshard.rnn-checkpoint/1", ...
+_CHECKPOINT_FORMAT = re.compile(r"dreamshard\.(?:(\w+)-)?checkpoint/\d+")
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def task_digest(tasks: Sequence[Task]) -> str:
+    """What a run's tasks are, beyond their table names: every table's numbers, the devices, the
+    memory and the workload (two task files of the same names may differ in any of them). Not
+    the pool's path: a pool moved elsewhere holds the same tables."""
+    return _digest([[t.devices, t.max_memory_bytes, t.workload.to_json(),
+                     [[s.name, s.rows, s.dim, s.pooling_factor, list(s.bins), s.distribution, s.seed] for s in t.tables]] for t in tasks])
+
+
+def backend_digest(backend: CostBackend) -> str:
+    """The simulator's calibration and pricing options ("" for a backend that measures): two
+    calibrations of one machine on one day share a name but not their costs."""
+    calibration = getattr(backend, "calibration", None)
+    if not dataclasses.is_dataclass(calibration):
+        return ""
+    return _digest([dataclasses.asdict(calibration), getattr(backend, "comm", None), getattr(backend, "product_path", None)])
+
+
+def _identity(path: Path) -> tuple | None:
+    """The file at `path` as this process last saw it (None: no file). Every atomic write makes a
+    new file, so another writer's checkpoint differs in inode, time or size."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 class Checkpoint:
     """The full state of a training run in `MODEL.pt.ckpt` beside its model: the run (config,
-    task table names, backend), how far it got (iterations done, real measurements) and the
-    planner's own state under `keys` (name → type: nets, optimizer, replay buffer, random
-    streams), so that a resumed run gives the numbers of an uninterrupted one."""
+    task table names and a digest of their numbers, backend), how far it got (iterations done,
+    real measurements) and the planner's own state under `keys` (name → type: nets, optimizer,
+    replay buffer, random streams), so that a resumed run gives the numbers of an uninterrupted
+    one.
 
-    def __init__(self, out: str | Path, fmt: str, keys: dict[str, type]):
+    One checkpoint belongs to one run: `start` refuses a new run over the checkpoint of an
+    unfinished one (or over a file that is no checkpoint), `resume` one of other options, tasks
+    or backend, and `save` (and `check_unchanged`, before the model is written) stops a run whose
+    checkpoint another process replaced since (two runs given the same --out at once)."""
+
+    def __init__(self, out: str | Path, fmt: str, keys: dict[str, type], config, tasks: Sequence[Task], backend: CostBackend):
         out = Path(out)
-        self.path = out.with_name(out.name + ".ckpt")
+        self.out, self.path = out, out.with_name(out.name + ".ckpt")
         self.format, self.keys = fmt, {**RUN_KEYS, **keys}
+        self.config = dataclasses.asdict(config)
+        self.tasks = [[t.name for t in task.tables] for task in tasks]
+        self.backend = backend.name
+        self.digests = {"task_digest": task_digest(tasks), "backend_digest": backend_digest(backend)}
+        self._seen: tuple | None = None  # the checkpoint file as this run left it (or found it)
 
-    def save(self, config, tasks: list, backend: str, iteration: int, measurements: int, **state) -> None:
+    def start(self, resume: bool) -> dict | None:
+        """Before any work: the checkpoint to continue from (`resume`), or None for a new run,
+        after checking that its path can be written and that nothing of another run is lost."""
+        problem = target_problem(self.path)
+        if problem:
+            raise OptionError(f"{self.path} (the checkpoint of --out {self.out}): {problem}")
+        if resume:
+            return self.resume()
+        if self.path.exists():
+            self._refuse_unless_finished()
+        self._seen = _identity(self.path)
+        return None
+
+    def _refuse_unless_finished(self) -> None:
+        """OptionError unless the file at the checkpoint's path is the checkpoint of a finished run
+        (of any learned planner), which a new run may replace as it replaces that run's model."""
+        fresh = f"continue it with --resume, or delete {self.path} or give another --out to start a new run"
+        try:
+            ck = load_torch_file(self.path, "checkpoint", ModelError)
+        except ModelError as e:
+            raise OptionError(f"{e}; a training run writes its checkpoint there: move it or give another --out") from None
+        m = _CHECKPOINT_FORMAT.fullmatch(str(ck.get("format"))) if isinstance(ck, dict) else None
+        if m is None:
+            raise OptionError(f"{self.path}: not a training checkpoint, and a training run writes its checkpoint there: move it or give another --out")
+        planner = m.group(1) or "dreamshard"
+        config = ck.get("config") if isinstance(ck.get("config"), dict) else {}
+        done, total = ck.get("iteration"), config.get("iterations")
+        if not (isinstance(done, int) and isinstance(total, int) and done >= total):
+            progress = f"{done} of {total} iterations done" if isinstance(done, int) and isinstance(total, int) else "its progress unreadable"
+            raise OptionError(f"{self.path} holds an unfinished {planner} training run ({progress}): {fresh}")
+
+    def save(self, iteration: int, measurements: int, **state) -> None:
         """Atomically: a kill mid-save leaves the previous checkpoint."""
-        run = {"config": dataclasses.asdict(config), "tasks": tasks, "backend": backend, "iteration": iteration, "measurements": measurements}
+        self.check_unchanged()
+        run = {"config": self.config, "tasks": self.tasks, "backend": self.backend, **self.digests, "iteration": iteration, "measurements": measurements}
         atomic_save({"format": self.format, **run, **state}, self.path)
+        self._seen = _identity(self.path)
+
+    def check_unchanged(self) -> None:
+        """OptionError if another process replaced (or removed) the checkpoint since this run last
+        wrote or read it: two runs writing one checkpoint would each resume the other's state."""
+        if _identity(self.path) != self._seen:
+            raise OptionError(f"{self.path}: replaced by another process while this run trained (two runs given --out {self.out}?); "
+                              f"this run stops without writing its model: give each run its own --out")
 
     def load(self) -> dict:
         """The checkpoint, its keys and their types checked; ModelError otherwise."""
         path = self.path
         ck = load_torch_file(path, "checkpoint", ModelError)
+        m = _CHECKPOINT_FORMAT.fullmatch(str(ck.get("format"))) if isinstance(ck, dict) else None
+        if m is not None and ck.get("format") != self.format:
+            raise ModelError(f"{path}: the checkpoint of a {m.group(1) or 'dreamshard'} training run, not of this planner's; "
+                             f"resume it with that --planner, or give another --out")
         if not isinstance(ck, dict) or ck.get("format") != self.format:
             raise ModelError(f"{path}: not a dreamshard checkpoint (delete it, or start without --resume)")
         for key, kind in self.keys.items():
@@ -260,23 +354,32 @@ class Checkpoint:
                 raise ModelError(f"{path}: missing key {key!r} (delete it, or start without --resume)")
             if not isinstance(ck[key], kind) or (kind is int and isinstance(ck[key], bool)):
                 raise ModelError(f"{path}, key {key!r}: expected a {kind.__name__}, got {type(ck[key]).__name__}")
+        for key in DIGEST_KEYS:
+            if key in ck and not isinstance(ck[key], str):
+                raise ModelError(f"{path}, key {key!r}: expected a str, got {type(ck[key]).__name__}")
         if not 0 <= ck["measurements"] <= MAX_BUDGET or not 0 <= ck["iteration"] <= MAX_ITERS:
             raise ModelError(f"{path}: iteration {ck['iteration']} / measurements {ck['measurements']} out of range")
         return ck
 
-    def resume(self, config, tasks: list, backend: str) -> dict:
+    def resume(self) -> dict:
         """The checkpoint of this very run (same options, tasks and backend); OptionError otherwise."""
         if not self.path.is_file():
             raise OptionError(f"--resume: no checkpoint {self.path} (start without --resume)")
+        seen = _identity(self.path)
         ck = self.load()
-        options = dataclasses.asdict(config)
-        if ck["config"] != options:
-            changed = [k for k, v in options.items() if ck["config"].get(k) != v]
+        if ck["config"] != self.config:
+            changed = [k for k, v in self.config.items() if ck["config"].get(k) != v]
             raise OptionError(f"--resume: options differ from the checkpoint's ({', '.join(changed) or 'unknown keys'}); rerun with the same ones")
-        if ck["tasks"] != tasks:
+        if ck["tasks"] != self.tasks:
             raise OptionError(f"--resume: the training tasks differ from the checkpoint's ({self.path})")
-        if ck.get("backend", backend) != backend:  # one replay buffer must not mix two backends' costs
-            raise OptionError(f"--resume: the checkpoint's measurements come from {ck['backend']}, not {backend}; rerun with the same backend")
+        if ck.get("task_digest", self.digests["task_digest"]) != self.digests["task_digest"]:
+            raise OptionError(f"--resume: the training tasks differ from the checkpoint's ({self.path}): the same tables by name, "
+                              f"but other table numbers, devices, memory or workload; rerun with the same task file and pool")
+        if ck["backend"] != self.backend:  # one replay buffer must not mix two backends' costs
+            raise OptionError(f"--resume: the checkpoint's measurements come from {ck['backend']}, not {self.backend}; rerun with the same backend")
+        if ck.get("backend_digest", self.digests["backend_digest"]) != self.digests["backend_digest"]:
+            raise OptionError(f"--resume: the checkpoint's measurements come from another calibration of {self.backend}; rerun with the same --calibration")
+        self._seen = seen
         return ck
 
     def restore(self, ck: dict, restorers: dict[str, Callable[[object], object]]) -> None:

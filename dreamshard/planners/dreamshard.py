@@ -30,6 +30,9 @@ time is spent: more planning time buys more candidates. A table larger than a de
 placeable only split by rows: the search then starts from it split so
 (`splits.forced_row_splits`), its pieces placed by NeuroShard's greedy on the cost net
 (`scoring.greedy_batch`); with `split` off such a task is infeasible.
+
+At the largest sizes the work is bounded (`episodes`, SAMPLED_DEVICE_STEPS; CUTS_MAX_TABLES) and
+the plan's notes say what was left out: fewer sampled episodes, no learned cuts.
 """
 
 
@@ -214,6 +217,15 @@ class DreamShardPlanner(LearnedPlanner):
     def save(self, path: str | Path) -> None:
         self.model.save(path)
 
+    def episodes(self, tables: int, devices: int, least: int = 1) -> int:
+        """How many episodes a play of `tables` tables (or pieces) on `devices` devices takes:
+        `best_of` (at least `least`), but no more sampled ones (all but the greedy one) than
+        SAMPLED_DEVICE_STEPS allows. Each step of a sampled episode draws noise for, and scores,
+        every device: at 100,000 tables on 1,024 devices the 15 sampled episodes of the shipped
+        model were most of a plan's minutes; the greedy episode and the heuristics' plans stay."""
+        wanted = max(least, self.best_of)
+        return max(least, min(wanted, 1 + SAMPLED_DEVICE_STEPS // max(1, tables * devices)))
+
     def plan(self, task: Task) -> Plan:
         deadline = time.perf_counter() + self.budget_ms / 1e3 if self.budget_ms is not None else None
         if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
@@ -221,13 +233,20 @@ class DreamShardPlanner(LearnedPlanner):
                 return self._split_rows_first(task)  # a table larger than a device: split by rows, or InfeasibleError
             raise task_infeasible(task)  # at once: no episode can succeed
         p = prepare(task, self.model.normalization, self.model.linear_features, self.model.kernel)
-        placement, device_costs, overall = best_placement(self.model, p, self.best_of, self.seed, self.player)
+        episodes = self.episodes(len(task.tables), task.devices)
+        placement, device_costs, overall = best_placement(self.model, p, episodes, self.seed, self.player)
         if placement is not None and not self.heuristic_candidates:
             plan, source = Plan.table_wise(task, [int(d) for d in placement], self.name), "policy"
         else:
             plan, device_costs, overall, source = self._cheapest(task, p, placement)
         plan.predicted = predicted_dict(device_costs, overall, self.label)
-        return self._split(task, plan, source, deadline) if self.split and self.max_splits > 0 else plan
+        bounded = [] if episodes == self.best_of else [  # what this size left out, said in the plan
+            f"{len(task.tables):,} tables on {task.devices:,} devices: the policy played {episodes} of its {self.best_of} episodes "
+            f"(the greedy one and {episodes - 1} sampled; sampled episodes are bounded at this size)"]
+        if self.split and self.max_splits > 0:
+            return self._split(task, plan, source, deadline, bounded)
+        plan.notes += bounded
+        return plan
 
     def _cheapest(self, task: Task, p, placement: np.ndarray | None) -> tuple[Plan, np.ndarray, float, str]:
         """The policy's placement (None: every episode ran out of memory) and the greedy
@@ -238,33 +257,34 @@ class DreamShardPlanner(LearnedPlanner):
         PACKED_CANDIDATES_MAX tables, where the policy placed the task, a heuristic competes only
         with its greedy placement: its memory packing takes seconds there (10,000 tables on 1,024
         devices: ~9 s a heuristic). Raises InfeasibleError if nothing fits."""
-        plans = [Plan.table_wise(task, [int(d) for d in placement], "dreamshard policy")] if placement is not None else []
+        # (planner, placement) of each candidate; a plan is built for the chosen one only
+        plans = [("dreamshard policy", [int(d) for d in placement])] if placement is not None else []
         try:
             for cls in GREEDY_PLANNERS:
                 if placement is not None and len(task.tables) > PACKED_CANDIDATES_MAX:
                     proxy = [cls().proxy(t, task) for t in task.tables]
                     greedy_only = greedy(task, proxy)  # its memory packing would cost seconds here
                     if greedy_only is not None:
-                        plans.append(Plan.table_wise(task, greedy_only, cls.name))
+                        plans.append((cls.name, greedy_only))
                     continue
-                plans.append(cls().plan(task))
+                plans.append((cls.name, cls().plan(task).placement))
         except InfeasibleError:
             # a heuristic fails only when its memory packing does, and the packing depends on the
             # sizes and memory alone: the next ones would search as long and fail the same way
             if not plans:
                 raise
-        costs, ov = predict(self.model.cost_net, EpisodeBatch.of([p] * len(plans)), torch.tensor([q.placement for q in plans]), self.model.comm)
+        costs, ov = predict(self.model.cost_net, EpisodeBatch.of([p] * len(plans)), torch.tensor([q for _, q in plans]), self.model.comm)
         scale = float(self.model.cost_net.scale)
         k = int(plan_cost(costs, ov, self.model.score).argmin())
-        chosen = plans[k]
+        chosen, chosen_placement = plans[k]
         if placement is None:
-            notes = [f"dreamshard policy ran out of memory; used the {chosen.planner} plan, the cheapest of the greedy heuristics' by the cost net"]
+            notes = [f"dreamshard policy ran out of memory; used the {chosen} plan, the cheapest of the greedy heuristics' by the cost net"]
         elif k > 0:
-            notes = [f"used the {chosen.planner} plan: the cost net predicts it cheaper than the policy's"]
+            notes = [f"used the {chosen} plan: the cost net predicts it cheaper than the policy's"]
         else:
             notes = []
-        source = "policy" if placement is not None and k == 0 else f"heuristic {chosen.planner}"
-        return Plan.table_wise(task, chosen.placement, self.name, notes=notes), costs[k].numpy() * scale, float(ov[k]) * scale, source
+        source = "policy" if placement is not None and k == 0 else f"heuristic {chosen}"
+        return Plan.table_wise(task, chosen_placement, self.name, notes=notes), costs[k].numpy() * scale, float(ov[k]) * scale, source
 
     def _split_rows_first(self, task: Task) -> Plan:
         """A task with a table larger than a device: the tables too large split by rows
@@ -292,19 +312,28 @@ class DreamShardPlanner(LearnedPlanner):
                 best = (float(cost[0]), pieces, [int(d) for d in devices[0]])
         return best
 
-    def _split(self, task: Task, table_wise: Plan, source: str, deadline: float | None) -> Plan:
+    def _split(self, task: Task, table_wise: Plan, source: str, deadline: float | None, bounded: list[str]) -> Plan:
         """The search at plan time (docs/dreamshard.md, "Splitting"): candidates from the learned
         policy — its table-wise plan (or the heuristic's that the cost net preferred, `source`),
         its cut net's cuts placed by the policy (`_learned_cuts`; a model without a cut net: the
         policy's placements of a ladder of cuts), the row ladder — then the split descent from the
         cheapest; with `deadline` (`budget_ms`) further rounds of sampled cuts and their descents
         while time is left. Every candidate is priced by the cost net (`PieceScorer`); the
-        cheapest is returned, its source in `predicted["candidate"]`."""
+        cheapest is returned, its source in `predicted["candidate"]`. Above CUTS_MAX_TABLES tables
+        the learned cuts are left out; `bounded` (notes of what the size left out) and a note of
+        that go in the plan's notes."""
         scorer = PieceScorer(self.model, task, self.comm)
         whole = splits.whole(task)
         state = scorer.state(whole, np.array(table_wise.placement))
         best = Candidate(float(scorer.score(state)), whole, table_wise.placement, source)
-        if self.model.cut is not None:
+        bounded = list(bounded)
+        learned = len(task.tables) <= CUTS_MAX_TABLES
+        if not learned:
+            found = None
+            bounded.append(f"{len(task.tables):,} tables: the search placed no learned cuts (a play of the cut net over every table, "
+                           f"done up to {CUTS_MAX_TABLES:,} tables); the row ladder and the split descent ran, and the greedy placement "
+                           f"under {len(CAPS[::2])} of its {len(CAPS)} dim caps")
+        elif self.model.cut is not None:
             s = cut_set(task, self.model, top_tables(scorer.alone(scorer.rows([whole])[0]), CUT_MAX))
             found = self._learned_cuts(scorer, s, 0)
         else:
@@ -315,16 +344,16 @@ class DreamShardPlanner(LearnedPlanner):
             best = Candidate(*placed, "row ladder")
         best = self._descend(scorer, best)
         rnd = 1
-        while deadline is not None and self.model.cut is not None and time.perf_counter() < deadline:
+        while deadline is not None and learned and self.model.cut is not None and time.perf_counter() < deadline:
             found = self._learned_cuts(scorer, s, rnd)
             if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
                 best = min(best, self._descend(scorer, found), key=lambda c: c.cost)
             rnd += 1
         if len(best.pieces) == len(whole):
-            plan = Plan.table_wise(task, best.devices, self.name, notes=table_wise.notes)
+            plan = Plan.table_wise(task, best.devices, self.name, notes=table_wise.notes + bounded)
             plan.predicted = {**scorer.predicted(whole, np.array(best.devices), self.label), "candidate": best.source}
             return plan
-        return splits.placed(task, best.pieces, best.devices, self.name, notes=[n for n in table_wise.notes if "heuristic" in best.source],
+        return splits.placed(task, best.pieces, best.devices, self.name, notes=[n for n in table_wise.notes if "heuristic" in best.source] + bounded,
                              predicted={**scorer.predicted(best.pieces, np.array(best.devices), self.label), "candidate": best.source})
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
@@ -332,7 +361,7 @@ class DreamShardPlanner(LearnedPlanner):
         greedy (swept dim caps); `start` where neither lowers the prediction."""
         pieces, devices, cost = split_descent(scorer, start.pieces, start.devices, scorer.state(start.pieces, np.array(start.devices)), self.max_splits)
         best = Candidate(cost, pieces, [int(d) for d in devices], start.source + " + descent") if cost < start.cost else start
-        again, devs = greedy_batch(scorer, [best.pieces], CAPS)
+        again, devs = greedy_batch(scorer, [best.pieces], CAPS if len(scorer.task.tables) <= CUTS_MAX_TABLES else CAPS[::2])
         if again[0] < best.cost * (1 - 1e-3):
             best = Candidate(float(again[0]), best.pieces, [int(d) for d in devs[0]], best.source + " + greedy placement")
         return best
@@ -343,7 +372,7 @@ class DreamShardPlanner(LearnedPlanner):
         the greedy cuts and sampled cuts, each placed by sampled episodes; later rounds: sampled
         only, from another seed), the cheapest by the cost net, or None if every one ran out of
         memory."""
-        K = max(2, self.best_of)
+        K = self.episodes(len(s.pieces), scorer.task.devices, least=2)
         rng = np.random.default_rng([self.seed, rnd])
         greedy_cuts = np.zeros(K, bool)
         greedy_place = np.zeros(K, bool)
@@ -383,7 +412,7 @@ class DreamShardPlanner(LearnedPlanner):
         active = np.zeros((len(cuts), len(superset)), bool)
         for j, c in enumerate(cuts):
             active[j, [index[p] for p in c]] = True
-        K = max(1, self.best_of // len(cuts))  # about the table-wise play's episodes in all
+        K = max(1, self.episodes(len(superset), task.devices) // len(cuts))  # about the table-wise play's episodes in all
         greedy = np.tile(np.arange(K) == 0, len(cuts))  # per cut: the greedy episode, then sampled ones
         prepared = prepare(splits.as_task(task, superset), self.model.normalization, self.model.linear_features, self.model.kernel)
         placement, stuck, costs, overall = self.player.play(prepared, greedy, np.random.default_rng(self.seed), np.repeat(active, K, axis=0))
@@ -397,6 +426,14 @@ class DreamShardPlanner(LearnedPlanner):
 
 
 PACKED_CANDIDATES_MAX = 2_000  # tables; see `_cheapest`
+# Above this many tables the search leaves out its learned cuts (a play over every table: ~15 s at
+# 100,000 tables on a 2-core CPU) and its greedy placement sweeps every other dim cap (each step
+# costs ~0.13 ms with the 11 caps, ~0.1 ms with 6)
+CUTS_MAX_TABLES = 20_000
+# tables × devices × sampled episodes of one play (`episodes`): the shipped model's 15 sampled
+# episodes up to 10,000 tables on 1,024 devices (every task of the benchmarks and the docs' tables
+# plays as before), one at 100,000 tables on 1,024 devices
+SAMPLED_DEVICE_STEPS = 170_000_000
 GREEDY_CUTS = 4  # the learned cut sets also placed by the greedy (`_learned_cuts`)
 CAPS = np.linspace(1.0, 1.5, 11)  # the greedy's dim caps, NeuroShard's sweep
 DESCENT_MARGIN = 0.05  # a later round's candidate within this of the best gets a descent of its own
