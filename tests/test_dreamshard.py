@@ -249,7 +249,8 @@ def test_resume_with_a_prior_continues_exactly(pool, tmp_path):
     straight = train(cfg, tasks, sim, tmp_path / "a.pt", log=tmp_path / "a.jsonl", progress=False, prior=prior)
     train(cfg, tasks, sim, tmp_path / "b.pt", log=tmp_path / "b.jsonl", progress=False, stop_after=1, prior=prior)
     ck = torch.load(tmp_path / "b.pt.ckpt", weights_only=False)
-    assert len(ck["prior_buffer"]["x_index"]) == 40 and len(ck["prior_buffer"]["x"]) <= len(tasks)  # kept, one feature array per task
+    # kept: one feature array per task of pieces (the learned cuts give a plan its own pieces), shared by its plans
+    assert len(ck["prior_buffer"]["x_index"]) == 40 and len(ck["prior_buffer"]["x"]) <= 40
     with pytest.raises(ValueError, match="no prior backend prices them"):
         train(cfg, tasks, sim, tmp_path / "b.pt", progress=False, resume=True)  # a prior needs its backend (a learned module imports none)
     with pytest.raises(ValueError, match="prior is simulated"):
