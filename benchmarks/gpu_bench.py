@@ -1,22 +1,25 @@
-"""`dreamshard bench paper` on a GPU machine: the suite planned on its CPUs, one process per
-setting, and its test plans measured on every visible GPU at once.
+"""`dreamshard bench paper` on a GPU machine: the suite planned on its CPUs, and its test plans
+measured on every visible GPU at once.
 
-    PYTHONPATH=. python3 benchmarks/gpu_bench.py plan --out $OUT --tasks 50 --test-tasks 10 --family-tasks 3 --skip torchrec   # the machine's CPUs, ≤ 9.5 min
-    PYTHONPATH=. python3 benchmarks/gpu_bench.py measure RUN --out $OUT                                        # every GPU, ≤ 9.5 min
-    .venv/bin/dreamshard bench report RUN --costs $OUT/measured.csv --out DIR                                   # here: the measured tables
-    # logic check on a CPU: plan --quick --out D --jobs 2; measure D --out D2 --cpu --quick
+    PYTHONPATH=. python3 benchmarks/gpu_bench.py all --out $OUT --tasks 50 --test-tasks 10 --family-tasks 3   # 4 × H100, ≤ 9.5 min
+    PYTHONPATH=. python3 benchmarks/gpu_bench.py all ... --resume DIR          # again, DIR holding the first call's measured-*.csv
+    .venv/bin/dreamshard bench report RUN --costs $OUT/measured.csv --out DIR  # here: the measured tables of RUN's rows
+    # apart: plan --out RUN ... (the rows, TorchRec's too where it is installed); measure RUN --out $OUT
+    # logic check on a CPU: all --cpu --quick --out D --jobs 2
 
-**plan** runs `bench.run_suite` for each setting in its own process (the simulator prices; the
-learned planners are trained per paper setting against it) into OUT/<setting>/, then appends
-every setting's rows and plans to OUT/rows.jsonl and OUT/plans.jsonl, the layout `bench report`
-reads. A setting cut by the budget resumes with the same command (`--resume OUT`). TorchRec is
-not installed on the GPU machines: `--skip torchrec` there, and its rows are made where it is
-(`bench paper ... --planners torchrec` into the same run: rows are per planner).
+**all** trains each learned planner of each paper setting in its own process (against the
+simulator), then plans each setting's test tasks in a process of its own (`bench.run_suite`), and
+sends every task's distinct plans, as soon as it is planned, to one process per GPU (the paper's
+settings first), which times them with the sequential runner (our Triton TBE; the collectives from
+the comm model shipped for the GPU and the plan's device count) into OUT/measured-<gpu>.csv;
+OUT/measured.csv joins them and OUT/rows.jsonl the settings' rows. Planning is deterministic (the
+same plans, hash for hash, on every call), so a call cut by its budget resumes with `--resume`.
+TorchRec is not installed on the GPU machines: its rows are made where it is (`dreamshard bench
+paper ... --planners torchrec`) and stay simulated.
 
-**measure** times every distinct test plan of RUN/plans.jsonl with the sequential runner (our
-Triton TBE; the collectives from the comm model shipped for the GPU and the plan's device count),
-the plans dealt to the GPUs task by task, one process per GPU: OUT/measured.csv (setting, seed,
-task, plan hash, measured ms, ...), appended as it goes; `--resume DIR` keeps DIR's lines.
+**plan** makes the suite's rows (test and train tasks) a process per setting into OUT/<setting>/
+and joins them into OUT/rows.jsonl and OUT/plans.jsonl; **measure** times the distinct test plans
+of RUN/plans.jsonl on every GPU.
 """
 
 from __future__ import annotations
@@ -280,20 +283,21 @@ def _keys(path: Path) -> set:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plan", help="the suite planned on this machine's CPUs, a process per setting")
-    p.add_argument("--out", required=True)
-    p.add_argument("--suite", default="paper,families,mlperf")
-    p.add_argument("--tasks", type=int, default=50)
-    p.add_argument("--test-tasks", type=int)
-    p.add_argument("--family-tasks", type=int, default=5)
-    p.add_argument("--seeds", type=int, default=1)
-    p.add_argument("--train-budget", type=int, default=100)
-    p.add_argument("--oracle-budget", type=int, default=4000)
+    suite = argparse.ArgumentParser(add_help=False)  # what plan and all run: `dreamshard bench paper`'s options
+    suite.add_argument("--out", required=True)
+    suite.add_argument("--suite", default="paper,families,mlperf")
+    suite.add_argument("--tasks", type=int, default=50)
+    suite.add_argument("--test-tasks", type=int)
+    suite.add_argument("--family-tasks", type=int, default=5)
+    suite.add_argument("--seeds", type=int, default=1)
+    suite.add_argument("--train-budget", type=int, default=100)
+    suite.add_argument("--oracle-budget", type=int, default=4000)
+    suite.add_argument("--jobs", type=int, default=os.cpu_count())
+    suite.add_argument("--quick", action="store_true")
+    p = sub.add_parser("plan", parents=[suite], help="the suite planned on this machine's CPUs, a process per setting")
     p.add_argument("--skip", default="", help="comma-separated planner labels left out (torchrec where TorchRec is not installed)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count())
     p.add_argument("--budget-s", type=float, default=560.0, help="no task is begun after this many seconds")
     p.add_argument("--resume", help="an earlier call's OUT")
-    p.add_argument("--quick", action="store_true")
     p.add_argument("--splits", default="test,train")
     p.set_defaults(run=plan_cmd)
     m = sub.add_parser("measure", help="RUN's test plans measured on every GPU")
@@ -304,23 +308,13 @@ def main() -> None:
     m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
     m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
     m.set_defaults(run=measure_cmd)
-    a = sub.add_parser("all", help="plan (the machine's CPUs) and measure (every GPU) at once: OUT/rows.jsonl, OUT/measured.csv")
-    a.add_argument("--out", required=True)
+    a = sub.add_parser("all", parents=[suite], help="plan (the machine's CPUs) and measure (every GPU) at once: OUT/rows.jsonl, OUT/measured.csv")
     a.add_argument("--work", default="/tmp/gpu_bench", help="the per-setting run folders (plans and models stay here)")
-    a.add_argument("--suite", default="paper,families,mlperf")
-    a.add_argument("--tasks", type=int, default=50)
-    a.add_argument("--test-tasks", type=int)
-    a.add_argument("--family-tasks", type=int, default=5)
-    a.add_argument("--seeds", type=int, default=1)
-    a.add_argument("--train-budget", type=int, default=100)
-    a.add_argument("--oracle-budget", type=int, default=4000)
     a.add_argument("--skip", default="torchrec")
     a.add_argument("--resume", help="a folder of an earlier call's measured-*.csv: those plans are not measured again")
-    a.add_argument("--jobs", type=int, default=os.cpu_count())
     a.add_argument("--budget-s", type=float, default=540.0, help="no task planned or measured is begun after this many seconds")
     a.add_argument("--splits", default="test", help="the tasks planned: test (the rows measured), or test,train")
-    a.add_argument("--cpu", action="store_true")
-    a.add_argument("--quick", action="store_true")
+    a.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
     a.set_defaults(run=all_cmd)
     args = ap.parse_args()
     if args.command in ("plan", "all"):
