@@ -29,6 +29,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 from torchrec.types import DataType  # noqa: E402
 
 from dreamshard import torchrec_io as tio  # noqa: E402
+from dreamshard.sharding_planner import ShardingPlanner  # noqa: E402
 from dreamshard.bins import NUM_BINS, count_bins  # noqa: E402
 from dreamshard.packing import InfeasibleError  # noqa: E402
 from dreamshard.plan import Plan, Shard, load_plans, save_plans  # noqa: E402
@@ -294,7 +295,7 @@ def test_sharding_planner_returns_the_dreamshard_plan_through_torchrec():
     with tio.quiet():
         topology = Topology(world_size=2, compute_device="cpu", ddr_cap=10**8)
     for name, split in (("size_lookup", False), ("size_lookup", True)):
-        sp_planner = tio.ShardingPlanner(topology=topology, batch_size=32, planner=get_planner(name, split=split), batches=[batch(0)[0]])
+        sp_planner = ShardingPlanner(topology=topology, batch_size=32, planner=get_planner(name, split=split), batches=[batch(0)[0]])
         sp = sp_planner.plan(meta_ebc())
         ours = sp_planner.last_plan
         assert ours.split_tables() == ({"t0": 2} if split else {})
@@ -310,7 +311,7 @@ def test_sharding_planner_refusals_are_one_line():
     with tio.quiet():
         tiny = Topology(world_size=2, compute_device="cpu", ddr_cap=200_000)
     with pytest.raises(InfeasibleError) as e:
-        tio.ShardingPlanner(tiny, 32, planner="size_lookup", batches=[batch(0)[0]]).plan(meta_ebc())
+        ShardingPlanner(tiny, 32, planner="size_lookup", batches=[batch(0)[0]]).plan(meta_ebc())
     assert "\n" not in str(e.value)
     # TorchRec's storage check refuses what our byte count lets through (its estimate adds I/O buffers)
     with tio.quiet():
@@ -318,7 +319,7 @@ def test_sharding_planner_refusals_are_one_line():
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
     with pytest.raises(InfeasibleError, match=r"^TorchRec refused the size_lookup plan: .* \(rank \d: table t\d's shard needs 0 bytes of HBM and [\d,]+ of DDR by TorchRec's estimate; 0 and [\d,]+ are left\)$"):
-        tio.ShardingPlanner(snug, 4096, storage_reservation=FixedPercentageStorageReservation(0.0), planner="size_lookup", batches=[batch(0)[0]]).plan(meta_ebc())
+        ShardingPlanner(snug, 4096, storage_reservation=FixedPercentageStorageReservation(0.0), planner="size_lookup", batches=[batch(0)[0]]).plan(meta_ebc())
 
 
 def test_uneven_column_shards_go_through_torchrecs_planner():
@@ -453,7 +454,7 @@ def _worker(rank: int, port: int, plan_file: str, init_file: str, out_dir: str, 
     with tio.quiet():
         # the drop-in's way to the same plan: planned on rank 0 inside TorchRec's planner, broadcast
         constraints = {name: ParameterConstraints(sharding_types=kinds) for name, kinds in (sharding_types or {}).items()}
-        planner = tio.ShardingPlanner(topology=Topology(world_size=WORLD, compute_device="cpu"), batch_size=GLOBAL_B // WORLD, constraints=constraints,
+        planner = ShardingPlanner(topology=Topology(world_size=WORLD, compute_device="cpu"), batch_size=GLOBAL_B // WORLD, constraints=constraints,
                                       planner=get_planner("size_lookup", split=True), batches=[batch(s)[0] for s in range(4)])
         collective = planner.collective_plan(model, [EmbeddingBagCollectionSharder()], dist.group.WORLD)
         if sharding_types:

@@ -19,6 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig  # noqa: E402
 from torchrec.modules.embedding_modules import EmbeddingBagCollection  # noqa: E402
 
 from dreamshard import torchrec_io as tio  # noqa: E402
+from dreamshard.sharding_planner import ShardingPlanner  # noqa: E402
 from dreamshard.packing import InfeasibleError  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.validation import InputError, OptionError  # noqa: E402
@@ -52,7 +53,7 @@ def layout(sp) -> dict:
 def plan(cons=None, topo=None, batch_size=64, **kwargs):
     kwargs.setdefault("planner", get_planner("size_lookup", split=True))
     kwargs.setdefault("distribution", "zipf:1.05")
-    planner = tio.ShardingPlanner(topo or topology(), batch_size, constraints=cons if cons is not None else constraints(), **kwargs)
+    planner = ShardingPlanner(topo or topology(), batch_size, constraints=cons if cons is not None else constraints(), **kwargs)
     return planner, planner.plan(ebc(), [EmbeddingBagCollectionSharder()])
 
 
@@ -189,11 +190,11 @@ def test_pooling_factors_num_poolings_and_batch_sizes_are_lookups_per_sample():
         EmbeddingBagConfig(name="b", num_embeddings=1000, embedding_dim=16, feature_names=["z"])])
     cons = {"a": ParameterConstraints(pooling_factors=[2.0, 3.0], num_poolings=[1.0, 2.0], batch_sizes=[64, 32], feature_names=["x", "y"]),
             "b": ParameterConstraints(pooling_factors=[5.0])}
-    planner = tio.ShardingPlanner(topology(world=2), 32, constraints=cons, planner="size_lookup", distribution="uniform")
+    planner = ShardingPlanner(topology(world=2), 32, constraints=cons, planner="size_lookup", distribution="uniform")
     planner.plan(two)
     assert [t.pooling_factor for t in planner.last_plan.task.tables] == [2.0 * 1 * 2 + 3.0 * 2 * 1, 5.0]
     # measured statistics come first: table_stats over the constraints' pooling factors
-    planner = tio.ShardingPlanner(topology(world=2), 32, constraints=cons, planner="size_lookup", distribution="uniform",
+    planner = ShardingPlanner(topology(world=2), 32, constraints=cons, planner="size_lookup", distribution="uniform",
                                   table_stats={"a": {"pooling_factor": 7.0, "distribution": "uniform"}})
     planner.plan(two)
     assert [t.pooling_factor for t in planner.last_plan.task.tables] == [7.0, 5.0]
@@ -225,7 +226,7 @@ def test_batch_size_is_per_rank():
     planner, _ = plan(topo=topology(world=2), batch_size=None)  # TorchRec's default: 512 a rank
     assert planner.last_plan.task.workload.batch_size == 1024
     with pytest.raises(OptionError, match=r"^ShardingPlanner: batch_size 0 must be a positive integer \(TorchRec's per-rank batch\)$"):
-        tio.ShardingPlanner(topology(), 0)
+        ShardingPlanner(topology(), 0)
 
 
 def test_stats_are_torchrecs_reporters_and_table_stats_ours():
@@ -241,8 +242,8 @@ def test_stats_are_torchrecs_reporters_and_table_stats_ours():
     ours = {f"t{i}": {"pooling_factor": pf, "distribution": "zipf:1.1"} for i, (_, _, pf) in enumerate(SHAPES)}
     for wrong in (ours, "tables.csv"):
         with pytest.raises(OptionError, match=r"^ShardingPlanner: stats takes TorchRec Stats reporters, as EmbeddingShardingPlanner does, not a (dict|str); per-table statistics go in table_stats=$"):
-            tio.ShardingPlanner(topology(), 64, stats=wrong)
-    planner = tio.ShardingPlanner(topology(), 64, planner="size_lookup", table_stats=ours)
+            ShardingPlanner(topology(), 64, stats=wrong)
+    planner = ShardingPlanner(topology(), 64, planner="size_lookup", table_stats=ours)
     planner.plan(ebc())
     assert [t.distribution for t in planner.last_plan.task.tables] == ["zipf:1.1"] * 4
 
@@ -250,16 +251,16 @@ def test_stats_are_torchrecs_reporters_and_table_stats_ours():
 def test_arguments_of_torchrecs_search_and_misplaced_planners_are_refused():
     for name in ("enumerator", "proposer", "partitioner", "plan_loader"):
         with pytest.raises(OptionError, match=rf"^ShardingPlanner: {name} is part of TorchRec's search, which the dreamshard planner replaces"):
-            tio.ShardingPlanner(topology(), 64, **{name: object()})
+            ShardingPlanner(topology(), 64, **{name: object()})
     for first in ("size_lookup", get_planner("size_lookup")):
         with pytest.raises(OptionError, match=r"^ShardingPlanner: topology must be a TorchRec Topology, not \w+; the dreamshard planner goes in planner=$"):
-            tio.ShardingPlanner(first)
+            ShardingPlanner(first)
     with pytest.raises(OptionError, match=r"^ShardingPlanner: planner must be a dreamshard planner name or object"):
-        tio.ShardingPlanner(topology(), planner=3)
+        ShardingPlanner(topology(), planner=3)
     with pytest.raises(OptionError, match=r"^unknown planner 'nope'"):
-        tio.ShardingPlanner(topology(), planner="nope")
+        ShardingPlanner(topology(), planner="nope")
     with pytest.raises(OptionError, match=r"^ShardingPlanner: no topology given and no process group to take one from"):
-        tio.ShardingPlanner()
+        ShardingPlanner()
 
 
 def test_refusals_by_memory_name_the_constraints():
