@@ -543,7 +543,7 @@ def write_report(run: Run, costs_file: Path | None = None, out: Path | None = No
     from dreamshard import plots
 
     if plots.available():
-        written += figures(rows, cs, out, "measured" if costs_file else "simulated", run.folder)
+        written += figures(rows, cs, out, "measured" if costs_file else "simulated", None if costs_file else run.folder)
     return written
 
 
@@ -551,7 +551,7 @@ def figures(rows: list[dict], cs: list[Cell], out: Path, source: str, folder: Pa
     """improvement.png/svg: each planner's mean step on the test tasks against the best
     heuristic, per setting; devices.png/svg: the per-device phases of every planner's plan of
     one task (from the rows' own pricing); training-*.png/svg: the learned planners' training
-    curves in that setting, where the run kept their logs."""
+    curves in that setting, where the run (`folder`) kept their logs."""
     from dreamshard import plots
     from dreamshard.costs.base import CostReport, DeviceCost
 
@@ -573,7 +573,7 @@ def figures(rows: list[dict], cs: list[Cell], out: Path, source: str, folder: Pa
         panels.sort(key=lambda p: p[1].overall_ms)
         for suffix in plots.SUFFIXES:
             written.append(plots.device_components(panels, out / f"devices{suffix}", f"{pick}, test task {key[3]}: per-device phases — {panels[0][1].backend}"))
-    for log in sorted((folder or out).glob(f"models/{_slug('paper ' + pick)}-s0-*.log.jsonl")):
+    for log in sorted(folder.glob(f"models/{_slug('paper ' + pick)}-s0-*.log.jsonl")) if folder else []:
         name = log.name.split(".")[0]
         for suffix in plots.SUFFIXES:
             written.append(plots.training_curves(_read_jsonl(log), out / f"training-{name}{suffix}", f"{name}: trained against the simulator"))

@@ -1286,7 +1286,7 @@ def bench_paper(ctx, out, quick, suite, tasks, test_tasks, family_tasks, seeds, 
                   f"learned planners {'trained per paper setting on ' + str(train_budget) + ' measured plans' if train_budget else 'as shipped'}; rows in {run.rows_path}")
     with progress_bar() as bar:
         job = bar.add_task("tasks planned and priced", total=None)
-        results.run_suite(run, chosen, cost_backend, seeds, train_budget, oracle_budget, say=lambda line: bar.console.print(line),
+        results.run_suite(run, chosen, cost_backend, seeds, train_budget, oracle_budget, say=lambda line: err_console.print(line),
                           progress=lambda done, total: bar.update(job, completed=done, total=total), labels=labels)
     paths = results.write_report(run)
     console.print(Path(paths[0]).read_text(), markup=False, highlight=False, soft_wrap=True)

@@ -135,3 +135,18 @@ def test_bench_paper_refuses_a_run_made_otherwise(tmp_path):
     bench.Run(out).check_config({"settings": ["DLRM-20 (4)"], "tasks": [[3, 3]], "seeds": 1, "train_budget": 0, "oracle_budget": 1000, "backend": "x"})  # the same: resumes
     line = one_line_error(invoke("bench", "paper", "--out", out, "--quick", "--seeds", 2))
     assert "was made with other parameters" in line and "seeds 1 → 2" in line
+
+
+def test_bench_paper_quick_through_the_cli(tmp_path, monkeypatch, small_pools):
+    """The command end to end, on one tiny setting: its table printed, its files written, a second
+    call resumes with nothing to do."""
+    monkeypatch.setattr(bench, "quick_settings", lambda: [bench.Setting("paper", "DLRM-6 (2)", "dlrm", 6, 2, 5 * GB, 1, 1, dim=16)])
+    monkeypatch.setattr(bench, "pool_of", lambda s, cache: [replace(t, dim=s.dim) for t in small_pools[s.family]])
+    out = tmp_path / "b"
+    r = invoke("bench", "paper", "--quick", "--out", out, "--planners", "lookup,size_lookup,random,dreamshard,oracle")
+    assert r.exit_code == 0, (r.stderr, r.exception)
+    assert "## The paper's table" in r.stdout and "| DLRM-6 (2) | train |" in r.stdout and (out / "results.csv").exists()
+    rows = bench.Run(out).rows()
+    assert {x["planner"] for x in rows} == {"lookup", "size_lookup", "random", "dreamshard", "oracle"}
+    again = invoke("bench", "paper", "--quick", "--out", out, "--planners", "lookup,size_lookup,random,dreamshard,oracle")
+    assert again.exit_code == 0 and len(bench.Run(out).rows()) == len(rows)
