@@ -150,3 +150,23 @@ def test_bench_paper_quick_through_the_cli(tmp_path, monkeypatch, small_pools):
     assert {x["planner"] for x in rows} == {"lookup", "size_lookup", "random", "dreamshard", "oracle"}
     again = invoke("bench", "paper", "--quick", "--out", out, "--planners", "lookup,size_lookup,random,dreamshard,oracle")
     assert again.exit_code == 0 and len(bench.Run(out).rows()) == len(rows)
+
+
+@pytest.mark.long
+def test_gpu_bench_all_on_a_cpu(tmp_path):
+    """benchmarks/gpu_bench.py all, the logic on a CPU (--cpu --quick: the torch kernel, small tables):
+    rows of every setting, measured test plans, and a report of them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(root / "benchmarks/gpu_bench.py"), "all", "--cpu", "--quick", "--out", str(out), "--work", str(tmp_path / "work"),
+                        "--jobs", "2", "--budget-s", "900"], capture_output=True, text=True, cwd=root, timeout=1500)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = bench.Run(out).rows()
+    assert {x["setting"] for x in rows} == {s.name for s in bench.quick_settings()}
+    measured = bench.read_costs(out / "measured.csv")
+    assert measured and all(v > 0 for v in measured.values())
+    assert bench.cells(bench.with_costs(rows, measured))
