@@ -36,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dreamshard import bench  # noqa: E402
+
 T0 = time.monotonic()
 COLUMNS = ("setting", "seed", "task", "plan", "measured_ms", "max_device_ms", "comm_ms", "wall_s", "gpu")
 
@@ -45,7 +47,6 @@ def _plan_setting(job) -> str:
     import torch
 
     torch.set_num_threads(1)
-    from dreamshard import bench
     from dreamshard.costs.sim import SimBackend
 
     setting, out, args = job
@@ -54,7 +55,7 @@ def _plan_setting(job) -> str:
     try:
         bench.run_suite(bench.Run(Path(out)), [setting], SimBackend(), args.seeds, args.train_budget, args.oracle_budget,
                         say=lines.append, labels=labels, deadline=T0 + args.budget_s, splits=args.splits)
-    except Exception as e:  # one setting's failure is reported; the others' rows are kept
+    except Exception:  # one setting's failure is reported; the others' rows are kept
         import traceback
 
         lines.append(f"FAILED: {traceback.format_exc()}")
@@ -62,7 +63,6 @@ def _plan_setting(job) -> str:
 
 
 def plan_cmd(args) -> None:
-    from dreamshard import bench
 
     out = Path(args.out)
     if args.resume and Path(args.resume) != out:
@@ -140,7 +140,7 @@ def _measure_share(job) -> int:
 
 
 def measured_keys(out: Path) -> set:
-    return set().union(*(_keys(p) for p in out.glob("measured-*.csv")))
+    return set().union(*(bench.read_costs(p) for p in out.glob("measured-*.csv")))
 
 
 def test_tasks(plans_file: Path, skip: set) -> list[list[tuple]]:
@@ -201,7 +201,6 @@ def _train_one(job) -> str:
     import torch
 
     torch.set_num_threads(1)
-    from dreamshard import bench
     from dreamshard.costs.sim import SimBackend
 
     setting, folder, name, args = job
@@ -216,7 +215,6 @@ def all_cmd(args) -> None:
     plans go to the GPUs as soon as it is planned, the paper's settings first."""
     import torch
 
-    from dreamshard import bench
 
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,7 +226,7 @@ def all_cmd(args) -> None:
         chosen, args.oracle_budget = bench.quick_settings(), min(args.oracle_budget, 1000)
     else:
         chosen = bench.settings(args.suite.split(","), args.tasks, args.family_tasks, args.test_tasks)
-    measured = measured_keys(out) | {k for p in out.glob("earlier-*.csv") for k in _keys(p)}
+    measured = measured_keys(out) | {k for p in out.glob("earlier-*.csv") for k in bench.read_costs(p)}
     ctx = mp.get_context("spawn")
     gpus = 1 if args.cpu else torch.cuda.device_count()
     queues = (ctx.Queue(), ctx.Queue())  # the paper's settings, the others
@@ -273,11 +271,6 @@ def all_cmd(args) -> None:
     for p in out.glob("earlier-*.csv"):  # the earlier call's lines join this call's
         shutil.move(p, out / p.name.replace("earlier-", "measured-earlier-"))
     write_measured(out, args, gpus, [done], plans - done)
-
-
-def _keys(path: Path) -> set:
-    with open(path) as fh:
-        return {(r["setting"], int(r["seed"]), int(r["task"]), r["plan"]) for r in csv.DictReader(fh)}
 
 
 def main() -> None:

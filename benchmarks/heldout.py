@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import json
 import shutil
 import sys
@@ -47,6 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dreamshard.bench import plan_hash  # noqa: E402  (a plan re-made differently is measured again)
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import HELD_OUT_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
@@ -122,7 +122,7 @@ def plan_cmd(args) -> None:
                         print(f"{family:10s} {setting} task {t} {label:22s} no plan: {e}", flush=True)
                         continue
                     ms = (time.perf_counter() - t0) * 1e3
-                    key = tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards))
+                    key = plan_hash(plan)
                     what = [f"planner {label}", f"planning_ms {label} {ms:.1f}"]
                     if plan.predicted and plan.predicted.get("candidate"):
                         what.append(f"candidate {label} {plan.predicted['candidate']}")
@@ -147,12 +147,6 @@ def note(plan, key: str) -> str:
 
 def planners_of(plan) -> list[str]:
     return [n[len("planner ") :] for n in plan.notes if n.startswith("planner ")]
-
-
-def plan_hash(plan) -> str:
-    """12 hex digits of the plan's shards: a plan re-made differently is measured again."""
-    shards = sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)
-    return hashlib.sha1(repr(shards).encode()).hexdigest()[:12]
 
 
 def plan_id(plan) -> tuple[str, str, str, str, str]:
