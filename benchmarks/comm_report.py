@@ -9,6 +9,8 @@ of the campaign re-priced as the sequential runner prices it (its measured compu
 model: `runners.sequential.modelled_comm`) beside the distributed runner's measurement, by plan
 kind; and the end-to-end step beside the phased overall. ``--sequential DIR``: a call of
 `gpu_comm.py --sequential-only` whose compute replaces the campaign's for the plans it measured.
+``--calibration FILE``: also price every plan with the simulator of that calibration (fitted on
+the campaign's GPU; comm from the shipped models) beside the distributed runner, by table family.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dreamshard.costs.base import CostReport  # noqa: E402
 from dreamshard.costs.comm import CommModel, fit_comm  # noqa: E402
 from dreamshard.costs.runners.sequential import modelled_comm  # noqa: E402
+from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import HELD_OUT_FAMILIES  # noqa: E402
 from dreamshard.plan import load_plans  # noqa: E402
 
@@ -57,8 +60,9 @@ def table(headers, rows) -> list[str]:
     return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
 
 
-def report(dirs: list[Path], sequential: Path | None = None) -> str:
+def report(dirs: list[Path], sequential: Path | None = None, calibration: Path | None = None) -> str:
     lines = []
+    sim = SimBackend(calibration) if calibration else None
     again = {}
     if sequential:
         redo = json.loads(next(sequential.glob("campaign_*.json")).read_text())
@@ -83,6 +87,7 @@ def report(dirs: list[Path], sequential: Path | None = None) -> str:
         lines += ["**Comm models** (fitted on the calibration set; error on the held-out patterns: median / max (points))", ""]
         lines += table(["devices", "collective", "model", "held-out error"], rows) + [""]
         by_kind: dict = {}
+        by_family: dict = {}  # (devices, family) → the simulator's overall vs the distributed runner's
         plans = {D: load_plans(PLANS / f"plans_{D}.jsonl") for D in models}
         detail = []
         for p in campaign["plans"]:
@@ -98,6 +103,8 @@ def report(dirs: list[Path], sequential: Path | None = None) -> str:
             comm_s = max(f + b for f, b in zip(fwd, bwd))
             by_kind.setdefault((D, kind), []).append((os_ / od - 1, comm_s / comm_d - 1, oe / od - 1, dist.details.get("e2e_launch_ms", oe) / od - 1))
             detail.append([D, family + ("*" if family in HELD_OUT_FAMILIES else ""), p["planner"], kind, f"{od:.3f}", f"{oe:.3f}", f"{os_:.3f}", pct(os_ / od - 1), pct(comm_s / comm_d - 1)])
+            if sim:
+                by_family.setdefault((D, family), []).append(sim.evaluate_plan(plan).overall_ms / od - 1)
         rows = []
         for (D, kind), vals in sorted(by_kind.items()):
             err = [abs(v[0]) for v in vals]
@@ -108,6 +115,14 @@ def report(dirs: list[Path], sequential: Path | None = None) -> str:
                   f"max {max(allerr):.1%}; within 5%: {sum(e <= 0.05 for e in allerr)} of {len(allerr)}", ""]
         lines += table(["devices", "plan kind", "plans", "sequential vs distributed: median / max abs error", "comm (max device): model vs measured, median",
                         "e2e vs phased overall, median", "e2e with launch vs phased overall, median"], rows) + [""]
+        if sim:
+            allsim = [v for vals in by_family.values() for v in vals]
+            lines += [f"**Simulator ({calibration.name}) vs distributed runner**, overall step, {len(allsim)} plans: |error| median "
+                      f"{median(map(abs, allsim)):.1%}, max {max(map(abs, allsim)):.1%}; within 8%: {sum(abs(v) <= 0.08 for v in allsim)} of {len(allsim)} "
+                      "(* the held-out family)", ""]
+            rows = [[D, f + ("*" if f in HELD_OUT_FAMILIES else ""), len(v), f"{median(map(abs, v)):.1%} / {max(map(abs, v)):.1%}", f"{median(v):+.1%}",
+                     f"{sum(abs(x) <= 0.08 for x in v)} of {len(v)}"] for (D, f), v in sorted(by_family.items())]
+            lines += table(["devices", "family", "plans", "simulator vs distributed: median / max abs error", "median signed", "within 8%"], rows) + [""]
         lines += ["<details><summary>every plan (ms; * the held-out family)</summary>", ""]
         lines += table(["devices", "family", "planner", "kind", "distributed overall", "distributed e2e", "sequential overall", "seq vs dist", "comm model vs measured"], detail)
         lines += ["", "</details>", ""]
@@ -119,8 +134,9 @@ def main() -> None:
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--sequential", type=Path, help="a --sequential-only call whose compute replaces the campaign's where it measured")
+    ap.add_argument("--calibration", type=Path, help="also price every plan with the simulator of this calibration")
     args = ap.parse_args()
-    text = report(args.dirs, args.sequential)
+    text = report(args.dirs, args.sequential, args.calibration)
     if args.out:
         args.out.write_text(text)
     print(text)

@@ -627,7 +627,7 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="training tasks (JSONL, from `dreamshard data tasks`)")
 @click.option("--backend", default="sim", show_default=True, type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="what measures the sampled plans: the calibrated simulator, or a kernel on real hardware (auto: as for `measure`)")
-@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), help="with --backend sim: a calibration file (default: the shipped H200 one)")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), help="with --backend sim: a calibration file (default: the shipped one of the GPU here, else the H200's)")
 @click.option("--runner", default="sequential", show_default=True, type=click.Choice(["distributed", "sequential"]),
               help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
@@ -790,7 +790,7 @@ def _cost_backend(backend: str, runner: str, device: str, iters: int = DEFAULT_I
     if backend == "sim":
         from dreamshard.costs.sim import SimBackend
 
-        return SimBackend(calibration), "cuda"  # None: the shipped H200 calibration
+        return SimBackend(calibration), "cuda"  # None: the shipped calibration of the GPU here (sim.default_calibration)
     from dreamshard.costs.kernels import available_kernels, unavailable_reason
     from dreamshard.costs.runners import DistributedRunner, SequentialRunner, default_device
 
@@ -832,7 +832,7 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
     """Cost of a placement: per device fwd comp, fwd comm, bwd comm, bwd comp; overall = max total."""
     import contextlib
 
-    from dreamshard.costs.sim import DEFAULT_CALIBRATION  # what `--backend sim` prices with (_cost_backend)
+    from dreamshard.costs.sim import default_calibration  # what `--backend sim` prices with (_cost_backend)
     from dreamshard.plan import load_plans
 
     if backend == "sim":
@@ -876,7 +876,7 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
         return
     for plan, r in zip(plans, reports):
         console.print(device_summary(plan, f"{plan.planner} plan: {len(plan.task.tables)} tables on {plan.devices} devices, B={r.batch_size}, {r.precision}", r))
-        by = f"simulator (calibration {DEFAULT_CALIBRATION})" if backend == "sim" else f"measured ({backend} kernel, {runner} runner)"
+        by = f"simulator (calibration {default_calibration()})" if backend == "sim" else f"measured ({backend} kernel, {runner} runner)"
         console.print(f"{by}: [bold]{r.overall_ms:.3f} ms[/bold] overall (max over devices of the total)")
         if r.e2e_ms is not None:
             console.print(f"end-to-end step (synchronized, measured): {r.e2e_ms:.3f} ms")

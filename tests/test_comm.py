@@ -88,7 +88,7 @@ def test_the_campaign_report_reprints_the_committed_tables():
         import comm_report
     finally:
         sys.path.pop(0)
-    text = comm_report.report([RESULTS / "h100_x4", RESULTS / "h100_x2"], RESULTS / "h100_x1_rows")
+    text = comm_report.report([RESULTS / "h100_x4", RESULTS / "h100_x2"], RESULTS / "h100_x1_rows", ROOT / "dreamshard/data/calibrations/h100_triton.json")
     assert text == (RESULTS / "report.md").read_text()
     for D, call in ((2, "h100_x2"), (4, "h100_x4")):
         shipped = CommModel.load(DATA_DIR / f"h100_nccl_{D}gpu.json")

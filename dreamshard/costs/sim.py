@@ -91,7 +91,18 @@ OPTIONAL_TERMS = ("tables",)
 TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
 TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
-DEFAULT_CALIBRATION = "h200_triton_tiles2.json"  # fitted to today's kernel (its faster backward) on six table families, product path and L2 (docs/simulator.md)
+# The shipped calibration of each GPU, fitted to today's Triton kernel on the training families
+# (product path and L2; docs/simulator.md). The simulator prices for the GPU visible here; on a
+# machine without one, for the H200 (the calibration every simulator figure in docs/ was made with).
+SHIPPED_CALIBRATIONS = {"h100": "h100_triton.json", "h200": "h200_triton_tiles2.json"}
+DEFAULT_CALIBRATION = SHIPPED_CALIBRATIONS["h200"]
+
+
+def default_calibration() -> str:
+    """The shipped calibration's file name the simulator prices with when given none."""
+    from dreamshard.costs.comm import local_gpu
+
+    return SHIPPED_CALIBRATIONS.get(local_gpu() or "", DEFAULT_CALIBRATION)
 
 @dataclass
 class Calibration:
@@ -118,8 +129,9 @@ class Calibration:
 
     @staticmethod
     def load(path: str | Path | None = None) -> "Calibration":
-        if path is None:
-            text = resources.files("dreamshard").joinpath("data/calibrations", DEFAULT_CALIBRATION).read_text()
+        if path is None or (str(path) in SHIPPED_CALIBRATIONS.values() and not Path(path).is_file()):
+            path = None if path is None else str(path)  # a shipped one by its name
+            text = resources.files("dreamshard").joinpath("data/calibrations", path or default_calibration()).read_text()
         else:
             path = Path(path)
             if not path.is_file():
@@ -128,7 +140,7 @@ class Calibration:
                 text = path.read_text()
             except (OSError, UnicodeDecodeError) as e:
                 raise DataError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
-        where = str(path or DEFAULT_CALIBRATION)
+        where = str(path or default_calibration())
         try:
             cal = Calibration(**json.loads(text))
         except (TypeError, json.JSONDecodeError, RecursionError) as e:
