@@ -21,6 +21,10 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
 - row splits (docs/rowwise.md; not an action of the MDP, whose legality cannot keep a table's
   blocks on distinct devices): the 1 and 2 costliest tables that may pay split by rows over every
   device, placed by NeuroShard's greedy on the cost net ("row ladder");
+- a beam from those (" + beam", `_beam`): NeuroShard's beam search (`scoring.beam_search`:
+  halvings and row splits, each candidate placed by the greedy under swept dim caps), started
+  from the cheapest plan so far and the cut sets the cut net proposed instead of from whole
+  tables, BEAM_DEPTH steps or until `budget_ms` (up to BEAM_MAX_TABLES tables);
 - the split descent from the cheapest of those (" + descent", `split_descent`): the cost net
   repeatedly halves a piece on the device it predicts slowest and moves one half, or splits a
   whole table there by rows over k devices, while that lowers the prediction (at most
@@ -64,7 +68,7 @@ lazy = LazyImports(globals(), {
     "dreamshard.learned.dreamshard": "train",
     "dreamshard.learned.mdp": "CUT_MAX CutSet EpisodeBatch FastPlayer best_placement cut_set plan_cuts predict prepare",
     "dreamshard.learned.nets": "DreamShardModel plan_cost",
-    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch greedy_groups predicted_dict",
+    "dreamshard.planners.scoring": "PieceScorer beam_search comm_params greedy_batch greedy_groups predicted_dict",
 })
 __getattr__ = lazy.getattr
 
@@ -168,6 +172,11 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
     return pieces, devices, cost
 
 
+# the beam from the learned search's plans (`_beam`): NeuroShard's width, depth and move set
+BEAM_DEPTH, BEAM_WIDTH, BEAM_TOP = 10, 3, 10
+BEAM_MAX_TABLES = 1_000  # each step places ~60 candidates by the greedy: seconds a step above this
+
+
 @register
 class DreamShardPlanner(LearnedPlanner):
     """`model`: a model file, a `DreamShardModel`, or None for the shipped model."""
@@ -178,7 +187,7 @@ class DreamShardPlanner(LearnedPlanner):
     budget_with_split_only = True  # without split there is no search: the policy plays one batch of episodes
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
-                 budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True):
+                 budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, the same plan on every machine).
@@ -198,6 +207,9 @@ class DreamShardPlanner(LearnedPlanner):
             raise ValueError(f"budget_ms must be > 0, got {budget_ms}")
         self.budget_ms = budget_ms
         self.heuristic_candidates = bool(heuristic_candidates)
+        if beam_depth < 0:
+            raise ValueError(f"beam_depth must be >= 0, got {beam_depth}")
+        self.beam_depth = int(beam_depth)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
     @classmethod
@@ -335,17 +347,21 @@ class DreamShardPlanner(LearnedPlanner):
                            f"under {len(CAPS[::2])} of its {len(CAPS)} dim caps")
         elif self.model.cut is not None:
             s = cut_set(task, self.model, top_tables(scorer.alone(scorer.rows([whole])[0]), CUT_MAX))
-            found = self._learned_cuts(scorer, s, 0)
+            found, proposed = self._learned_cuts(scorer, s, 0)
         else:
-            found = self._cut_ladder(scorer, task, whole)
+            found, proposed = self._cut_ladder(scorer, task, whole), []
         best = min(best, found, key=lambda c: c.cost) if found is not None else best
         placed = self._row_ladder(scorer, whole, table_wise.placement, state, best.cost)
         if placed is not None and placed[0] < best.cost:
             best = Candidate(*placed, "row ladder")
+        if self.beam_depth and len(task.tables) <= BEAM_MAX_TABLES:
+            best = self._beam(scorer, best, proposed, deadline)
+        elif self.beam_depth:
+            bounded.append(f"{len(task.tables):,} tables: the search ran no beam (done up to {BEAM_MAX_TABLES:,} tables)")
         best = self._descend(scorer, best)
         rnd = 1
         while deadline is not None and learned and self.model.cut is not None and time.perf_counter() < deadline:
-            found = self._learned_cuts(scorer, s, rnd)
+            found, _ = self._learned_cuts(scorer, s, rnd)
             if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
                 best = min(best, self._descend(scorer, found), key=lambda c: c.cost)
             rnd += 1
@@ -355,6 +371,15 @@ class DreamShardPlanner(LearnedPlanner):
             return plan
         return splits.placed(task, best.pieces, best.devices, self.name, notes=[n for n in table_wise.notes if "heuristic" in best.source] + bounded,
                              predicted={**scorer.predicted(best.pieces, np.array(best.devices), self.label), "candidate": best.source})
+
+    def _beam(self, scorer: PieceScorer, best: "Candidate", proposed: list[list[Shard]], deadline: float | None) -> "Candidate":
+        """NeuroShard's beam search (`scoring.beam_search`: halvings and row splits, each candidate
+        placed by the greedy under the dim caps) started from the learned search's plans — the
+        cheapest so far and the cut sets the cut net proposed — rather than from whole tables:
+        `beam_depth` steps (fewer where `deadline` passes); `best` where it finds nothing cheaper."""
+        starts = [best.pieces] + [c for c in proposed if set(c) != set(best.pieces)]
+        cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices), deadline=deadline)
+        return Candidate(cost, pieces, [int(d) for d in devices], best.source + " + beam") if cost < best.cost else best
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
         """The split descent from `start` (`split_descent`), then its pieces placed afresh by the
@@ -366,12 +391,12 @@ class DreamShardPlanner(LearnedPlanner):
             best = Candidate(float(again[0]), best.pieces, [int(d) for d in devs[0]], best.source + " + greedy placement")
         return best
 
-    def _learned_cuts(self, scorer: PieceScorer, s: CutSet, rnd: int) -> "Candidate | None":
+    def _learned_cuts(self, scorer: PieceScorer, s: CutSet, rnd: int) -> "tuple[Candidate | None, list[list[Shard]]]":
         """Round `rnd` of the learned split action: `best_of` episodes of the cut net and the
         policy on the cut set `s` in one batch (round 0: the greedy cuts placed greedily, then
         the greedy cuts and sampled cuts, each placed by sampled episodes; later rounds: sampled
         only, from another seed), the cheapest by the cost net, or None if every one ran out of
-        memory."""
+        memory; and the cut sets of the GREEDY_CUTS cheapest distinct episodes."""
         K = self.episodes(len(s.pieces), scorer.task.devices, least=2)
         rng = np.random.default_rng([self.seed, rnd])
         greedy_cuts = np.zeros(K, bool)
@@ -384,7 +409,7 @@ class DreamShardPlanner(LearnedPlanner):
         score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
         e = int(score.argmin())
         if not np.isfinite(score[e]):
-            return None
+            return None, []
         idx = np.flatnonzero(active[e])
         pieces, devices = [s.pieces[i] for i in idx], [int(d) for d in placement[e, idx]]
         best = Candidate(float(scorer.score(scorer.state(pieces, np.array(devices)))), pieces, devices, "learned cuts")
@@ -399,7 +424,7 @@ class DreamShardPlanner(LearnedPlanner):
         j = int(costs.argmin())
         if costs[j] < best.cost:
             best = Candidate(float(costs[j]), cuts[j], [int(d) for d in devs[j]], "learned cuts, greedy placement")
-        return best
+        return best, cuts
 
     def _cut_ladder(self, scorer: PieceScorer, task: Task, whole: list[Shard]) -> "Candidate | None":
         """A model without a cut net: the policy's placements of a ladder of cuts (`cut_ladder`),

@@ -14,7 +14,7 @@ The best plan seen, table-wise included, is returned.
 
 Our addition, row-wise shards (docs/rowwise.md; NeuroShard has none): a step may also split a whole table
 by rows over k devices (`splits.row_parts`: 2, 4, ... and all D, TorchRec's row-wise layout), for
-the ROW_CANDIDATES costliest tables whose compute alone exceeds the reduce-scatter + all-gather
+the `scoring.ROW_CANDIDATES` costliest tables whose compute alone exceeds the reduce-scatter + all-gather
 their rows would add (`PieceScorer.row_candidates`). Row pieces are priced by their own features
 and the exchange as the simulator prices it (scoring.py); the inner greedy puts block r of a split
 over all D on device r and the pieces of a smaller split on distinct devices. A row split is kept
@@ -44,12 +44,9 @@ from dreamshard.validation import OptionError
 # does not import torch
 lazy = LazyImports(globals(), {
     "dreamshard.learned.nets": "DreamShardModel",
-    "dreamshard.planners.scoring": "PieceScorer comm_params greedy_batch greedy_groups",
+    "dreamshard.planners.scoring": "PieceScorer beam_search comm_params greedy_batch",
 })
 __getattr__ = lazy.getattr
-
-ROW_CANDIDATES = 2  # tables a step may split by rows, per plan in the beam (each tried at every k)
-
 
 @register
 class NeuroShardPlanner(Planner):
@@ -79,35 +76,7 @@ class NeuroShardPlanner(Planner):
         cost, devices = greedy_batch(scorer, [start], self.caps)
         if forced and not np.isfinite(cost[0]):  # no packing to fall back on: the greedy under memory alone
             cost, devices = greedy_batch(scorer, [start], np.array([splits.NO_DIM_CAP]))
-        best = (float(cost[0]), start, devices[0])
-        beams = [start]
-        for step in range(self.depth):
-            if self.progress is not None:
-                self.progress(step, self.depth)
-            seen, candidates = set(), []
-            for pieces in beams:
-                for i, new in self._moves(scorer, pieces):
-                    new = pieces[:i] + pieces[i + 1 :] + new
-                    key = frozenset(new)
-                    if key not in seen:
-                        seen.add(key)
-                        candidates.append(new)
-            if not candidates:
-                break
-            costs, devs = greedy_groups(scorer, candidates, self.caps)
-            ranked = np.argsort(costs, kind="stable")
-            if costs[ranked[0]] < best[0]:
-                best = (float(costs[ranked[0]]), candidates[ranked[0]], devs[ranked[0]])
-            keep = list(ranked[: self.beam])
-            # a row split can only be made of a whole table: keep the best candidate with more row
-            # pieces than the beams have, lest the first halving of a hot table rule its row split out
-            rows = max(sum(p.is_row_shard for p in b) for b in beams)
-            more = next((k for k in ranked if sum(p.is_row_shard for p in candidates[k]) > rows), None)
-            if more is not None and more not in keep:
-                keep.append(more)
-            beams = [candidates[k] for k in keep if np.isfinite(costs[k])]
-            if not beams:
-                break
+        best = beam_search(scorer, [start], self.caps, self.beam, self.depth, self.top, (float(cost[0]), start, devices[0]), self.progress)
         if not np.isfinite(best[0]):  # no cap let the greedy place everything: a memory packing
             if forced:
                 raise splits.infeasible(task)  # a table larger than a device: no table-wise packing either
@@ -116,17 +85,3 @@ class NeuroShardPlanner(Planner):
             return plan
         _, pieces, devices = best
         return splits.placed(task, pieces, devices, self.name, predicted=scorer.predicted(pieces, devices, self.label))
-
-    def _moves(self, scorer: PieceScorer, pieces: list[Shard]) -> list[tuple[int, list[Shard]]]:
-        """(piece, what replaces it): the halvings of the pieces worth halving — the union of the
-        `top` largest and the `top` costliest —, then the row splits of the ROW_CANDIDATES
-        costliest whole tables among them that may pay (`PieceScorer.row_candidates`)."""
-        task = scorer.task
-        single = scorer.alone(scorer.rows([pieces])[0])
-        sizes = np.array(splits.sizes(task, pieces))
-        k = min(self.top, len(pieces))
-        chosen = sorted(int(i) for i in set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k]))
-        moves = [(i, splits.cut(pieces[i], 2)) for i in chosen if splits.can_halve(pieces[i])]
-        for i in scorer.row_candidates(pieces, chosen, ROW_CANDIDATES):
-            moves += [(i, rows) for parts in splits.row_parts(task.devices) if (rows := splits.row_split(task, pieces[i].table, parts))]
-        return moves

@@ -292,3 +292,64 @@ def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.n
         for j, d in zip(js, dev):
             devs[j] = d
     return costs, devs
+
+
+ROW_CANDIDATES = 2  # whole tables a beam step may split by rows, per plan in the beam (each tried at every k)
+
+
+def split_moves(scorer: PieceScorer, pieces: list[Shard], top: int) -> list[tuple[int, list[Shard]]]:
+    """(piece, what replaces it) of one beam step: the halvings of the pieces worth halving — the
+    union of the `top` largest and the `top` costliest —, then the row splits of the
+    ROW_CANDIDATES costliest whole tables among them that may pay (`PieceScorer.row_candidates`)."""
+    task = scorer.task
+    single = scorer.alone(scorer.rows([pieces])[0])
+    sizes = np.array(splits.sizes(task, pieces))
+    k = min(top, len(pieces))
+    chosen = sorted(int(i) for i in set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k]))
+    moves = [(i, splits.cut(pieces[i], 2)) for i in chosen if splits.can_halve(pieces[i])]
+    for i in scorer.row_candidates(pieces, chosen, ROW_CANDIDATES):
+        moves += [(i, rows) for parts in splits.row_parts(task.devices) if (rows := splits.row_split(task, pieces[i].table, parts))]
+    return moves
+
+
+def beam_search(scorer: PieceScorer, starts: list[list[Shard]], caps: np.ndarray, width: int, depth: int, top: int,
+                best: tuple[float, list[Shard], np.ndarray] | None = None, progress=None, deadline: float | None = None
+                ) -> tuple[float, list[Shard], np.ndarray]:
+    """NeuroShard's outer search from the plans `starts` (the first beam): each step replaces one
+    piece of a beam plan by a `split_moves` move, places every new candidate by the greedy under
+    the dim caps `caps` (`greedy_groups`) and keeps the `width` cheapest — and the cheapest with
+    more row pieces than the beams have, lest the first halving of a hot table rule its row split
+    out. `depth` steps, or until `deadline` (perf_counter seconds): a step that finds nothing
+    cheaper may lead to one that does (a hot table halved several times). → (cost, pieces,
+    devices) of the cheapest plan seen, `best` (a plan already priced) included."""
+    import time
+
+    beams = list(starts)
+    for step in range(depth):
+        if progress is not None:
+            progress(step, depth)
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        seen, candidates = set(), []
+        for pieces in beams:
+            for i, new in split_moves(scorer, pieces, top):
+                new = pieces[:i] + pieces[i + 1 :] + new
+                key = frozenset(new)
+                if key not in seen:
+                    seen.add(key)
+                    candidates.append(new)
+        if not candidates:
+            break
+        costs, devs = greedy_groups(scorer, candidates, caps)
+        ranked = np.argsort(costs, kind="stable")
+        if best is None or costs[ranked[0]] < best[0]:
+            best = (float(costs[ranked[0]]), candidates[ranked[0]], devs[ranked[0]])
+        keep = list(ranked[:width])
+        rows = max(sum(p.is_row_shard for p in b) for b in beams)
+        more = next((k for k in ranked if sum(p.is_row_shard for p in candidates[k]) > rows), None)
+        if more is not None and more not in keep:
+            keep.append(more)
+        beams = [candidates[k] for k in keep if np.isfinite(costs[k])]
+        if not beams:
+            break
+    return best
