@@ -96,9 +96,5 @@ def test_tiered_torch_kernel_matches_reference(precision, optimizer, seed):
 def test_tiered_kernel_evicts_and_writes_back():
     """A cache of a batch's rows on a table read at random: most rows pass through it, evicted and
     written back, and the table read back is the reference's after every step (check_tiered)."""
-    for seed in range(5, 9):
-        tbe = check_tiered("torch", "fp32", "sgd", seed=seed, steps=4)
-        evicted = [c for c in tbe.caches.values() if c.slots < c.rows and (c.slot_row >= 0).sum() == c.slots]
-        if evicted:
-            return
-    pytest.fail("no seed filled a cache smaller than its table")
+    evictions = sum(c.evictions for seed in range(5, 8) for c in check_tiered("torch", "fp32", "sgd", seed=seed, steps=6).caches.values())
+    assert evictions > 0, "no seed evicted a row"

@@ -98,10 +98,10 @@ class RowCache:
         self.slot_time = torch.full((self.slots,), -1, dtype=torch.int64, device=device)
         self.row_slot = torch.full((self.rows,), -1, dtype=torch.int32, device=device)  # the index: CACHE_INDEX_BYTES a row
         self.step = 0
-        self.lookups = self.misses = 0  # since the last reset_stats
+        self.lookups = self.misses = self.evictions = 0  # since the last reset_stats
 
     def reset_stats(self) -> None:
-        self.lookups = self.misses = 0
+        self.lookups = self.misses = self.evictions = 0
 
     @property
     def hit_rate(self) -> float:
@@ -129,6 +129,7 @@ class RowCache:
             old = self.slot_row[victims]
             held = old >= 0
             old_rows, old_slots = old[held], victims[held]
+            self.evictions += old_rows.numel()
             if old_rows.numel():  # write back: a cached row may have been updated by any backward since it was loaded
                 self.host.index_copy_(0, old_rows, self.cache[old_slots])
                 if self.host_state is not None:
@@ -258,7 +259,7 @@ class TieredTBE(TBE):
 
     def cache_stats(self) -> dict[int, dict]:
         """Per cached table: slots, lookups and misses since the last reset, and the hit rate."""
-        return {t: {"slots": c.slots, "lookups": c.lookups, "misses": c.misses, "hit_rate": c.hit_rate} for t, c in self.caches.items()}
+        return {t: {"slots": c.slots, "lookups": c.lookups, "misses": c.misses, "evictions": c.evictions, "hit_rate": c.hit_rate} for t, c in self.caches.items()}
 
     def reset_cache_stats(self) -> None:
         for c in self.caches.values():
