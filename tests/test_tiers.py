@@ -98,3 +98,87 @@ def test_tiered_kernel_evicts_and_writes_back():
     written back, and the table read back is the reference's after every step (check_tiered)."""
     evictions = sum(c.evictions for seed in range(5, 8) for c in check_tiered("torch", "fp32", "sgd", seed=seed, steps=6).caches.values())
     assert evictions > 0, "no seed evicted a row"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("kernel", ["triton", "torch"])
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_tiered_kernel_matches_reference_cuda(kernel, precision, optimizer):
+    tbe = check_tiered(kernel, precision, optimizer, seed=41 + len(kernel) + len(precision), device="cuda")
+    assert tbe.caches
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_host_mapped_memory_is_host_memory_on_the_gpu():
+    from dreamshard.costs.kernels.tiered import host_mapped
+
+    x = host_mapped(1 << 20, torch.float32, "cuda")
+    assert x.is_cuda
+    x.fill_(3.0)  # written by a GPU kernel, into host memory
+    torch.cuda.synchronize()
+    assert float(x.sum()) == 3.0 * (1 << 20)
+    free_before = torch.cuda.mem_get_info()[0]
+    y = host_mapped(256 << 20, torch.float16, "cuda")  # 512 MB of host memory: no HBM taken
+    assert torch.cuda.mem_get_info()[0] >= free_before - (64 << 20)
+    del y
+
+
+# ------------------------------------------------------------------------------------------------
+# the hit rate from the reuse bins against an LRU simulation of actual streams
+# ------------------------------------------------------------------------------------------------
+
+STREAM_TABLES = [(100_000, 2.0, "zipf:1.05"), (400_000, 5.0, "zipf:0.9"), (200_000, 1.0, "zipf:1.2"), (50_000, 3.0, "uniform"),
+                 (800_000, 10.0, "zipf:0.7"), (150_000, 20.0, "zipf:1.0")]
+
+
+def stream_table(rows: int, pooling: float, distribution: str) -> TableSpec:
+    from dreamshard.bins import reuse_bins
+
+    return TableSpec("x", rows, 16, pooling, tuple(reuse_bins(rows, pooling, distribution)), distribution=distribution, seed=3)
+
+
+@pytest.mark.parametrize("rows, pooling, distribution", STREAM_TABLES)
+def test_hit_rate_from_bins_within_5_points_of_lru(rows, pooling, distribution):
+    """The acceptance target: predicted (from the table's 17 bins only) against measured (an LRU
+    cache replaying its index stream, streams.py), caches from 1.3 to 20 batches' distinct rows."""
+    from dreamshard.streams import table_bags
+    from dreamshard.tiers import expected_unique
+
+    B, n, warm = 4096, 10, 3
+    t = stream_table(rows, pooling, distribution)
+    batches = [table_bags(t, B, s)[1].numpy() for s in range(n)]
+    U = expected_unique(t, B)
+    assert abs(U - np.mean([len(np.unique(b)) for b in batches])) < 0.15 * U  # the batch's distinct rows, from the bins
+    for factor in (1.3, 3, 20):
+        C = min(rows, int(factor * max(U, max(len(np.unique(b)) for b in batches))))
+        measured = simulate_lru(batches, C, rows, warmup=warm)
+        predicted = hit_rate(t, C, B, batches=n, warmup=warm)
+        assert abs(predicted - measured) < 0.05, f"{distribution} rows {rows}: cache {C}: predicted {predicted:.3f}, LRU {measured:.3f}"
+
+
+def test_row_cache_is_the_simulated_lru():
+    """The kernels' cache (RowCache, torch ops) hits as the reference simulation does."""
+    from dreamshard.streams import table_bags
+
+    t = stream_table(50_000, 4.0, "zipf:1.0")
+    batches = [table_bags(t, 2048, s)[1] for s in range(8)]
+    C = 3 * max(int(torch.unique(b).numel()) for b in batches)
+    host = torch.zeros(t.rows, 4)
+    cache = RowCache(host, torch.zeros(C, 4))
+    for i, b in enumerate(batches):
+        if i == 2:
+            cache.reset_stats()
+        slots = cache.prefetch(b)
+        assert torch.equal(cache.slot_row[slots], b)  # every lookup maps to the slot holding its row
+    assert abs(cache.hit_rate - simulate_lru([b.numpy() for b in batches], C, t.rows, warmup=2)) < 0.01
+
+
+def test_hit_rate_edges():
+    t = stream_table(10_000, 2.0, "zipf:1.0")
+    assert hit_rate(t, t.rows, 4096) == 1.0  # every row fits
+    assert hit_rate(t, 1, 4096) == 0.0  # a cache that cannot hold a batch does not run
+    rates = [hit_rate(t, c, 4096) for c in (3000, 5000, 8000)]
+    assert rates == sorted(rates)
