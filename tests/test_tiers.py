@@ -182,3 +182,232 @@ def test_hit_rate_edges():
     assert hit_rate(t, 1, 4096) == 0.0  # a cache that cannot hold a batch does not run
     rates = [hit_rate(t, c, 4096) for c in (3000, 5000, 8000)]
     assert rates == sorted(rates)
+
+
+# ------------------------------------------------------------------------------------------------
+# tasks, plans, validation
+# ------------------------------------------------------------------------------------------------
+
+
+def tight_task(host: int = 10**10, devices: int = 2, batch: int = 1024):
+    """Tables of ~1.5x the devices' HBM, a small batch (so caches of a batch's rows are small)."""
+    from dreamshard.bins import reuse_bins
+    from dreamshard.tasks import Task, Workload
+
+    rng = np.random.default_rng(0)
+    tables = []
+    for i in range(16):
+        rows = int(rng.choice([2_000, 50_000, 400_000]))
+        pf, dist = float(rng.choice([0.5, 2.0, 8.0])), f"zipf:{rng.choice([0.8, 1.0, 1.2])}"
+        tables.append(TableSpec(f"t{i}", rows, int(rng.choice([16, 32, 64])), pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=i))
+    w = Workload(batch_size=batch)
+    total = sum(t.bytes() for t in tables)
+    return Task(tables, devices, int(total / 1.5 / devices), w, host_memory_bytes=host)
+
+
+@pytest.mark.parametrize("planner", ["size_lookup", "lookup", "random", "dreamshard", "neuroshard"])
+def test_planners_choose_tiers_when_tables_do_not_fit(planner):
+    from dreamshard.planners import get_planner
+
+    task = tight_task()
+    plan = get_planner(planner).plan(task)
+    plan.check()
+    assert plan.has_tiers() and any(s.tier == "uvm_caching" for s in plan.shards)
+    assert max(plan.device_bytes()) <= task.max_memory_bytes
+    assert max(plan.device_host_bytes()) <= task.host_memory_bytes
+    assert any("tiers:" in n for n in plan.notes)
+    by_name = {task.tables[s.table].name: s for s in plan.shards}
+    hot = max(task.tables, key=lambda t: t.pooling_factor / t.rows)
+    assert by_name[hot.name].tier == "hbm", "the hottest bytes stay in HBM"
+
+
+def test_tables_that_fit_stay_in_hbm_and_no_host_memory_says_so():
+    from dreamshard.packing import InfeasibleError
+    from dreamshard.planners import get_planner
+
+    task = tight_task()
+    roomy = type(task)(task.tables, task.devices, task.max_memory_bytes * 4, task.workload, host_memory_bytes=task.host_memory_bytes)
+    assert not get_planner("size_lookup").plan(roomy).has_tiers()
+    none = type(task)(task.tables, task.devices, task.max_memory_bytes, task.workload)
+    with pytest.raises(InfeasibleError, match="--host-memory"):
+        get_planner("size_lookup").plan(none)
+    small_host = type(task)(task.tables, task.devices, task.max_memory_bytes, task.workload, host_memory_bytes=1000)
+    with pytest.raises(InfeasibleError, match="host memory"):
+        get_planner("size_lookup").plan(small_host)
+
+
+def test_plan_file_round_trip_and_strict_reading(tmp_path):
+    from dreamshard.plan import load_plans, save_plans
+    from dreamshard.planners import get_planner
+    from dreamshard.validation import PlanError
+
+    plan = get_planner("size_lookup").plan(tight_task())
+    save_plans([plan], tmp_path / "p.json")
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["format"] == "dreamshard.plan/4" and d["host_memory_bytes"] == plan.task.host_memory_bytes
+    back = load_plans(tmp_path / "p.json")[0]
+    assert [(s.tier, s.cache_ratio) for s in back.shards] == [(s.tier, s.cache_ratio) for s in plan.shards]
+    assert back.device_bytes() == plan.device_bytes() and back.device_host_bytes() == plan.device_host_bytes()
+
+    def refused(edit, match):
+        doc = json.loads((tmp_path / "p.json").read_text())
+        edit(doc)
+        (tmp_path / "q.json").write_text(json.dumps(doc))
+        with pytest.raises(PlanError, match=match):
+            load_plans(tmp_path / "q.json")
+
+    cached = next(i for i, t in enumerate(d["tables"]) if t["shards"][0].get("tier") == "uvm_caching")
+    refused(lambda doc: doc["tables"][cached]["shards"][0].update(tier="ssd"), "not one of hbm, uvm, uvm_caching")
+    refused(lambda doc: doc["tables"][cached]["shards"][0].update(cache_ratio=1.5), "cache_ratio.*over the limit")
+    refused(lambda doc: doc["tables"][cached]["shards"][0].update(cache_ratio="0.1"), "cache_ratio.*string")
+    refused(lambda doc: doc["tables"][cached]["shards"][0].update(tier="uvm_caching", cache_ratio=0), "cache_ratio.*must be >= 1e-09")
+    refused(lambda doc: doc["tables"][0]["shards"][0].update(tier="hbm", cache_ratio=0.5), "only a uvm_caching shard has a cache")
+    refused(lambda doc: doc.update(host_memory_bytes=10), "in host memory, over its host_memory_bytes")
+    refused(lambda doc: doc.update(host_memory_bytes=-1), "host_memory_bytes.*must be >= 0")
+    refused(lambda doc: doc.update(format="dreamshard.plan/3"), "plans with tiers are dreamshard.plan/4")
+
+
+def test_old_plans_load_unchanged(tmp_path):
+    """A plan without tiers is written as before (/2) and every shard of a plan file without tiers is in HBM."""
+    from dreamshard.plan import load_plans, save_plans
+    from dreamshard.planners import get_planner
+
+    task = tight_task()
+    roomy = type(task)(task.tables, task.devices, task.max_memory_bytes * 4, task.workload)
+    save_plans([get_planner("size_lookup").plan(roomy)], tmp_path / "p.json")
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["format"] == "dreamshard.plan/2" and "host_memory_bytes" not in d and all("tier" not in s for t in d["tables"] for s in t["shards"])
+    assert all(s.tier == "hbm" for s in load_plans(tmp_path / "p.json")[0].shards)
+
+
+def test_task_file_host_memory(tmp_path):
+    from dreamshard.tasks import load_tasks, save_tasks
+    from dreamshard.validation import TaskError
+
+    task = tight_task()
+    (tmp_path / "tables.csv").write_text("")
+    from dreamshard.tables import save_tables
+
+    save_tables(task.tables, tmp_path / "tables.csv")
+    task.pool = str(tmp_path)
+    save_tasks([task], tmp_path / "t.jsonl")
+    assert load_tasks(tmp_path / "t.jsonl")[0].host_memory_bytes == task.host_memory_bytes
+    line = json.loads((tmp_path / "t.jsonl").read_text())
+    for bad, match in ((-5, "must be >= 0"), ("1GB", "string"), (1.5, "not an integer")):
+        (tmp_path / "b.jsonl").write_text(json.dumps({**line, "host_memory_bytes": bad}) + "\n")
+        with pytest.raises(TaskError, match=match):
+            load_tasks(tmp_path / "b.jsonl")
+
+
+# ------------------------------------------------------------------------------------------------
+# the simulator's price
+# ------------------------------------------------------------------------------------------------
+
+
+def test_simulator_prices_host_tiers():
+    from dataclasses import replace
+
+    from dreamshard.costs.sim import SimBackend
+    from dreamshard.plan import Plan
+
+    task = tight_task()
+    roomy = type(task)(task.tables, task.devices, task.max_memory_bytes * 4, task.workload, host_memory_bytes=task.host_memory_bytes)
+    base = Plan.table_wise(roomy, [i % 2 for i in range(len(task.tables))], "test")
+    sim = SimBackend()
+    hbm = sim.evaluate_plan(base)
+    big = max(range(len(task.tables)), key=lambda i: task.tables[i].rows * task.tables[i].pooling_factor)
+
+    def moved(tier, ratio=0.0):
+        shards = [replace(s, tier=tier, cache_ratio=ratio) if s.table == big else s for s in base.shards]
+        return sim.evaluate_plan(Plan(roomy, shards, "test"))
+
+    uvm, small, large = moved("uvm"), moved("uvm_caching", 0.3), moved("uvm_caching", 0.9)
+    d = base.shards[big].device
+    h, lg, sm, u = (r.devices[d].total_ms for r in (hbm, large, small, uvm))
+    assert h < min(lg, sm, u) and lg <= sm, (h, lg, sm, u)  # a larger cache misses less
+    assert uvm.details["tiers"]["host_link_bytes"][d] > 0 and large.details["tiers"]["cached_shards"][0]["predicted_hit_rate"] > 0.5
+    assert hbm.details.get("tiers") is None
+
+
+def test_calibration_host_entry_is_checked(tmp_path):
+    from dreamshard.costs.sim import Calibration, SimBackend
+    from dreamshard.validation import DataError
+
+    cal = Calibration.load()
+    cal.host = {"link_GBps": 50.0, "source": "measured"}
+    cal.save(tmp_path / "c.json")
+    assert SimBackend(tmp_path / "c.json").host_link.link_GBps == 50.0
+    cal.host = {"link_GBps": "fast"}
+    cal.save(tmp_path / "d.json")
+    with pytest.raises(DataError, match="host.link_GBps"):
+        Calibration.load(tmp_path / "d.json")
+
+
+# ------------------------------------------------------------------------------------------------
+# TorchRec
+# ------------------------------------------------------------------------------------------------
+
+
+def test_torchrec_sharding_plan_carries_tiers():
+    pytest.importorskip("torchrec")
+    from dreamshard.planners import get_planner
+    from dreamshard.torchrec_io import plan_from_torchrec, to_sharding_plan, torchrec_shardings
+
+    plan = get_planner("size_lookup").plan(tight_task())
+    kinds = {name: s["compute_kernel"] for name, s in torchrec_shardings(plan).items()}
+    tiers = {plan.task.tables[s.table].name: s for s in plan.shards}
+    for name, kernel in kinds.items():
+        assert kernel == {"hbm": "fused", "uvm": "fused_uvm", "uvm_caching": "fused_uvm_caching"}[tiers[name].tier]
+    sp = to_sharding_plan(plan)
+    ps = sp.plan[""][next(n for n, s in tiers.items() if s.tier == "uvm_caching")]
+    assert str(ps.compute_kernel) == "fused_uvm_caching" and ps.cache_params.load_factor == tiers[ps.sharding_spec and next(n for n, s in tiers.items() if s.tier == "uvm_caching")].cache_ratio
+    back = plan_from_torchrec(sp, plan.task)
+    assert [(s.device, s.tier, s.cache_ratio) for s in back.shards] == [(s.device, s.tier, s.cache_ratio) for s in plan.shards]
+
+
+def test_torchrec_peer_plans_with_uvm_caching():
+    pytest.importorskip("torchrec")
+    from dreamshard.costs.sim import SimBackend
+    from dreamshard.planners import get_planner
+
+    task = tight_task(devices=2, batch=1024)
+    task = type(task)(task.tables, task.devices, int(task.max_memory_bytes * 1.05), task.workload, host_memory_bytes=task.host_memory_bytes)
+    plan = get_planner("torchrec", reservation=0.0).plan(task)
+    plan.check()
+    assert any(s.tier == "uvm_caching" for s in plan.shards)
+    assert SimBackend().evaluate_plan(plan).overall_ms > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the sequential runner and the command line
+# ------------------------------------------------------------------------------------------------
+
+
+def test_sequential_runner_measures_a_mixed_tier_plan():
+    from dreamshard.costs.runners import SequentialRunner
+    from dreamshard.planners import get_planner
+
+    plan = get_planner("size_lookup").plan(tight_task())
+    report = SequentialRunner("torch", device="cpu", warmup=1, iters=2, input_sets=2).evaluate_plan(plan, batch_size=256, precision="fp32")
+    assert all(d.fwd_comp_ms > 0 for d, n in zip(report.devices, [len(t) for t in plan.device_tables()]) if n)
+    stats = report.details["tiers"]["cached_tables"]
+    assert stats and all(0 <= s["hit_rate"] <= 1 and s["lookups"] > 0 for s in stats)
+
+
+def test_cli_plan_and_measure_with_host_memory(tmp_path):
+    from cli_helpers import invoke, one_line_error
+
+    from dreamshard.tables import save_tables
+
+    task = tight_task()
+    save_tables(task.tables, tmp_path / "tables.csv")
+    cap = str(task.max_memory_bytes)
+    r = invoke("plan", tmp_path / "tables.csv", "--devices", 2, "--max-memory", cap, "--host-memory", "10GB", "--out", tmp_path / "p.json")
+    assert r.exit_code == 0, r.output
+    assert "in host memory behind an HBM cache" in r.output.replace("\n", " ")
+    r = invoke("measure", tmp_path / "p.json", "--backend", "sim")
+    assert r.exit_code == 0, r.output
+    err = one_line_error(invoke("plan", tmp_path / "tables.csv", "--devices", 2, "--max-memory", cap, "--out", tmp_path / "q.json"))
+    assert "--host-memory" in err
+    err = one_line_error(invoke("plan", tmp_path / "tables.csv", "--devices", 2, "--max-memory", cap, "--host-memory", "lots", "--out", tmp_path / "q.json"))
+    assert "lots" in err
