@@ -104,7 +104,10 @@ class SequentialRunner(CostBackend):
 
             tiers = [HBM if t is None else t for t in tiers]
         tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, self.device, self.seed, tiers)
-        times = time_steps(tbe, tables, batch_size, self.device, self.input_sets, self.warmup, self.iters)
+        # a row cache fed the same few batches in turn would soon hold them all: a shard with a cache
+        # gets a distinct batch every step, so that its hits are those of a stream
+        sets = max(self.input_sets, self.warmup + self.iters) if hasattr(tbe, "caches") and tbe.caches else self.input_sets
+        times = time_steps(tbe, tables, batch_size, self.device, sets, self.warmup, self.iters)
         if hasattr(tbe, "cache_stats"):
             self._cache_stats += [{"table": tables[t].name, **stats} for t, stats in tbe.cache_stats().items()]
         del tbe
