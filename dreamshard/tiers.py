@@ -337,7 +337,7 @@ def describe(tiers: dict[str, Tier]) -> str:
     return f"tiers: {kinds.count('hbm')} tables in HBM, {kinds.count('uvm_caching')} in host memory behind an HBM cache, {kinds.count('uvm')} in host memory (uvm)"
 
 
-HOST_HINT = "; give host memory (--host-memory, a task's host_memory_bytes) to put what does not fit in HBM in host memory behind an HBM cache"
+HOST_HINT = " of HBM and no host memory (--host-memory, a task's host_memory_bytes, puts what does not fit in HBM in host memory behind an HBM cache)"
 
 
 def plan_with_tiers(place: Callable[["Task"], "Plan"], task: "Task") -> "Plan":
@@ -351,7 +351,10 @@ def plan_with_tiers(place: Callable[["Task"], "Plan"], task: "Task") -> "Plan":
         try:
             return place(task)
         except InfeasibleError as e:
-            raise InfeasibleError(str(e) + HOST_HINT) from None
+            if sum(task.sizes()) <= task.devices * task.max_memory_bytes:
+                raise  # the bytes fit the devices' HBM in all: host memory is not what is missing
+            text = str(e)  # the hint goes after the bytes, before the reason that ends the message
+            raise InfeasibleError(text.replace(" in all", " in all" + HOST_HINT, 1) if " in all" in text else text + HOST_HINT) from None
     if pack(task.sizes(), task.max_memory_bytes, task.devices, node_budget=20_000) is not None:
         return place(task)
     last: InfeasibleError | None = None
