@@ -85,7 +85,7 @@ class TorchRecPlanner(Planner):
     name = "torchrec"
     kind = "search"
     description = "TorchRec 1.8's EmbeddingShardingPlanner on the CPU: its search, cost model and memory reservation"
-    # with host memory, TorchRec chooses each table's kernel (fused, fused_uvm_caching) and cache itself
+    # with host memory, TorchRec chooses each table's kernel (fused, fused_uvm_caching, fused_uvm) and cache itself
     chooses_tiers = True
 
     def __init__(self, sharding_types: str = "table_wise", reservation: float | None = None, timeout_s: int | None = None):
@@ -127,9 +127,9 @@ class TorchRecPlanner(Planner):
     def planner(self, task: Task):
         tr = self.tr
         D = task.devices
-        # UVM caching allowed where the tables need host memory: TorchRec then chooses per table
-        # between HBM and host memory behind a cache (its default load factor, 0.2)
-        kernels = ["fused", "fused_uvm_caching"] if self.uses_host(task) else ["fused"]
+        # host memory allowed where the tables need it: TorchRec then chooses per table between HBM,
+        # host memory behind a cache (its default load factor, 0.2) and host memory read directly
+        kernels = ["fused", "fused_uvm_caching", "fused_uvm"] if self.uses_host(task) else ["fused"]
         constraints = {
             t.name: tr["ParameterConstraints"](sharding_types=list(self.types) if self.types else None, compute_kernels=kernels,
                                                pooling_factors=[float(t.pooling_factor)])
