@@ -75,7 +75,7 @@ def main() -> None:
     lines = ["# Tables at 1.5–3× HBM, planned with host memory (simulator numbers)", "",
              f"`PYTHONPATH=. python3 benchmarks/tiers_sim.py --out {args.out}`: {args.tables} tables of a dlrm pool (seed 12), B = 65,536, fp16, SGD; "
              "simulated step in ms (default H200 calibration, default host link: not GPU measurements), mean over seeds; "
-             "in brackets the tables in HBM / cached / uvm of the last seed.", "",
+             "in brackets the shards in HBM / cached / uvm of the last seed. Each row draws its own tables (rows are not comparable with each other).", "",
              "| devices | bytes / HBM | " + " | ".join(PLANNERS) + " |", "|---|---|" + "---|" * len(PLANNERS)]
     for devices in (2, 4):
         for ratio in (1.5, 2.0, 3.0):

@@ -120,7 +120,11 @@ class Task:
 
     def table_bytes(self, table: TableSpec) -> int:
         """HBM the table takes on a device: all its bytes, or under the task's tiers its cache (or nothing)."""
-        tier = self.tiers.get(table.name) if self.tiers else None
+        tier = None
+        if self.tiers:
+            tier = self.tiers.get(table.name)
+            if tier is None and table.name.endswith("]") and "[" in table.name:  # a piece's spec ("t[0:16]", "t[rows 0:9]"): its table's tier
+                tier = self.tiers.get(table.name[:table.name.rindex("[")])
         if tier is not None and tier.kind != "hbm":
             return hbm_bytes(table.rows, table.dim, tier.kind, tier.cache_ratio, self.workload.precision, self.workload.optimizer)
         return table.bytes(self.workload.precision, self.workload.optimizer)

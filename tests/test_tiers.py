@@ -407,6 +407,8 @@ def test_cli_plan_and_measure_with_host_memory(tmp_path):
     assert "in host memory behind an HBM cache" in r.output.replace("\n", " ")
     r = invoke("measure", tmp_path / "p.json", "--backend", "sim")
     assert r.exit_code == 0, r.output
+    err = one_line_error(invoke("measure", tmp_path / "p.json", "--backend", "torch", "--runner", "distributed", "--batch-size", 64))
+    assert "host memory" in err and "sequential runner" in err
     err = one_line_error(invoke("plan", tmp_path / "tables.csv", "--devices", 2, "--max-memory", cap, "--out", tmp_path / "q.json"))
     assert "--host-memory" in err
     err = one_line_error(invoke("plan", tmp_path / "tables.csv", "--devices", 2, "--max-memory", cap, "--host-memory", "lots", "--out", tmp_path / "q.json"))

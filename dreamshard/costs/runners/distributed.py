@@ -320,4 +320,4 @@ def measure_distributed(plan, kernel: str, batch_size: int | None = None, warmup
 
         device_type = default_device(kernel)
     runner = DistributedRunner(kernel, device_type, warmup, iters, input_sets, timeout_s)
-    return runner.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size, precision))
+    return runner.evaluate_plan(plan, batch_size, precision)  # a plan with host tiers is refused there (one line)
