@@ -563,7 +563,9 @@ def plan_record(plan, task: int) -> dict:
             "split_tables": plan.split_tables(), "column_split_tables": cols, "row_split_tables": rows,
             "per_device": [{"device": d, "tables": len(held), "memory_bytes": used[d], "dim_sum": sum(x.dim for x in held)}
                            for d, held in enumerate(plan.device_tables())],
-            "predicted": plan.predicted, "notes": list(plan.notes)}
+            "predicted": plan.predicted, "notes": list(plan.notes),
+            **({"host_memory_bytes": plan.task.host_memory_bytes, "device_host_bytes": plan.device_host_bytes(),
+                "tiers": {k: sum(s.tier == k for s in plan.shards) for k in ("hbm", "uvm_caching", "uvm")}} if plan.has_tiers() else {})}
 
 
 # A default budget expected to run longer than this on a measured backend is refused up front:
