@@ -333,6 +333,7 @@ def assign_tiers(task: "Task", fill: float = FILLS[0]) -> dict[str, Tier]:
 
 
 def describe(tiers: dict[str, Tier]) -> str:
+    """The tier stage's choice in words (table counts, before placement)."""
     kinds = [t.kind for t in tiers.values()]
     return f"tiers: {kinds.count('hbm')} tables in HBM, {kinds.count('uvm_caching')} in host memory behind an HBM cache, {kinds.count('uvm')} in host memory (uvm)"
 
@@ -370,10 +371,51 @@ def plan_with_tiers(place: Callable[["Task"], "Plan"], task: "Task") -> "Plan":
         if host[d] > task.host_memory_bytes:
             last = InfeasibleError(f"device {d} would hold {format_bytes(host[d])} in host memory, over its {format_bytes(task.host_memory_bytes)}")
             continue
-        plan.notes.append(describe(tiered.tiers) + f" (tier stage: {fill:.0%} of HBM for tables and caches)")
-        return plan
+        grown, changed = grow_caches(plan)
+        grown.notes.append(describe(tiered.tiers) + f" (tier stage: {fill:.0%} of HBM for tables and caches)"
+                           + (f"; after placement {changed} host-tier shards took more of their device's free HBM" if changed else ""))
+        return grown
     assert last is not None
     raise last
+
+
+def grow_caches(plan: "Plan") -> tuple["Plan", int]:
+    """The tier stage after placement: each device's free HBM (the packing leaves some) goes to its
+    host-tier shards, greedily to the step that saves the most host-link bytes per HBM byte — a
+    larger cache, a cache for a uvm shard, or the whole shard in HBM — so that every cache is sized
+    to the HBM its device has left. → (the plan, carrying its shards' own tiers: its task no
+    longer imposes the table-wide ones; the number of shards changed)."""
+    from dreamshard.plan import Plan
+
+    task, w = plan.task, plan.workload
+    cap = task.max_memory_bytes
+    used = plan.device_bytes()
+    specs = plan.shard_specs()
+    shards = list(plan.shards)
+    grown = set()
+    for d in range(plan.devices):
+        mine = [i for i, s in enumerate(shards) if s.device == d and s.tier != "hbm"]
+        free = cap - used[d]
+        while mine and free > 0:
+            best = None  # (saved per byte, shard, extra bytes, tier)
+            for i in mine:
+                s, spec = shards[i], specs[i]
+                now_hbm = s.bytes(task.tables[s.table], w.precision, w.optimizer)
+                now_link = link_bytes(spec, s.tier, s.cache_ratio, w.batch_size, PRECISION_BYTES[w.precision])
+                for hb, lb, tier in _options(spec, now_hbm + free, w.batch_size, w.precision, w.optimizer):
+                    extra = hb - now_hbm
+                    if extra > 0 and lb < now_link and (best is None or (now_link - lb) / extra > best[0]):
+                        best = ((now_link - lb) / extra, i, extra, tier)
+            if best is None:
+                break
+            _, i, extra, tier = best
+            shards[i] = replace(shards[i], tier=tier.kind, cache_ratio=tier.cache_ratio)
+            free -= extra
+            used[d] += extra
+            grown.add(i)
+            if tier.kind == "hbm":
+                mine.remove(i)
+    return Plan(replace(task, tiers=None), shards, plan.planner, plan.predicted, list(plan.notes)), len(grown)
 
 
 def tier_of(task: "Task", name: str) -> Tier:

@@ -413,3 +413,28 @@ def test_cli_plan_and_measure_with_host_memory(tmp_path):
     assert "--host-memory" in err
     err = one_line_error(invoke("plan", tmp_path / "tables.csv", "--devices", 2, "--max-memory", cap, "--host-memory", "lots", "--out", tmp_path / "q.json"))
     assert "lots" in err
+
+
+def test_caches_grow_into_the_hbm_a_device_has_left():
+    """After placement each device's free HBM goes to its host-tier shards (tiers.grow_caches)."""
+    from dataclasses import replace
+
+    from dreamshard.costs.sim import SimBackend
+    from dreamshard.plan import Plan
+    from dreamshard.planners import get_planner
+    from dreamshard.tiers import grow_caches
+
+    plan = get_planner("size_lookup").plan(tight_task())
+    roomier = Plan(replace(plan.task, max_memory_bytes=int(plan.task.max_memory_bytes * 1.3)), plan.shards, plan.planner)
+    grown, changed = grow_caches(roomier)
+    assert changed > 0
+    grown.check()
+    before = {(s.table, s.start, s.row_start): s for s in roomier.shards}
+    for s in grown.shards:
+        old = before[(s.table, s.start, s.row_start)]
+        if old.tier == "hbm":
+            assert s.tier == "hbm"
+        elif old.tier == "uvm_caching":  # a cache only grows (or its shard moves into HBM)
+            assert s.tier == "hbm" or (s.tier == "uvm_caching" and s.cache_ratio >= old.cache_ratio)
+    sim = SimBackend()
+    assert sim.evaluate_plan(grown).overall_ms <= sim.evaluate_plan(roomier).overall_ms + 1e-9
