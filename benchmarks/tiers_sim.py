@@ -2,7 +2,8 @@
 stage) and by TorchRec's planner with UVM caching allowed, all priced by the simulator (issue 38's
 second target, in simulator numbers until benchmarks/gpu_tiers.py measures such plans).
 
-    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim     # ~1.5 min on 2 CPU cores
+    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 2   # ~1.5 min on 2 CPU cores
+    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 4   # ~1 min; adds its rows
 
 Tasks: `--tables` tables drawn from a `dlrm` pool (seed 12), B = 65,536, fp16, SGD, on 2 and 4
 devices whose HBM is total bytes / ratio / devices, with 4× the table bytes of host memory per
@@ -41,11 +42,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tables", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--devices", default="2,4", help="device counts, comma-separated (one per call keeps each call short)")
     args = ap.parse_args()
+    device_counts = [int(x) for x in args.devices.split(",")]
+    out = Path(args.out)
     pool = synth_pool(PoolConfig(tables=856, seed=12))
     sim = SimBackend()
     rows = []
-    for devices in (2, 4):
+    for devices in device_counts:
         for ratio in (1.5, 2.0, 3.0):
             for seed in range(args.seeds):
                 rng = np.random.default_rng(1000 * devices + 10 * int(ratio * 10) + seed)
@@ -65,9 +69,17 @@ def main() -> None:
                     row["planning_s"] = round(time.perf_counter() - t0, 2)
                     rows.append(row)
                     print(row, flush=True)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fields = ["devices", "ratio", "seed", "planner", "sim_ms", "hbm", "uvm_caching", "uvm", "planning_s", "error"]
+    if (out / "results.csv").is_file():  # the other device counts' rows of an earlier call are kept
+        with open(out / "results.csv", newline="") as f:
+            kept = [r for r in csv.DictReader(f) if int(r["devices"]) not in device_counts]
+        for r in kept:
+            r["devices"], r["ratio"], r["seed"] = int(r["devices"]), float(r["ratio"]), int(r["seed"])
+            r["sim_ms"] = float(r["sim_ms"]) if r["sim_ms"] else ""
+            r.update({k: int(r[k]) for k in ("hbm", "uvm_caching", "uvm") if r.get(k)})
+        rows = kept + rows
+    rows.sort(key=lambda r: (r["devices"], r["ratio"], r["seed"], list(PLANNERS).index(r["planner"])))
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -77,7 +89,7 @@ def main() -> None:
              "simulated step in ms (default H200 calibration, default host link: not GPU measurements), mean over seeds; "
              "in brackets the shards in HBM / cached / uvm of the last seed. Each row draws its own tables (rows are not comparable with each other).", "",
              "| devices | bytes / HBM | " + " | ".join(PLANNERS) + " |", "|---|---|" + "---|" * len(PLANNERS)]
-    for devices in (2, 4):
+    for devices in sorted({r["devices"] for r in rows}):
         for ratio in (1.5, 2.0, 3.0):
             cells = []
             for name in PLANNERS:
