@@ -25,6 +25,11 @@ our plans: they raise `NotExpressibleError`. TorchRec's own estimate (per rank, 
 plan's cost is the slowest rank, as its `NoopPerfModel` rates plans) and its storage estimate go in
 `plan.predicted`; its planning time in the plan's notes.
 
+With host memory (`Task.host_memory_bytes`) and tables that need it, the constraints also allow
+`fused_uvm_caching` and `fused_uvm` and the topology gets the host memory as `ddr_cap`: TorchRec
+then chooses each table's kernel and cache load factor, which become our tiers (docs/tiers.md); the
+tier stage the other planners run in is skipped (`chooses_tiers`).
+
 TorchRec is imported lazily, inside the planner: it is slow to import and absent on the GPU
 machines, where constructing this planner raises `TorchRecUnavailable` (one line) while the
 registry still lists it.
