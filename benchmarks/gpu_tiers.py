@@ -31,7 +31,6 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -128,7 +127,6 @@ def host_link(device: str, quick: bool) -> dict:
         ms_read = timed(lambda: torch.index_select(table, 0, idx, out=buf), device)
         ms_write = timed(lambda: table.index_copy_(0, idx, buf), device)
         gather[row_bytes] = {"read_GBps": k * row_bytes / ms_read / 1e6, "write_GBps": k * row_bytes / ms_write / 1e6}
-        del table
     out["random_rows"] = gather
     # what the simulator's link term should be: the gathers of the rows it prices (64-256 bytes: dims 32-128 fp16)
     out["suggested_link_GBps"] = float(np.median([gather[b]["read_GBps"] for b in (64, 128, 256)]))

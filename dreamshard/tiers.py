@@ -430,11 +430,3 @@ def with_task_tier(task: "Task", shard: "Shard") -> "Shard":
     if (shard.tier, shard.cache_ratio) == (t.kind, t.cache_ratio):
         return shard
     return replace(shard, tier=t.kind, cache_ratio=t.cache_ratio)
-
-
-def check_tiers(kinds: Sequence[str]) -> None:
-    for k in kinds:
-        if k not in TIERS:
-            raise ValueError(f"tier {k!r}: one of {', '.join(TIERS)}")
-
-
