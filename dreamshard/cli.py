@@ -408,6 +408,7 @@ def model_defaults() -> str:
 @click.option("--tasks", "tasks_file", type=click.Path(exists=True, dir_okay=False), help="plan every task of a JSONL task file instead")
 @click.option("--devices", type=DEVICES, help="number of devices (with TABLES_FILE)")
 @click.option("--max-memory", type=MEMORY, help="per-device memory cap (with TABLES_FILE): 5GB, 5GiB, 512MB or bytes")
+@click.option("--host-memory", type=MEMORY, help="per-device host memory for the tables that do not fit in HBM (with TABLES_FILE; docs/tiers.md): 512GB, ...")
 @click.option("--precision", default="fp16", type=click.Choice(["fp16", "fp32"]), show_default=True)
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
@@ -424,7 +425,7 @@ def model_defaults() -> str:
 @click.option("--quiet", "-q", is_flag=True, help="print the one summary line only")
 @click.pass_context
 def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, budget, budget_ms, out,
-             as_json, quiet) -> None:
+             as_json, quiet, host_memory=None) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     import contextlib
 
@@ -455,8 +456,8 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
     if budget_ms is not None and "budget_ms" not in options:
         raise OptionError(f"--budget-ms is for the planners with a time budget ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'budget_ms' in c.options())}), not {planner_name!r}")
     if tasks_file:
-        if devices is not None or max_memory is not None:
-            raise OptionError("--devices and --max-memory are for TABLES_FILE; a task file gives its own")
+        if devices is not None or max_memory is not None or host_memory is not None:
+            raise OptionError("--devices, --max-memory and --host-memory are for TABLES_FILE; a task file gives its own")
         refuse_unused(ctx, ["precision", "optimizer"], "with --tasks (each task gives its own)")
         tasks = load_tasks(tasks_file)
     else:
@@ -464,7 +465,8 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
             raise OptionError("TABLES_FILE needs --devices and --max-memory")
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
-        tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool).validate(str(tables_file), OptionError)]
+        tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool,
+                      host_memory_bytes=host_memory or 0).validate(str(tables_file), OptionError)]
     limit_threads(cpu_kernel=backend_name not in (None, "sim"))
     kwargs = {"seed": seed} if "seed" in options else {}
     if model_path is not None:
@@ -561,7 +563,9 @@ def plan_record(plan, task: int) -> dict:
             "split_tables": plan.split_tables(), "column_split_tables": cols, "row_split_tables": rows,
             "per_device": [{"device": d, "tables": len(held), "memory_bytes": used[d], "dim_sum": sum(x.dim for x in held)}
                            for d, held in enumerate(plan.device_tables())],
-            "predicted": plan.predicted, "notes": list(plan.notes)}
+            "predicted": plan.predicted, "notes": list(plan.notes),
+            **({"host_memory_bytes": plan.task.host_memory_bytes, "device_host_bytes": plan.device_host_bytes(),
+                "tiers": {k: sum(s.tier == k for s in plan.shards) for k in ("hbm", "uvm_caching", "uvm")}} if plan.has_tiers() else {})}
 
 
 # A default budget expected to run longer than this on a measured backend is refused up front:
@@ -860,7 +864,7 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
             workload = plan.workload.with_overrides(batch_size, precision)
             label = f"plan {i + 1}/{len(plans)}: " if len(plans) > 1 else ""
             with err_console.status(f"{label}measuring {len(plan.shards)} shards of {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={workload.batch_size})"):
-                reports.append(cost_backend.evaluate(plan.device_tables(), workload))
+                reports.append(cost_backend.evaluate_plan(plan, workload.batch_size, workload.precision))
     if len(reports) == 1 and path.suffix != ".jsonl":
         reports[0].save(path)
     else:

@@ -18,7 +18,9 @@ PLAN.json` rebuilds the exact index streams with no other argument. Format `drea
 (tables, each with its list of shards, and the workload), or `dreamshard.plan/3` — the same with
 `"rows": [start, stop]` on row shards, written only for plans that have some, so that a reader
 of /2 refuses them by name instead of misreading them; `dreamshard.plan/1` files (one device per
-table) still load.
+table) still load. A plan with shards outside HBM (tiers.py: `"tier": "uvm"` or `"uvm_caching"`
+with its `"cache_ratio"`, and the task's `host_memory_bytes`) is `dreamshard.plan/4`, for the same
+reason; a shard without a tier is in HBM.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import NamedTuple, Sequence
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec, table_from_record
 from dreamshard.tasks import Task, Workload
+from dreamshard.tiers import HBM, Tier, cache_rows, hbm_bytes, host_bytes, tier_of
 from dreamshard.validation import (
     loads_unique,
     DIM_MULTIPLE,
@@ -42,6 +45,7 @@ from dreamshard.validation import (
     PlanError,
     TableError,
     one_line,
+    parse_float,
     parse_int,
     require_dict,
     require_keys,
@@ -50,7 +54,8 @@ from dreamshard.validation import (
 
 FORMAT = "dreamshard.plan/2"
 ROW_FORMAT = "dreamshard.plan/3"  # a plan with row shards
-READS = ("dreamshard.plan/1", FORMAT, ROW_FORMAT)
+TIER_FORMAT = "dreamshard.plan/4"  # a plan with shards outside HBM (tiers.py)
+READS = ("dreamshard.plan/1", FORMAT, ROW_FORMAT, TIER_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class Shard:
     stop: int
     row_start: int = 0
     row_stop: int | None = None
+    tier: str = "hbm"  # where its rows live (tiers.TIERS)
+    cache_ratio: float = 0.0  # uvm_caching: the share of its rows its HBM cache holds
 
     @property
     def width(self) -> int:
@@ -92,11 +99,28 @@ class Shard:
         return replace(table, name=f"{table.name}[{self.start}:{self.stop}]", dim=self.width)
 
     def bytes(self, table: TableSpec, precision: str = "fp16", optimizer: str = "sgd") -> int:
-        """Device memory of the shard: its rows × its columns (and its rows' optimizer state)."""
+        """Device (HBM) memory of the shard: its rows × its columns (and its rows' optimizer state);
+        outside HBM its cache and the cache's index, or nothing (tiers.hbm_bytes)."""
         a, b = self.row_range(table)
+        if self.tier != "hbm":
+            return hbm_bytes(b - a, self.width, self.tier, self.cache_ratio, precision, optimizer)
         # the table's formula on the shard's extent: a TableSpec built for it would validate every
         # field, most of the time of the split searches' memory checks
         return TableSpec.bytes(_Extent(b - a, self.width), precision, optimizer)
+
+    def host_bytes(self, table: TableSpec, precision: str = "fp16", optimizer: str = "sgd") -> int:
+        """Host memory of the shard: all of its bytes in a host tier, none in HBM."""
+        a, b = self.row_range(table)
+        return host_bytes(b - a, self.width, self.tier, precision, optimizer)
+
+    def cache_rows(self, table: TableSpec) -> int:
+        """Rows its HBM cache holds (uvm_caching), 0 otherwise."""
+        a, b = self.row_range(table)
+        return cache_rows(b - a, self.cache_ratio) if self.tier == "uvm_caching" else 0
+
+    @property
+    def tier_spec(self) -> Tier:
+        return Tier(self.tier, self.cache_ratio)
 
 
 class _Extent(NamedTuple):
@@ -147,6 +171,12 @@ class Plan:
         # one form per range: a row range of every row is no row range (row_stop None)
         self.shards = sorted((replace(s, row_start=0, row_stop=None) if 0 <= s.table < len(tables) and s.row_start == 0 and s.row_stop == tables[s.table].rows else s
                               for s in self.shards), key=lambda s: (s.table, s.start, s.row_start))
+        if self.task.tiers is not None:  # planned under the tier stage's choice: every shard in its table's tier
+            def tiered(s: Shard) -> Shard:
+                t = tier_of(self.task, tables[s.table].name) if 0 <= s.table < len(tables) else HBM
+                return replace(s, tier=t.kind, cache_ratio=t.cache_ratio)
+
+            self.shards = [tiered(s) for s in self.shards]
 
     @staticmethod
     def table_wise(task: Task, placement: Sequence[int], planner: str, predicted: dict | None = None, notes: Sequence[str] = ()) -> "Plan":
@@ -195,6 +225,19 @@ class Plan:
     def has_row_shards(self) -> bool:
         return any(s.is_row_shard for s in self.shards)
 
+    def has_tiers(self) -> bool:
+        """Whether some shard lives outside HBM."""
+        return any(s.tier != "hbm" for s in self.shards)
+
+    def device_host_bytes(self) -> list[int]:
+        """Host memory each device's shards take (the host-tier shards')."""
+        used = [0] * self.devices
+        w = self.workload
+        for s in self.shards:
+            if s.tier != "hbm":
+                used[s.device] += s.host_bytes(self.task.tables[s.table], w.precision, w.optimizer)
+        return used
+
     def device_bytes(self) -> list[int]:
         used = [0] * self.devices
         w = self.workload
@@ -223,6 +266,9 @@ class Plan:
             if s.width < MIN_DIM or s.width % DIM_MULTIPLE:
                 raise PlanError(f"{where}: table {t.name}: shard columns [{s.start}, {s.stop}) are {s.width} wide; use a multiple of {DIM_MULTIPLE}")
             cover[s.table] = s.stop
+        for s in self.shards:
+            if s.tier != "hbm" or s.cache_ratio:
+                Tier(s.tier, s.cache_ratio).check(f"{where}: table {tables[s.table].name}", PlanError)
         for i in sorted(row_wise):
             self._check_rows(i, where)
             cover[i] = tables[i].dim
@@ -232,6 +278,10 @@ class Plan:
         for d, used in enumerate(self.device_bytes()):
             if used > self.task.max_memory_bytes:
                 raise PlanError(f"{where}: device {d} holds {used:,} bytes, over its max_memory_bytes {self.task.max_memory_bytes:,}")
+        if self.has_tiers():
+            for d, used in enumerate(self.device_host_bytes()):
+                if used > self.task.host_memory_bytes:
+                    raise PlanError(f"{where}: device {d} holds {used:,} bytes in host memory, over its host_memory_bytes {self.task.host_memory_bytes:,}")
 
     def _check_rows(self, i: int, where: str) -> None:
         """Table i's shards are row shards that tile its rows, each every column, on distinct devices."""
@@ -263,10 +313,16 @@ class Plan:
             if s.is_row_shard:
                 out["rows"] = list(s.row_range(spec))
             out["bytes"] = s.bytes(spec, w.precision, w.optimizer)
+            if s.tier != "hbm":
+                out["tier"] = s.tier
+                if s.tier == "uvm_caching":
+                    out["cache_ratio"] = s.cache_ratio
+                    out["cache_rows"] = s.cache_rows(spec)
+                out["host_bytes"] = s.host_bytes(spec, w.precision, w.optimizer)
             return out
 
         d = {
-            "format": ROW_FORMAT if self.has_row_shards() else FORMAT,
+            "format": TIER_FORMAT if self.has_tiers() else ROW_FORMAT if self.has_row_shards() else FORMAT,
             "devices": t.devices,
             "max_memory_bytes": t.max_memory_bytes,
             "planner": self.planner,
@@ -284,6 +340,10 @@ class Plan:
         }
         if t.pool:
             d["pool"] = t.pool
+        if t.host_memory_bytes:
+            d["host_memory_bytes"] = t.host_memory_bytes
+        if self.has_tiers():
+            d["device_host_bytes"] = self.device_host_bytes()
         if self.predicted is not None:
             d["predicted"] = self.predicted
         if self.notes:
@@ -299,7 +359,7 @@ class Plan:
         require_dict(d, where, f"a {FORMAT} plan", PlanError)
         version = d.get("format")
         if version not in READS:
-            raise PlanError(f"{where}: not a {ROW_FORMAT} (or /2, /1) file (format={version!r:.40})")
+            raise PlanError(f"{where}: not a {TIER_FORMAT} (or /3, /2, /1) file (format={version!r:.40})")
         require_keys(d, ("devices", "max_memory_bytes", "tables"), where, PlanError)
         devices = parse_int(d["devices"], where, "key 'devices'", 1, MAX_DEVICES, PlanError, text=False)
         cap = parse_int(d["max_memory_bytes"], where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, PlanError, text=False)
@@ -333,7 +393,14 @@ class Plan:
                         raise PlanError(f"{sat}, key 'rows': expected [start, stop]")
                     row_start = parse_int(rows[0], sat, "key 'rows' start", 0, spec.rows, PlanError, text=False)
                     row_stop = parse_int(rows[1], sat, "key 'rows' stop", 0, spec.rows, PlanError, text=False)
-                shards.append(Shard(i, parse_int(s["device"], sat, "key 'device'", 0, devices - 1, PlanError, text=False), start, stop, row_start, row_stop))
+                tier = Tier()
+                if "tier" in s or "cache_ratio" in s:
+                    if version != TIER_FORMAT:
+                        raise PlanError(f"{sat}: a tier in a {version} plan; plans with tiers are {TIER_FORMAT}")
+                    ratio = s.get("cache_ratio", 0.0)
+                    tier = Tier(s.get("tier", "hbm"), parse_float(ratio, sat, "key 'cache_ratio'", 0.0, 1.0, PlanError, text=False)).check(sat, PlanError)
+                shards.append(Shard(i, parse_int(s["device"], sat, "key 'device'", 0, devices - 1, PlanError, text=False), start, stop, row_start, row_stop,
+                                    tier.kind, tier.cache_ratio))
         planner = d.get("planner", "?")
         if not isinstance(planner, str):
             raise PlanError(f"{where}, key 'planner': {planner!r:.40} must be a string")
@@ -347,7 +414,8 @@ class Plan:
         if pool is not None and not isinstance(pool, str):
             raise PlanError(f"{where}, key 'pool': {pool!r:.40} must be a string")
         workload = d if version == READS[0] else require_dict(d.get("workload", {}), where, "key 'workload' as an object", PlanError)
-        task = Task(specs, devices, cap, Workload.from_json(workload, where, PlanError), pool).validate(where, PlanError)
+        host = parse_int(d.get("host_memory_bytes", 0), where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, PlanError, text=False)
+        task = Task(specs, devices, cap, Workload.from_json(workload, where, PlanError), pool, host_memory_bytes=host).validate(where, PlanError)
         plan = Plan(task, shards, planner, predicted, notes)
         plan.check(where)
         return plan

@@ -2,7 +2,9 @@
 
 A task file is JSON lines, one task per line:
   {"tables": ["t3", "t17", ...], "devices": 8, "max_memory_bytes": 5000000000, "pool": "/abs/pool"}
-with optional workload keys "batch_size" (default 65536), "precision" (fp16) and "optimizer" (sgd).
+with optional workload keys "batch_size" (default 65536), "precision" (fp16) and "optimizer" (sgd),
+and "host_memory_bytes" (default 0): each device's host memory for tables that do not fit in HBM
+(docs/tiers.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from dreamshard.files import atomic_write
 from dreamshard.packing import format_bytes, pack
 from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec, load_tables
+from dreamshard.tiers import Tier, hbm_bytes
 from dreamshard.validation import (
     loads_unique,
     MAX_BATCH_SIZE,
@@ -93,6 +96,11 @@ class Task:
     workload: Workload = Workload()
     pool: str | None = None  # where the table names resolve
     meta: dict = field(default_factory=dict)
+    # per-device host memory for tables that leave HBM (tiers.py); 0: every shard in HBM
+    host_memory_bytes: int = 0
+    # the tier stage's choice (table name → tier), set by tiers.plan_with_tiers before a planner
+    # places the task; None: every table in HBM. The sizes a planner packs follow it (table_bytes).
+    tiers: dict[str, Tier] | None = None
 
     def validate(self, where: str = "task", error: type[InputError] = TaskError) -> "Task":
         """Raise `error` (naming `where`) unless this is a task a planner may be given: 1..MAX_TABLES
@@ -102,6 +110,7 @@ class Task:
         parse_int(self.devices, where, "key 'devices'", 1, MAX_DEVICES, error)
         parse_int(self.max_memory_bytes, where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, error)
         self.workload.validate(where, error)
+        parse_int(self.host_memory_bytes, where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, error)
         seen: set[str] = set()
         for t in self.tables:
             if t.name in seen:
@@ -110,6 +119,14 @@ class Task:
         return self
 
     def table_bytes(self, table: TableSpec) -> int:
+        """HBM the table takes on a device: all its bytes, or under the task's tiers its cache (or nothing)."""
+        tier = None
+        if self.tiers:
+            tier = self.tiers.get(table.name)
+            if tier is None and table.name.endswith("]") and "[" in table.name:  # a piece's spec ("t[0:16]", "t[rows 0:9]"): its table's tier
+                tier = self.tiers.get(table.name[:table.name.rindex("[")])
+        if tier is not None and tier.kind != "hbm":
+            return hbm_bytes(table.rows, table.dim, tier.kind, tier.cache_ratio, self.workload.precision, self.workload.optimizer)
         return table.bytes(self.workload.precision, self.workload.optimizer)
 
     def sizes(self) -> list[int]:
@@ -120,6 +137,8 @@ class Task:
         d = {"tables": [t.name for t in self.tables], "devices": self.devices, "max_memory_bytes": self.max_memory_bytes, **self.workload.to_json()}
         if self.pool:
             d["pool"] = self.pool
+        if self.host_memory_bytes:
+            d["host_memory_bytes"] = self.host_memory_bytes
         return d
 
 
@@ -187,7 +206,8 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
         missing = [n for n in names if n not in lookup]
         if missing:
             raise TaskError(f"{where}, key 'tables': unknown table {missing[0]!r:.60}")
-        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool).validate(where))
+        host = parse_int(d.get("host_memory_bytes", 0), where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, TaskError, text=False)
+        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool, host_memory_bytes=host).validate(where))
     if not tasks:
         raise TaskError(f"{path}: no tasks")
     return tasks

@@ -40,6 +40,7 @@ from dreamshard.files import OutPath, atomic_write
 from dreamshard.plan import Plan, Shard, load_plans
 from dreamshard.tables import TableSpec, load_tables, table_from_record
 from dreamshard.tasks import Task, Workload
+from dreamshard.tiers import COMPUTE_KERNELS, TIER_OF_KERNEL, Tier
 from dreamshard.validation import DataError, NoPlanError, OptionError, PlanError, TableError, one_line
 
 FORMAT = "dreamshard.torchrec/1"  # `export torchrec`'s JSON
@@ -100,7 +101,7 @@ def _load() -> SimpleNamespace:
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
     from torchrec.distributed.planner.types import Partitioner, PlannerError, PlannerErrorType, Stats
     from torchrec.distributed.planner.types import Shard as PlannerShard
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -501,11 +502,18 @@ def table_sharding(t: TableSpec, shards: Sequence[Shard], devices: int, local: i
     `constraint`: ConstraintError naming the constraint where it does not allow the shards,
     NotExpressibleError where no sharding type expresses them."""
     c = constraint
+    tier = shards[0].tier_spec if shards else Tier()
+    if any(s.tier_spec != tier for s in shards):
+        raise NotExpressibleError(f"table {t.name}: its shards are in different memory tiers; TorchRec gives a table one compute kernel")
+    if tier.kind != "hbm":  # a host tier is its own kernel (fused_uvm, fused_uvm_caching), whatever the HBM tables use
+        compute_kernel = COMPUTE_KERNELS[tier.kind]
     check_kernel(t.name, c, compute_kernel)
     kinds = allowed_types(t.name, c, column_type, offered)
     ordered = sorted(shards, key=lambda s: (s.row_start, s.start))
     got = _sharding(t, ordered, devices, local, device_type, compute_kernel, kinds, getattr(c, "min_partition", None) if c is not None else None)
     if not isinstance(got, str):
+        if tier.kind == "uvm_caching":
+            got["cache_load_factor"] = tier.cache_ratio  # TorchRec's CacheParams.load_factor: cached rows / rows
         return got
     held = _layout(t, ordered)
     if c is not None and got.startswith("min_partition"):
@@ -548,12 +556,30 @@ def to_sharding_plan(plan: Plan, module: Any = None, module_path: str | None = N
     modules: dict[str, Any] = {}
     for name, s in shardings.items():
         spec = tr.EnumerableShardingSpec([tr.ShardMetadata(shard_offsets=list(x["offsets"]), shard_sizes=list(x["sizes"]), placement=x["placement"]) for x in s["shards"]])
+        cache = tr.CacheParams(algorithm=tr.CacheAlgorithm.LRU, load_factor=s["cache_load_factor"]) if "cache_load_factor" in s else None
         modules.setdefault(paths[name], tr.EmbeddingModuleShardingPlan())[name] = tr.ParameterSharding(
-            sharding_type=s["sharding_type"], compute_kernel=s["compute_kernel"], ranks=list(s["ranks"]), sharding_spec=spec)
+            sharding_type=s["sharding_type"], compute_kernel=s["compute_kernel"], ranks=list(s["ranks"]), sharding_spec=spec, cache_params=cache)
     return tr.ShardingPlan(modules)
 
 
-def shards_from_torchrec(kind: str, name: str, table: int, pieces: Iterable[tuple[int, int, int, int, int]], who: str) -> list[Shard]:
+def tier_from_torchrec(compute_kernel: Any, load_factor: Any, where: str) -> Tier:
+    """Our tier of a TorchRec compute kernel (fused and dense: HBM; fused_uvm; fused_uvm_caching
+    with its cache load factor, TorchRec's 0.2 where it gives none); PlanError for another kernel."""
+    kernel = str(getattr(compute_kernel, "value", compute_kernel))
+    if kernel in KERNELS:
+        return Tier()
+    if kernel not in TIER_OF_KERNEL:
+        raise PlanError(f"{where}: compute kernel {kernel!r:.40} has no tier in our plans (fused, dense, fused_uvm, fused_uvm_caching)")
+    kind = TIER_OF_KERNEL[kernel]
+    if kind != "uvm_caching":
+        return Tier(kind)
+    ratio = 0.2 if load_factor is None else load_factor
+    if not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
+        raise PlanError(f"{where}: cache load factor {ratio!r:.40} must be in (0, 1]")
+    return Tier(kind, float(ratio))
+
+
+def shards_from_torchrec(kind: str, name: str, table: int, pieces: Iterable[tuple[int, int, int, int, int]], who: str, tier: Tier = Tier()) -> list[Shard]:
     """Our shards of TorchRec's shards of one table: `pieces` are (rank, row offset, rows, column
     offset, width). The one conversion behind `plan_from_torchrec` and the torchrec planner: a
     row-wise or table-row-wise shard keeps its row range (TorchRec's shards of 0 rows, on ranks
@@ -566,9 +592,9 @@ def shards_from_torchrec(kind: str, name: str, table: int, pieces: Iterable[tupl
     for rank, row, rows, start, width in pieces:
         if kind in ROW_TYPES:
             if int(rows) > 0:
-                out.append(Shard(table, int(rank), int(start), int(start) + int(width), int(row), int(row) + int(rows)))
+                out.append(Shard(table, int(rank), int(start), int(start) + int(width), int(row), int(row) + int(rows), tier.kind, tier.cache_ratio))
         else:
-            out.append(Shard(table, int(rank), int(start), int(start) + int(width)))
+            out.append(Shard(table, int(rank), int(start), int(start) + int(width), tier=tier.kind, cache_ratio=tier.cache_ratio))
     return out
 
 
@@ -614,7 +640,8 @@ def plan_from_torchrec(sharding_plan: Any, task: Task, planner: str = "torchrec"
                 if kind not in ROW_TYPES and (m.shard_offsets[0] != 0 or m.shard_sizes[0] != t.rows):
                     raise NotExpressibleError(f"{where}: {kind} with a shard of rows [{m.shard_offsets[0]}, {m.shard_offsets[0] + m.shard_sizes[0]}) of its {t.rows}: split a table by rows or by columns, not both")
                 pieces.append((_rank_of(m.placement, where), m.shard_offsets[0], m.shard_sizes[0], m.shard_offsets[1], m.shard_sizes[1]))
-            shards += shards_from_torchrec(kind, name, index[name], pieces, "the TorchRec plan has")
+            tier = tier_from_torchrec(ps.compute_kernel, getattr(getattr(ps, "cache_params", None), "load_factor", None), where)
+            shards += shards_from_torchrec(kind, name, index[name], pieces, "the TorchRec plan has", tier)
     missing = next((t.name for t in task.tables if t.name not in seen), None)
     if missing is not None:
         raise PlanError(f"TorchRec plan: table {missing!r} of the task is not in it")
@@ -643,7 +670,9 @@ def constraints_for(plan: Plan, constraints: Mapping[str, Any] | None = None, lo
         widths = {x["sizes"][1] for x in s["shards"]}
         c = copy.copy(constraints[t.name]) if constraints and t.name in constraints else tr.ParameterConstraints(pooling_factors=[max(float(t.pooling_factor), 1e-9)])
         c.sharding_types = [s["sharding_type"]]
-        c.compute_kernels = [compute_kernel]
+        c.compute_kernels = [s["compute_kernel"]]  # a host-tier table's own kernel (fused_uvm, fused_uvm_caching)
+        if "cache_load_factor" in s:
+            c.cache_params = tr.CacheParams(algorithm=tr.CacheAlgorithm.LRU, load_factor=s["cache_load_factor"])
         if s["sharding_type"] in COLUMN_TYPES and len(widths) == 1:
             c.min_partition = widths.pop()
         out[t.name] = c

@@ -107,6 +107,15 @@ class CostBackend(ABC):
     def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], workload: Workload = Workload()) -> list[CostReport]:
         return [self.evaluate(s, workload) for s in placements]
 
-    def evaluate_plan(self, plan, batch_size: int | None = None) -> CostReport:
-        """Cost of a plan under its own workload (or at another batch size)."""
-        return self.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size))
+    # prices shards outside HBM (tiers.py) in `evaluate_plan`: the simulator and the sequential runner
+    prices_tiers: bool = False
+
+    def evaluate_plan(self, plan, batch_size: int | None = None, precision: str | None = None) -> CostReport:
+        """Cost of a plan under its own workload (or at another batch size or precision). A plan
+        with shards outside HBM needs a backend that prices their tiers (`prices_tiers`)."""
+        if plan.has_tiers() and not self.prices_tiers:
+            from dreamshard.validation import OptionError
+
+            raise OptionError(f"the plan has shards in host memory (tiers), which the {self.name} backend does not measure; "
+                              "use the simulator or the sequential runner")
+        return self.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size, precision))

@@ -70,6 +70,7 @@ from dreamshard.costs.base import CostBackend, CostReport, DeviceCost
 from dreamshard.costs.comm import (alltoall_bytes_array, alltoall_ms, comm_params_problem, default_model_path, describe_choice, load_comm_model,
                                    relayout_ms, rowwise_ms)
 from dreamshard.costs.hardware import gpu_slug
+from dreamshard.costs.host import HostLink, tier_ms
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
@@ -123,6 +124,9 @@ class Calibration:
     # the device's last-level cache (bytes) the forward's gathers are priced against (terms.cache_hits);
     # 0: none (every repeated row may hit: the files fitted before 2026-11-25)
     cache_bytes: float = 0.0
+    # how host-tier shards are priced (costs/host.py HostLink: host-link bandwidth, the row cache's
+    # work); missing keys take HostLink's defaults until a GPU measures them (docs/tiers.md)
+    host: dict = field(default_factory=dict)
 
     def save(self, path: str | Path) -> None:
         atomic_write(path, json.dumps(asdict(self), indent=1))
@@ -160,6 +164,7 @@ class Calibration:
             raise DataError(f"{where}, comm: {problem}")
         if not isinstance(self.product_path, bool):
             raise DataError(f"{where}, product_path: {self.product_path!r:.40} is not true or false")
+        HostLink.from_json(require_dict(self.host, where, "the host-tier prices 'host'", DataError), where)
         return self
 
     @property
@@ -250,6 +255,22 @@ class SimBackend(CostBackend):
         self._product_cache: tuple | None = None  # (terms, workload, product_candidates): a search passes one terms array each call
         # only the terms this calibration prices (a search costs thousands of placements)
         self._columns = [j for j in range(len(TERMS)) if self._fwd[j] or self._bwd[j]]
+        self.host_link = HostLink.from_json(self.calibration.host)
+
+    prices_tiers = True
+
+    def evaluate_plan(self, plan, batch_size: int | None = None, precision: str | None = None) -> CostReport:
+        """The plan's cost; its host-tier shards (tiers.py) add the host link's and the row cache's
+        time to their devices' compute (costs/host.py)."""
+        report = super().evaluate_plan(plan, batch_size, precision)
+        if not plan.has_tiers():
+            return report
+        fwd, bwd, details = tier_ms(plan, batch_size, self.host_link, precision)
+        for d, cost in enumerate(report.devices):
+            cost.fwd_comp_ms += float(fwd[d])
+            cost.bwd_comp_ms += float(bwd[d])
+        report.details["tiers"] = details
+        return report
 
     def table_terms(self, tables: Sequence[TableSpec], workload: Workload = Workload()) -> np.ndarray:
         """terms.table_terms with this calibration's cache: what `costs_batch(terms=)` reuses."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from abc import ABC, abstractmethod
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
+from dreamshard.tiers import plan_with_tiers
 from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
@@ -73,6 +75,24 @@ class Planner(ABC):
     budget_with_split_only = False  # whether the search it bounds runs only with `split`
     # called by a long search with (units done, units in all) of the task it plans: the CLI's bar
     progress: Callable[[int, int], None] | None = None
+    # a planner that chooses memory tiers itself (torchrec: its own kernels and caches) skips the tier stage
+    chooses_tiers = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Every planner's `plan` runs inside the tier stage (tiers.plan_with_tiers): a task whose
+        tables do not fit in HBM, with host memory, is given tiers before the planner places it —
+        one place for all planners, none of which needs to know."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("plan")
+        if own is None or getattr(own, "_tier_stage", False) or cls.chooses_tiers or getattr(own, "__isabstractmethod__", False):
+            return
+
+        @functools.wraps(own)
+        def plan(self, task: Task) -> Plan:
+            return plan_with_tiers(lambda t: own(self, t), task)
+
+        plan._tier_stage = True
+        cls.plan = plan
 
     @classmethod
     def options(cls) -> dict[str, object]:

@@ -21,6 +21,7 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
+from dreamshard.tiers import tier_of, with_task_tier
 from dreamshard.packing import InfeasibleError, format_bytes, infeasible_error
 from dreamshard.plan import Plan, Shard, column_cuts
 from dreamshard.tables import TableSpec
@@ -139,12 +140,15 @@ def sizes(task: Task, pieces: Sequence[Shard]) -> list[int]:
     """Device bytes of each piece under the task's workload (from its extent: a row piece's
     stream is not measured for it)."""
     w = task.workload
-    return [p.bytes(task.tables[p.table], w.precision, w.optimizer) for p in pieces]
+    return [with_task_tier(task, p).bytes(task.tables[p.table], w.precision, w.optimizer) for p in pieces]
 
 
 def as_task(task: Task, pieces: Sequence[Shard]) -> Task:
-    """The task whose tables are the pieces (what a table-wise placer or the cost net sees)."""
-    return Task(specs(task, pieces), task.devices, task.max_memory_bytes, task.workload, task.pool)
+    """The task whose tables are the pieces (what a table-wise placer or the cost net sees), each
+    piece in its table's tier where the task has tiers."""
+    piece_specs = specs(task, pieces)
+    tiers = None if task.tiers is None else {spec.name: tier_of(task, task.tables[p.table].name) for p, spec in zip(pieces, piece_specs)}
+    return Task(piece_specs, task.devices, task.max_memory_bytes, task.workload, task.pool, host_memory_bytes=task.host_memory_bytes, tiers=tiers)
 
 
 def split_heaviest(task: Task, proxy: Sequence[float]) -> list[Shard]:

@@ -25,6 +25,11 @@ our plans: they raise `NotExpressibleError`. TorchRec's own estimate (per rank, 
 plan's cost is the slowest rank, as its `NoopPerfModel` rates plans) and its storage estimate go in
 `plan.predicted`; its planning time in the plan's notes.
 
+With host memory (`Task.host_memory_bytes`) and tables that need it, the constraints also allow
+`fused_uvm_caching` and `fused_uvm` and the topology gets the host memory as `ddr_cap`: TorchRec
+then chooses each table's kernel and cache load factor, which become our tiers (docs/tiers.md); the
+tier stage the other planners run in is skipped (`chooses_tiers`).
+
 TorchRec is imported lazily, inside the planner: it is slow to import and absent on the GPU
 machines, where constructing this planner raises `TorchRecUnavailable` (one line) while the
 registry still lists it.
@@ -42,6 +47,7 @@ from dreamshard.planners.heuristics import task_infeasible
 from dreamshard.tasks import Task
 from dreamshard.torchrec_io import ALL_TYPES, EXPRESSIBLE, NOT_EXPRESSIBLE_WHY, NotExpressibleError, TorchRecUnavailable, import_torchrec, shards_from_torchrec  # noqa: F401  (re-exported)
 from dreamshard.torchrec_io import quiet as _quiet
+from dreamshard.torchrec_io import tier_from_torchrec
 from dreamshard.validation import NoPlanError, OptionError, one_line
 
 SOURCE = "TorchRec 1.8 planner estimate"
@@ -84,6 +90,8 @@ class TorchRecPlanner(Planner):
     name = "torchrec"
     kind = "search"
     description = "TorchRec 1.8's EmbeddingShardingPlanner on the CPU: its search, cost model and memory reservation"
+    # with host memory, TorchRec chooses each table's kernel (fused, fused_uvm_caching, fused_uvm) and cache itself
+    chooses_tiers = True
 
     def __init__(self, sharding_types: str = "table_wise", reservation: float | None = None, timeout_s: int | None = None):
         """`sharding_types`: table_wise, all, or a comma list of TorchRec's types. `reservation`:
@@ -114,16 +122,27 @@ class TorchRecPlanner(Planner):
                 p._optimizer_classes = [tr["RowWiseAdagrad"]]
         return ebc
 
+    @staticmethod
+    def uses_host(task: Task) -> bool:
+        """TorchRec may put tables in host memory (fused_uvm_caching) when the task offers host
+        memory and the tables do not fit in HBM (where they fit, every table stays `fused`, as
+        without host memory)."""
+        return bool(task.host_memory_bytes) and sum(task.sizes()) > task.devices * task.max_memory_bytes * 0.85
+
     def planner(self, task: Task):
         tr = self.tr
         D = task.devices
+        # host memory allowed where the tables need it: TorchRec then chooses per table between HBM,
+        # host memory behind a cache (its default load factor, 0.2) and host memory read directly
+        kernels = ["fused", "fused_uvm_caching", "fused_uvm"] if self.uses_host(task) else ["fused"]
         constraints = {
-            t.name: tr["ParameterConstraints"](sharding_types=list(self.types) if self.types else None, compute_kernels=["fused"],
+            t.name: tr["ParameterConstraints"](sharding_types=list(self.types) if self.types else None, compute_kernels=kernels,
                                                pooling_factors=[float(t.pooling_factor)])
             for t in task.tables
         }
         with _quiet():
-            topology = tr["Topology"](world_size=D, compute_device="cuda", hbm_cap=task.max_memory_bytes)
+            host = {"ddr_cap": task.host_memory_bytes} if task.host_memory_bytes else {}
+            topology = tr["Topology"](world_size=D, compute_device="cuda", hbm_cap=task.max_memory_bytes, **host)
         reservation = tr["FixedPercentageStorageReservation"](float(self.reservation)) if self.reservation is not None else None
         with _quiet():
             return tr["EmbeddingShardingPlanner"](
@@ -194,10 +213,11 @@ class TorchRecPlanner(Planner):
 
     def plan(self, task: Task) -> Plan:
         sizes = task.sizes()
-        if self.types == ("table_wise",) and over_bounds(sizes, task.max_memory_bytes, task.devices):
-            raise task_infeasible(task)  # no table-wise plan can exist: say so as every planner does
-        if sum(sizes) > task.devices * task.max_memory_bytes:
-            raise task_infeasible(task)
+        if not self.uses_host(task):
+            if self.types == ("table_wise",) and over_bounds(sizes, task.max_memory_bytes, task.devices):
+                raise task_infeasible(task)  # no table-wise plan can exist: say so as every planner does
+            if sum(sizes) > task.devices * task.max_memory_bytes:
+                raise task_infeasible(task)
         options, planner, seconds = self.run(task)
         index = {t.name: i for i, t in enumerate(task.tables)}
         shards: list[Shard] = []
@@ -208,7 +228,8 @@ class TorchRecPlanner(Planner):
         for so in options:
             kind = str(so.sharding_type)
             chosen[kind] = chosen.get(kind, 0) + 1
-            shards += shards_from_torchrec(kind, so.name, index[so.name], [(s.rank, s.offset[0], s.size[0], s.offset[1], s.size[1]) for s in so.shards], "torchrec chose")
+            tier = tier_from_torchrec(so.compute_kernel, so.cache_load_factor, f"torchrec chose for table {so.name}")
+            shards += shards_from_torchrec(kind, so.name, index[so.name], [(s.rank, s.offset[0], s.size[0], s.offset[1], s.size[1]) for s in so.shards], "torchrec chose", tier)
             for s in so.shards:
                 p = s.perf
                 row = perf[s.rank]

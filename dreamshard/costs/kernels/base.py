@@ -161,6 +161,11 @@ class TBE(abc.ABC):
     def set_weights(self, t: int, w: torch.Tensor) -> None:
         """Overwrite table ``t``'s weights (cast to the weight dtype); optimizer state is kept."""
 
+    def optimizer_state(self, t: int) -> torch.Tensor | None:
+        """Row-wise Adagrad's state of table ``t`` as a view ``[rows[t]]`` (None for SGD): what a
+        row cache (kernels/tiered.py) moves with the rows. Kernels that keep it elsewhere raise."""
+        raise NotImplementedError(f"the {self.kernel} kernel does not expose its optimizer state")
+
     def __call__(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.forward(indices, offsets)
 

@@ -20,14 +20,17 @@ class TorchTBE(TBE):
     kernel = "torch"
 
     def __init__(self, rows: Sequence[int], dims: Sequence[int], precision: str = "fp16", optimizer: str = "sgd",
-                 lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cpu", seed: int = 0) -> None:
+                 lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cpu", seed: int = 0, alloc=None) -> None:
+        """`alloc(numel, dtype)`: where the weights and state live (default: the device's memory;
+        kernels/tiered.py passes host memory mapped into the GPU)."""
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
+        new = (lambda n, dtype: torch.empty(n, dtype=dtype, device=self.device)) if alloc is None else alloc
         self._w = []
         for t, (r, d) in enumerate(zip(self.rows, self.dims)):
-            self._w.append(init_table_(torch.empty(r, d, dtype=self.dtype, device=self.device), self.seed, t))
+            self._w.append(init_table_(new(r * d, self.dtype).view(r, d), self.seed, t))
         self._state = None
         if self.optimizer == "rowwise_adagrad":
-            self._state = [torch.zeros(r, dtype=torch.float32, device=self.device) for r in self.rows]
+            self._state = [new(r, torch.float32).zero_() for r in self.rows]
         self._saved = None
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -79,3 +82,7 @@ class TorchTBE(TBE):
     def set_weights(self, t: int, w: torch.Tensor) -> None:
         self._check_weights(t, w)
         self._w[t].copy_(w)
+
+    def optimizer_state(self, t: int) -> torch.Tensor | None:
+        self._check_table(t)
+        return None if self._state is None else self._state[t]

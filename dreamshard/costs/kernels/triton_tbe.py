@@ -590,7 +590,11 @@ class TritonTBE(TBE):
                  bwd_lanes: int = BWD_LANES, bwd_pmax: int = BWD_PMAX, bwd_warps: int = BWD_WARPS,
                  bwd_max_tw: int = BWD_MAX_TW, bwd_up_lanes: int = BWD_UP_LANES, bwd_dense: float = BWD_DENSE,
                  bwd_dense_rows: int = BWD_DENSE_ROWS, bwd_dense_elems: int = BWD_DENSE_ELEMS, bwd_dense_min_us: float = DENSE_TABLE_US,
-                 bwd_i32: bool = True, bwd_narrow_pmax: int = BWD_NARROW_PMAX, bwd_narrow_warps: int = BWD_NARROW_WARPS) -> None:
+                 bwd_i32: bool = True, bwd_narrow_pmax: int = BWD_NARROW_PMAX, bwd_narrow_warps: int = BWD_NARROW_WARPS,
+                 alloc=None) -> None:
+        """`alloc(numel, dtype)`: where the weights and optimizer state live (a flat tensor the
+        kernels can address), by default the device's memory; kernels/tiered.py passes host memory
+        mapped into the GPU (the uvm tier)."""
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
         self.bwd_lanes, self.bwd_pmax, self.bwd_warps = int(bwd_lanes), int(bwd_pmax), int(bwd_warps)
@@ -616,14 +620,16 @@ class TritonTBE(TBE):
             self._w_off.append(off)
             off += -(-r * d // ALIGN) * ALIGN
             self._row_start.append(self._row_start[-1] + r)
-        self._flat = torch.empty(max(off, 1), dtype=self.dtype, device=self.device)
+        self._flat = torch.empty(max(off, 1), dtype=self.dtype, device=self.device) if alloc is None else alloc(max(off, 1), self.dtype)
         for t in range(T):
             init_table_(self._table_view(t), self.seed, t)
         total_rows = self._row_start[-1]
         # the radix sort's passes follow the key's width: 16-bit keys (shards of < 32k rows, the hot
         # tables) sort in 2 passes instead of 4
         self._key_dtype = torch.int16 if total_rows < 2**15 - 1 else torch.int32 if total_rows < 2**31 - 1 else torch.int64
-        self._state = torch.zeros(total_rows, dtype=torch.float32, device=self.device) if self.optimizer == "rowwise_adagrad" else None
+        self._state = None
+        if self.optimizer == "rowwise_adagrad":
+            self._state = torch.zeros(total_rows, dtype=torch.float32, device=self.device) if alloc is None else alloc(total_rows, torch.float32).zero_()
         self._cls = [_dim_class(d) for d in self.dims]
         # Forward branches compiled in: every power-of-two class up to 256, plus the other-dim classes if
         # the shard has any other dim, plus the classes over 256 if it has any such dim (their tiles
@@ -684,6 +690,10 @@ class TritonTBE(TBE):
     def set_weights(self, t: int, w: torch.Tensor) -> None:
         self._check_weights(t, w)
         self._table_view(t).copy_(w)
+
+    def optimizer_state(self, t: int) -> torch.Tensor | None:
+        self._check_table(t)
+        return None if self._state is None else self._state[self._row_start[t]:self._row_start[t + 1]]
 
     # ---------------------------------------------------------------- forward
     def _fwd_grid(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, int]:

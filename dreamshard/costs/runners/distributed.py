@@ -196,14 +196,20 @@ def measure_placement(job: dict, shards: list[list[TableSpec]], rank: int, world
     return result
 
 
-def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, optimizer: str, device, seed: int = 0):
+def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, optimizer: str, device, seed: int = 0, tiers=None):
     """The shard's TBE, checked with one tiny forward/backward so that an unsupported combination
-    (fp16 in a CPU kernel, say) fails here, with a message that says what to do."""
+    (fp16 in a CPU kernel, say) fails here, with a message that says what to do. `tiers` (one
+    tiers.Tier per table): a shard with tables outside HBM runs as kernels/tiered.py's TieredTBE."""
     from dreamshard.costs.kernels import make_tbe
     from dreamshard.streams import shard_batch
 
     try:
-        tbe = make_tbe(kernel, [t.rows for t in tables], [t.dim for t in tables], precision=precision, optimizer=optimizer, device=device, seed=seed)
+        if tiers is not None and any(t.kind != "hbm" for t in tiers):
+            from dreamshard.costs.kernels.tiered import TieredTBE
+
+            tbe = TieredTBE(kernel, [t.rows for t in tables], [t.dim for t in tables], tiers, precision=precision, optimizer=optimizer, device=device, seed=seed)
+        else:
+            tbe = make_tbe(kernel, [t.rows for t in tables], [t.dim for t in tables], precision=precision, optimizer=optimizer, device=device, seed=seed)
         ix, off = shard_batch(tables, 4, step=10**6, device=device)
         out = tbe.forward(ix, off)
         tbe.backward(out.new_zeros(out.shape))  # zero gradient: a no-op update for SGD and Adagrad
@@ -314,4 +320,4 @@ def measure_distributed(plan, kernel: str, batch_size: int | None = None, warmup
 
         device_type = default_device(kernel)
     runner = DistributedRunner(kernel, device_type, warmup, iters, input_sets, timeout_s)
-    return runner.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size, precision))
+    return runner.evaluate_plan(plan, batch_size, precision)  # a plan with host tiers is refused there (one line)

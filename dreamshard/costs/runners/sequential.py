@@ -55,6 +55,30 @@ class SequentialRunner(CostBackend):
         self._comm = load_comm_model(comm_model, self.device.type) if comm_model is not None else None
         self.warmup, self.iters, self.input_sets, self.seed = warmup, iters, input_sets, seed
         self.name = f"{kernel}/sequential"
+        self._tiers: dict[int, object] | None = None  # id(shard spec) → its tier, while a plan with tiers is measured
+        self._cache_stats: list[dict] = []
+
+    prices_tiers = True
+
+    def evaluate_plan(self, plan, batch_size: int | None = None, precision: str | None = None) -> CostReport:
+        """Measure a plan; its host-tier shards run in their tiers (kernels/tiered.py: weights in
+        host memory mapped into the GPU, or behind an HBM row cache), each cached table's measured
+        hit rate in the report's details."""
+        if not plan.has_tiers():
+            return super().evaluate_plan(plan, batch_size, precision)
+        specs = plan.shard_specs()
+        shards: list[list[TableSpec]] = [[] for _ in range(plan.devices)]
+        self._tiers, self._cache_stats = {}, []
+        for s, spec in zip(plan.shards, specs):
+            shards[s.device].append(spec)
+            self._tiers[id(spec)] = s.tier_spec
+        try:
+            report = self.evaluate(shards, plan.workload.with_overrides(batch_size, precision))
+        finally:
+            self._tiers = None
+        report.details["tiers"] = {"cached_tables": self._cache_stats,
+                                   "note": "hit rates over the timed steps, after the warm-up steps; the tables start in host memory, the caches empty"}
+        return report
 
     def comm_model(self, devices: int = 2) -> CommModel:
         """The model given, or the one shipped for `devices` devices of this runner's kind
@@ -74,8 +98,18 @@ class SequentialRunner(CostBackend):
 
         from dreamshard.costs.runners.distributed import build_checked_tbe
 
-        tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, self.device, self.seed)
-        times = time_steps(tbe, tables, batch_size, self.device, self.input_sets, self.warmup, self.iters)
+        tiers = [self._tiers.get(id(t)) for t in tables] if self._tiers else None
+        if tiers is not None:
+            from dreamshard.tiers import HBM
+
+            tiers = [HBM if t is None else t for t in tiers]
+        tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, self.device, self.seed, tiers)
+        # a row cache fed the same few batches in turn would soon hold them all: a shard with a cache
+        # gets a distinct batch every step, so that its hits are those of a stream
+        sets = max(self.input_sets, self.warmup + self.iters) if hasattr(tbe, "caches") and tbe.caches else self.input_sets
+        times = time_steps(tbe, tables, batch_size, self.device, sets, self.warmup, self.iters)
+        if hasattr(tbe, "cache_stats"):
+            self._cache_stats += [{"table": tables[t].name, **stats} for t, stats in tbe.cache_stats().items()]
         del tbe
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -179,6 +213,8 @@ def time_steps(tbe, tables: Sequence[TableSpec], batch_size: int, device, input_
         if i >= warmup:
             fwd.append(clock.ms(a, b))
             bwd.append(clock.ms(c, d))
+        if i + 1 == warmup and hasattr(tbe, "reset_cache_stats"):  # a tiered TBE's hit rates count the timed steps only
+            tbe.reset_cache_stats()
     return fwd, bwd
 
 
@@ -192,4 +228,4 @@ def measure_sequential(plan, kernel: str, batch_size: int | None = None, comm_mo
 
         device = default_device(kernel)
     runner = SequentialRunner(kernel, comm_model, device, warmup, iters, input_sets)
-    return runner.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size, precision))
+    return runner.evaluate_plan(plan, batch_size, precision)

@@ -1,0 +1,317 @@
+"""Memory tiers on one GPU (issue 38; docs/tiers.md): kernel correctness per tier, the host link's
+bandwidth, speed per tier, the row cache's hit rate measured against the one predicted from the
+reuse bins, and mixed-tier plans measured by the sequential runner beside the simulator's price.
+
+    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT                          # one H100/H200, < 5 min
+    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out /tmp/t --device cpu --quick   # logic check on a CPU
+
+Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten, report.md at the end):
+  1. correctness: the tiered TBE (kernels/tiered.py) over the Triton kernel — an HBM table, a uvm
+     table and a cached table in one shard, both precisions and optimizers — against the float64
+     reference of tests/test_kernels.py, outputs poisoned (tests/test_tiers.py `check_tiered`);
+  2. host link: pinned host → HBM copies (cudaMemcpy), and the kernels' own access pattern — random
+     rows of 32 to 512 bytes gathered from (and scattered to) host memory mapped into the GPU — in GB/s;
+  3. speed per tier: one table (2M rows × 64, 4 lookups a sample, zipf 1.0; B = 65,536) in HBM, in
+     uvm, and cached at four cache ratios: forward and backward ms measured (sequential runner's
+     protocol) beside the simulator's price with the default host-link parameters;
+  4. hit rates: the cache's measured hit rate over 30 batches (after 10 to warm it) against
+     tiers.hit_rate's prediction for the same cache, on the tables of a `dlrm` pool with lookups;
+  5. mixed-tier plans: tasks of pool tables at 1.5–3× the devices' HBM, planned with the tier stage
+     (size_lookup and dreamshard), measured by the sequential runner (Triton, comm modelled) and priced by the
+     simulator; and the simulator again with the host link measured in part 2.
+`--budget-s` (default 270) stops parts 4 and 5 early; a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from dreamshard.costs.host import HostLink  # noqa: E402
+from dreamshard.costs.sim import Calibration, SimBackend  # noqa: E402
+from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.tables import TableSpec  # noqa: E402
+from dreamshard.tiers import Tier, cache_rows, expected_unique, hit_rate  # noqa: E402
+
+
+class Run:
+    def __init__(self, out: Path, budget_s: float):
+        self.out, self.t0, self.budget = out, time.monotonic(), budget_s
+        self.summary: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.t0)
+
+    def save(self, key: str, value) -> None:
+        self.summary[key] = value
+        self.summary["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        atomic_write(self.out / "summary.json", json.dumps(self.summary, indent=1, default=str))
+        print(f"[{self.summary['elapsed_s']:6.1f} s] {key}: {json.dumps(value, default=str)[:300]}", flush=True)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, reps: int = 5) -> float:
+    """Median ms of `fn()` over `reps` runs (after one untimed)."""
+    fn()
+    sync(device)
+    out = []
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        out.append((time.perf_counter() - t) * 1000)
+    return float(np.median(out))
+
+
+# ---------------------------------------------------------------------------------------------- 1
+
+
+def correctness(kernel: str, device: str) -> list[dict]:
+    from test_tiers import check_tiered
+
+    rows = []
+    for precision in ("fp16", "fp32"):
+        for optimizer in ("sgd", "rowwise_adagrad"):
+            try:
+                tbe = check_tiered(kernel, precision, optimizer, seed=41 + len(precision) + len(optimizer), device=device, steps=3)
+                rows.append({"precision": precision, "optimizer": optimizer, "ok": True, "tiers": [t.kind for t in tbe.tiers],
+                             "evictions": sum(c.evictions for c in tbe.caches.values())})
+            except Exception as e:  # noqa: BLE001 - recorded, the campaign goes on
+                rows.append({"precision": precision, "optimizer": optimizer, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- 2
+
+
+def host_link(device: str, quick: bool) -> dict:
+    from dreamshard.costs.kernels.tiered import host_mapped
+
+    out: dict = {}
+    n = (64 << 20) if not quick else (1 << 20)  # bytes moved per test
+    if torch.device(device).type == "cuda":
+        src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(n, dtype=torch.uint8, device=device)
+        ms = timed(lambda: dst.copy_(src, non_blocking=True), device)
+        out["memcpy_h2d_GBps"] = n / ms / 1e6
+        ms = timed(lambda: src.copy_(dst, non_blocking=True), device)
+        out["memcpy_d2h_GBps"] = n / ms / 1e6
+    rows_total = 4_000_000 if not quick else 100_000
+    gather = {}
+    for row_bytes in (32, 64, 128, 256, 512):
+        dim = row_bytes // 2
+        table = host_mapped(rows_total * dim, torch.float16, device).view(rows_total, dim)
+        table.fill_(1.0)
+        k = max(1, n // row_bytes)
+        idx = torch.randint(0, rows_total, (k,), device=device)
+        buf = torch.empty(k, dim, dtype=torch.float16, device=device)
+        ms_read = timed(lambda: torch.index_select(table, 0, idx, out=buf), device)
+        ms_write = timed(lambda: table.index_copy_(0, idx, buf), device)
+        gather[row_bytes] = {"read_GBps": k * row_bytes / ms_read / 1e6, "write_GBps": k * row_bytes / ms_write / 1e6}
+    out["random_rows"] = gather
+    # what the simulator's link term should be: the gathers of the rows it prices (64-256 bytes: dims 32-128 fp16)
+    out["suggested_link_GBps"] = float(np.median([gather[b]["read_GBps"] for b in (64, 128, 256)]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- 3
+
+
+def one_table_plan(tier: Tier, table: TableSpec, batch: int, devices: int = 1):
+    from dreamshard.plan import Plan, Shard
+    from dreamshard.tasks import Task, Workload
+
+    task = Task([table], devices, 10**15, Workload(batch_size=batch), host_memory_bytes=10**15)
+    return Plan(task, [Shard(0, 0, 0, table.dim, tier=tier.kind, cache_ratio=tier.cache_ratio)], "gpu_tiers")
+
+
+def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
+    from dreamshard.bins import reuse_bins
+    from dreamshard.costs.runners import SequentialRunner
+
+    rows, dim, pf, dist = (2_000_000, 64, 4.0, "zipf:1.0") if not quick else (50_000, 32, 2.0, "zipf:1.0")
+    batch = 65_536 if not quick else 512
+    table = TableSpec("one", rows, dim, pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=1)
+    need = expected_unique(table, batch) * 1.3 / rows
+    tiers = [Tier("hbm"), Tier("uvm")] + [Tier("uvm_caching", r) for r in sorted({max(need, x) for x in (0.05, 0.1, 0.25, 0.5)})]
+    runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 10, iters=3 if quick else 20, input_sets=3)
+    out = []
+    for tier in tiers:
+        plan = one_table_plan(tier, table, batch)
+        try:
+            m = runner.evaluate_plan(plan)
+            s = sim.evaluate_plan(plan)
+            row = {"tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "fwd_ms": m.devices[0].fwd_comp_ms, "bwd_ms": m.devices[0].bwd_comp_ms,
+                   "sim_fwd_ms": s.devices[0].fwd_comp_ms, "sim_bwd_ms": s.devices[0].bwd_comp_ms}
+            cached = m.details.get("tiers", {}).get("cached_tables", [])
+            if cached:
+                row["measured_hit_rate"] = cached[0]["hit_rate"]
+                # the runner's steps: `warmup` untimed, then `iters` timed, each a new batch, the cache empty at first
+                row["predicted_hit_rate"] = hit_rate(table, cache_rows(rows, tier.cache_ratio), batch, batches=runner.warmup + runner.iters, warmup=runner.warmup)
+        except Exception as e:  # noqa: BLE001
+            row = {"tier": tier.kind, "cache_ratio": tier.cache_ratio, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- 4
+
+
+def hit_rates(device: str, quick: bool, run: Run) -> list[dict]:
+    from dreamshard.costs.kernels.tiered import RowCache
+    from dreamshard.streams import table_bags
+    from dreamshard.synth import PoolConfig, synth_pool
+
+    pool = synth_pool(PoolConfig(tables=856, seed=11))
+    batch = 65_536 if not quick else 1024
+    warm, n = (10, 40) if not quick else (3, 8)
+    chosen = [t for t in pool if t.pooling_factor > 0.2 and t.rows > 20_000][: (24 if not quick else 3)]
+    out = []
+    for t in chosen:
+        if run.left() < 150:
+            break
+        U = expected_unique(t, batch)
+        for factor in (1.5, 4.0, 16.0):
+            C = min(t.rows, int(math.ceil(factor * U)))
+            cache = RowCache(torch.zeros(t.rows, 4, device=device), torch.zeros(C, 4, device=device))  # slots only: 4 columns stand for any width
+            try:
+                for s in range(n):
+                    if s == warm:
+                        cache.reset_stats()
+                    cache.prefetch(table_bags(t, batch, s, device)[1])
+            except RuntimeError as e:
+                out.append({"table": t.name, "cache_rows": C, "error": str(e)[:200]})
+                continue
+            pred = hit_rate(t, C, batch, batches=n, warmup=warm)
+            out.append({"table": t.name, "rows": t.rows, "pooling": t.pooling_factor, "distribution": t.distribution, "cache_rows": C,
+                        "measured": cache.hit_rate, "predicted": pred, "diff_points": 100 * (pred - cache.hit_rate)})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- 5
+
+
+def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, SimBackend]) -> list[dict]:
+    from dreamshard.costs.runners import SequentialRunner
+    from dreamshard.planners import get_planner
+    from dreamshard.synth import PoolConfig, synth_pool
+    from dreamshard.tasks import Task, Workload
+
+    pool = synth_pool(PoolConfig(tables=856, seed=12))
+    rng = np.random.default_rng(0)
+    batch = 65_536 if not quick else 512
+    runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 5, iters=2 if quick else 10, input_sets=3)
+    settings = [(40, 2, 1.5), (40, 2, 3.0), (80, 4, 2.0), (60, 4, 3.0)] if not quick else [(8, 2, 2.0)]
+    out = []
+    for k, devices, ratio in settings:
+        idx = sorted(rng.choice(len(pool), size=k, replace=False))
+        tables = [pool[i] for i in idx]
+        total = sum(t.bytes() for t in tables)
+        task = Task(tables, devices, int(total / ratio / devices), Workload(batch_size=batch), host_memory_bytes=int(4 * total))
+        for name in ("size_lookup", "dreamshard"):
+            if run.left() < 30:
+                return out
+            try:
+                plan = get_planner(name).plan(task)
+                t0 = time.monotonic()
+                m = runner.evaluate_plan(plan)
+                row = {"tables": k, "devices": devices, "bytes_over_hbm": ratio, "planner": name, "measured_ms": m.overall_ms,
+                       "tiers": {x: sum(s.tier == x for s in plan.shards) for x in ("hbm", "uvm", "uvm_caching")},
+                       "measured_hit_rates": [round(c["hit_rate"], 4) for c in m.details.get("tiers", {}).get("cached_tables", [])],
+                       "seconds": round(time.monotonic() - t0, 1)}
+                for label, sim in sims.items():
+                    s = sim.evaluate_plan(plan)
+                    row[f"sim_ms_{label}"] = s.overall_ms
+                    row[f"sim_err_{label}"] = (s.overall_ms - m.overall_ms) / m.overall_ms
+            except Exception as e:  # noqa: BLE001
+                row = {"tables": k, "devices": devices, "planner": name, "error": f"{type(e).__name__}: {str(e)[:300]}", "trace": traceback.format_exc()[-800:]}
+            out.append(row)
+            run.save("mixed_plans", out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def report(summary: dict) -> str:
+    lines = ["# Memory tiers on one GPU (benchmarks/gpu_tiers.py)", "", f"device: {summary.get('device')}; started {summary.get('started')}; {summary.get('elapsed_s')} s", ""]
+    lines += ["## Correctness (float64 reference, poisoned outputs)", ""] + [f"- {r['precision']} {r['optimizer']}: {'ok' if r['ok'] else 'FAILED ' + r.get('error', '')}"
+                                                                          for r in summary.get("correctness", [])] + [""]
+    link = summary.get("host_link", {})
+    if link:
+        lines += ["## Host link", "", f"- pinned copies: H2D {link.get('memcpy_h2d_GBps', float('nan')):.1f} GB/s, D2H {link.get('memcpy_d2h_GBps', float('nan')):.1f} GB/s"]
+        lines += [f"- random rows of {b} B from host-mapped memory: read {v['read_GBps']:.1f} GB/s, write {v['write_GBps']:.1f} GB/s" for b, v in link.get("random_rows", {}).items()]
+        lines += [f"- suggested `host.link_GBps`: {link.get('suggested_link_GBps', float('nan')):.1f}", ""]
+    lines += ["## One table per tier (measured vs simulated, ms)", "", "| tier | cache ratio | fwd | bwd | sim fwd | sim bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|"]
+    for r in summary.get("speed", []):
+        if "error" in r:
+            lines.append(f"| {r['tier']} | {r['cache_ratio']} | error: {r['error'][:80]} |||||")
+        else:
+            lines.append(f"| {r['tier']} | {r['cache_ratio']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['sim_fwd_ms']:.3f} | {r['sim_bwd_ms']:.3f} | "
+                         f"{r.get('measured_hit_rate', float('nan')):.3f} | {r.get('predicted_hit_rate', float('nan')):.3f} |")
+    hr = [r for r in summary.get("hit_rates", []) if "measured" in r]
+    if hr:
+        d = np.abs([r["diff_points"] for r in hr])
+        lines += ["", "## Hit rate: measured vs predicted from the reuse bins", "", f"{len(hr)} (table, cache) pairs: mean |diff| {d.mean():.2f} points, max {d.max():.2f}; "
+                  f"within 5 points: {int((d <= 5).sum())} of {len(hr)}"]
+    mp = [r for r in summary.get("mixed_plans", []) if "measured_ms" in r]
+    if mp:
+        lines += ["", "## Mixed-tier plans (sequential runner, comm modelled)", "", "| tables | devices | bytes/HBM | planner | tiers | measured ms | sim (default link) | err | sim (measured link) | err |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in mp:
+            lines.append(f"| {r['tables']} | {r['devices']} | {r['bytes_over_hbm']} | {r['planner']} | {r['tiers']} | {r['measured_ms']:.3f} | {r.get('sim_ms_default', float('nan')):.3f} | "
+                         f"{100 * r.get('sim_err_default', float('nan')):+.1f}% | {r.get('sim_ms_measured', float('nan')):.3f} | {100 * r.get('sim_err_measured', float('nan')):+.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kernel", default=None, help="default: triton on CUDA, torch on a CPU")
+    ap.add_argument("--budget-s", type=float, default=270.0)
+    ap.add_argument("--quick", action="store_true", help="logic check: tiny sizes")
+    args = ap.parse_args()
+    kernel = args.kernel or ("triton" if args.device.startswith("cuda") else "torch")
+    run = Run(Path(args.out), args.budget_s)
+    run.save("device", torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu")
+    run.save("kernel", kernel)
+    run.save("correctness", correctness(kernel, args.device))
+    try:
+        link = host_link(args.device, args.quick)
+    except Exception as e:  # noqa: BLE001
+        link = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    run.save("host_link", link)
+    sims = {"default": SimBackend()}
+    if "suggested_link_GBps" in link:
+        cal = Calibration.load()
+        cal.host = {**HostLink().to_json(), "link_GBps": link["suggested_link_GBps"], "source": f"measured by benchmarks/gpu_tiers.py on {run.summary['device']}"}
+        sims["measured"] = SimBackend(cal)
+        atomic_write(Path(args.out) / "host_link.json", json.dumps(cal.host, indent=1))
+    run.save("speed", speed(kernel, args.device, args.quick, sims["default"]))
+    run.save("hit_rates", hit_rates(args.device, args.quick, run))
+    mixed_plans(kernel, args.device, args.quick, run, sims)
+    atomic_write(Path(args.out) / "report.md", report(run.summary))
+    print((Path(args.out) / "report.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""Memory tiers: where a shard's rows live, what that costs in memory, the hit rate of an HBM row
+cache predicted from the reuse bins, and the tier stage every planner runs when the tables do not
+fit in HBM (docs/tiers.md).
+
+Three tiers, TorchRec's compute kernels (FBGEMM's placements):
+  - ``hbm`` (`fused`): the rows in the GPU's memory;
+  - ``uvm`` (`fused_uvm`): the rows in the host's memory, mapped into the GPU's address space and
+    read by the kernel over the host link (PCIe) at every lookup;
+  - ``uvm_caching`` (`fused_uvm_caching`): the rows in host memory behind a row cache in HBM of
+    ``cache_ratio`` × the shard's rows. Before each batch a prefetch maps the batch's rows to cache
+    slots, loads the missing rows from host memory (writing back the least recently used rows it
+    evicts) and the unchanged kernel reads and updates the cache.
+
+Memory: an ``hbm`` shard holds its weights (and optimizer state) in HBM; a host-tier shard holds
+them in host memory, and a ``uvm_caching`` one also holds, in HBM, its cache (cached rows × width)
+and the cache's index (CACHE_INDEX_BYTES per row of the shard: the row → slot map).
+
+The hit rate (`hit_rate`, derivation in docs/tiers.md): an LRU cache of C rows hits an access iff
+fewer than C distinct rows were touched since the row's previous access (its reuse distance).
+Under the independent reference model, with rows of per-batch rates λ, the rows touched in the
+last T batches number D(T) = Σ (1 - e^{-λT}) (Che's approximation: the cache holds the rows of the
+last T_C batches, D(T_C) = C). The reuse bins give the rates: bin i ≥ 1 holds rows read about
+BIN_MEAN[i] times a batch; the rows read once (bin 0) and the rows not read at all share the rest
+of the table at one low rate. This module imports no planner, task or backend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from dreamshard.bins import BIN_MEAN, REFERENCE_BATCH
+from dreamshard.packing import InfeasibleError, format_bytes, pack
+from dreamshard.tables import PRECISION_BYTES, TableSpec
+from dreamshard.validation import InputError, parse_choice, parse_float
+
+if TYPE_CHECKING:
+    from dreamshard.plan import Plan, Shard
+    from dreamshard.tasks import Task
+
+TIERS = ("hbm", "uvm", "uvm_caching")
+HOST_TIERS = ("uvm", "uvm_caching")
+# TorchRec's EmbeddingComputeKernel of each tier (torchrec/distributed/embedding_types.py)
+COMPUTE_KERNELS = {"hbm": "fused", "uvm": "fused_uvm", "uvm_caching": "fused_uvm_caching"}
+TIER_OF_KERNEL = {k: t for t, k in COMPUTE_KERNELS.items()}
+CACHE_INDEX_BYTES = 4  # HBM per row of a cached shard: its row → slot map (int32)
+# cache ratios the tier stage tries: the share of a table's rows its cache holds
+CACHE_RATIOS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)
+# the HBM share the tier stage fills before the planner places the shards (the rest is slack for
+# packing whole tables into devices); each fill that leaves the planner no placement is retried lower
+FILLS = (0.95, 0.9, 0.8, 0.65, 0.5)
+# a cache must hold a batch's distinct rows (the prefetch loads all of them before the kernel runs),
+# with this margin over the expected number
+CACHE_MARGIN = 1.25
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A table's (or shard's) tier; `cache_ratio`: cached rows / rows, in (0, 1], for uvm_caching."""
+
+    kind: str = "hbm"
+    cache_ratio: float = 0.0
+
+    def check(self, where: str, error: type[InputError] = InputError) -> "Tier":
+        parse_choice(self.kind, where, "key 'tier'", TIERS, error)
+        if self.kind == "uvm_caching":
+            parse_float(self.cache_ratio, where, "key 'cache_ratio'", 1e-9, 1.0, error, text=False)
+            if self.cache_ratio <= 0:
+                raise error(f"{where}, key 'cache_ratio': a uvm_caching shard needs a cache ratio in (0, 1]")
+        elif self.cache_ratio:
+            raise error(f"{where}, key 'cache_ratio': only a uvm_caching shard has a cache (tier {self.kind})")
+        return self
+
+
+HBM = Tier()
+
+
+def cache_rows(rows: int, ratio: float) -> int:
+    """Slots of a cache of `ratio` × `rows` rows: at least one, at most every row."""
+    return min(int(rows), max(1, math.ceil(ratio * rows - 1e-9)))
+
+
+def full_bytes(rows: int, width: int, precision: str, optimizer: str) -> int:
+    """Weights (and row-wise Adagrad's fp32 per row) of `rows` × `width`: TableSpec.bytes's formula."""
+    return rows * width * PRECISION_BYTES[precision] + (4 * rows if optimizer == "rowwise_adagrad" else 0)
+
+
+def hbm_bytes(rows: int, width: int, kind: str, ratio: float, precision: str, optimizer: str) -> int:
+    """HBM a shard of `rows` × `width` takes in tier `kind`: everything (hbm), nothing (uvm), its
+    cache and the cache's index (uvm_caching; the optimizer state stays in host memory)."""
+    if kind == "hbm":
+        return full_bytes(rows, width, precision, optimizer)
+    if kind == "uvm":
+        return 0
+    return cache_rows(rows, ratio) * width * PRECISION_BYTES[precision] + CACHE_INDEX_BYTES * rows
+
+
+def host_bytes(rows: int, width: int, kind: str, precision: str, optimizer: str) -> int:
+    """Host memory a shard takes: all of its bytes in a host tier, none in HBM."""
+    return 0 if kind == "hbm" else full_bytes(rows, width, precision, optimizer)
+
+
+# --------------------------------------------------------------------------------------------
+# The hit rate of an LRU row cache, from the reuse bins
+# --------------------------------------------------------------------------------------------
+
+
+_GRID = np.exp(np.linspace(np.log(1e-5), np.log(1.6 * 2.0**15), 96))  # candidate rates per reference batch
+
+
+@lru_cache(maxsize=1)
+def _grid_bins() -> tuple[np.ndarray, np.ndarray]:
+    """[17, grid] each: P(a row of rate λ_j has its reference-batch count in bin i), and its
+    expected count there (E[C; C in bin i])."""
+    from dreamshard.bins import _poisson_bins
+
+    p, lookups = _poisson_bins(_GRID)
+    return p.T, lookups.T
+
+
+@lru_cache(maxsize=65536)
+def _groups(rows: int, pooling_factor: float, bins: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(rates λ per REFERENCE_BATCH, rows with that rate) of a table, from its reuse bins.
+
+    U distinct rows are read in a reference batch of L = B·pooling lookups; bin i holds n_i = U·b_i
+    of them, each read about BIN_MEAN[i] times, so L = U Σ b_i BIN_MEAN[i] gives U. A row of rate λ
+    has a Poisson(λ) count, so the bins are a Poisson mixture of the rows' rates: the rates are
+    recovered by non-negative least squares over a grid of rates (rows w_j at λ_j) with
+        Σ_j w_j P(count in bin i | λ_j) = n_i,   Σ_j w_j = rows,   Σ_j w_j λ_j = L
+    (each equation relative to its size). Taking each row's count as its rate instead would keep
+    the counts' Poisson noise as spread in the rates, which overstates the hit rate (a near-uniform
+    table by ~10 points)."""
+    from scipy.optimize import nnls
+
+    L = REFERENCE_BATCH * float(pooling_factor)
+    b = np.asarray(bins, np.float64)
+    per_row = float(b @ BIN_MEAN)
+    if L <= 0 or per_row <= 0:
+        return np.zeros(0), np.zeros(0)
+    U = L / per_row  # a first estimate: BIN_MEAN is a bin's mean count only roughly
+    P, K = _grid_bins()
+    A = np.vstack([P, np.ones(len(_GRID)), _GRID])
+    for _ in range(4):  # refit with each bin's mean count under the previous fit (a few rounds settle)
+        y = np.concatenate([U * b, [float(rows), L]])
+        scale = 1.0 / np.concatenate([U * (b + 1e-2), [float(rows) / 10, L / 10]])  # the totals are exact: held tighter
+        w, _ = nnls(A * scale[:, None], y * scale)
+        mean = np.where(P @ w > 0, (K @ w) / np.maximum(P @ w, 1e-300), BIN_MEAN)
+        U = L / max(float(b @ mean), 1e-12)
+    keep = w > 1e-9 * max(rows, 1)
+    return _GRID[keep], w[keep]
+
+
+def rate_groups(table: TableSpec) -> tuple[np.ndarray, np.ndarray]:
+    return _groups(int(table.rows), float(table.pooling_factor), tuple(float(x) for x in table.bins))
+
+
+def expected_unique(table: TableSpec, batch_size: int = REFERENCE_BATCH) -> float:
+    """Expected distinct rows a batch of `batch_size` samples reads (what a cache must hold)."""
+    lam, n = rate_groups(table)
+    return float(n @ -np.expm1(-lam * batch_size / REFERENCE_BATCH))
+
+
+def hit_rate(table: TableSpec, rows_cached: int, batch_size: int = REFERENCE_BATCH, batches: int | None = None, warmup: int = 0) -> float:
+    """Predicted share of the lookups of a batch that an LRU cache of `rows_cached` rows, filled
+    batch by batch (the prefetch), serves: every repeat inside the batch hits (the row was loaded
+    for its first lookup), and a batch's first lookup of a row hits iff the row was read in the last
+    T batches, where the rows read in T batches fill the cache (Che's approximation; docs/tiers.md):
+
+        D(T) = Σ_g n_g (1 - e^{-λ_g T}) = C,   hits = (L - U) + Σ_g n_g (1 - e^{-λ_g}) (1 - e^{-λ_g T})
+
+    with λ_g the groups' per-batch rates at this batch size, L = Σ n_g λ_g lookups and
+    U = Σ n_g (1 - e^{-λ_g}) distinct rows a batch. A cache smaller than a batch's distinct rows
+    cannot run (the prefetch must hold them all): 0 is returned for it. That is the steady state;
+    with `batches`, the mean over batches `warmup`..`batches`-1 of a cache that started empty
+    (batch t can only hit rows read in its t batches before: T becomes min(T, t)), what a short
+    measurement sees."""
+    lam, n = rate_groups(table)
+    if not len(lam):
+        return 1.0
+    lam = lam * (batch_size / REFERENCE_BATCH)
+    L = float(n @ lam)
+    first = -np.expm1(-lam)
+    U = float(n @ first)
+    C = float(rows_cached)
+    if C < U and C < table.rows:
+        return 0.0
+    if C >= n.sum() - 0.5 or C >= table.rows:
+        T = math.inf  # every row fits: after its first touch a row never misses
+    else:
+        lo, hi = 1.0, 2.0
+        while float(n @ -np.expm1(-lam * hi)) < C and hi < 1e15:
+            lo, hi = hi, hi * 2
+        for _ in range(60):  # bisection on log T: D(T) increases in T
+            mid = math.sqrt(lo * hi)
+            if float(n @ -np.expm1(-lam * mid)) < C:
+                lo = mid
+            else:
+                hi = mid
+        T = math.sqrt(lo * hi)
+    ts = [T] if batches is None else [min(T, float(t)) for t in range(warmup, batches)]
+    if L <= 0 or not ts:
+        return 1.0
+    rates = [((L - U) + float(n @ (first * -np.expm1(-lam * min(t, 1e300))))) / L for t in ts]
+    return min(1.0, max(0.0, sum(rates) / len(rates)))
+
+
+def min_cache_rows(table: TableSpec, batch_size: int) -> int:
+    """The fewest cache rows the tier stage gives a table: a batch's expected distinct rows, with margin."""
+    return min(int(table.rows), math.ceil(CACHE_MARGIN * expected_unique(table, batch_size)) + 1)
+
+
+def simulate_lru(batches: Sequence[np.ndarray], rows_cached: int, rows: int, warmup: int = 1) -> float:
+    """The measured hit rate of the batch-prefetch LRU cache (the one the kernels implement,
+    costs/kernels/tiered.py) on actual index batches of one table: the share of the lookups of the
+    batches after `warmup` whose row was in the cache or already loaded for the same batch. The
+    reference `hit_rate` is tested against (tests/test_tiers.py)."""
+    C = int(rows_cached)
+    slot_row = np.full(C, -1, np.int64)
+    slot_time = np.full(C, -1, np.int64)
+    where: dict[int, int] | np.ndarray = np.full(rows, -1, np.int64) if rows <= 50_000_000 else {}
+    hits = lookups = 0
+    for t, batch in enumerate(batches):
+        batch = np.asarray(batch, np.int64)
+        u = np.unique(batch)
+        if len(u) > C:
+            raise ValueError(f"a batch reads {len(u):,} distinct rows, more than the cache's {C:,}")
+        slots = where[u] if isinstance(where, np.ndarray) else np.array([where.get(int(r), -1) for r in u], np.int64)
+        hit = slots >= 0
+        slot_time[slots[hit]] = t
+        miss = u[~hit]
+        if len(miss):
+            victims = np.argpartition(slot_time, len(miss) - 1)[: len(miss)] if len(miss) < C else np.arange(C)
+            old = slot_row[victims]
+            if isinstance(where, np.ndarray):
+                where[old[old >= 0]] = -1
+                where[miss] = victims
+            else:
+                for r in old[old >= 0]:
+                    where.pop(int(r), None)
+                where.update(zip(miss.tolist(), victims.tolist()))
+            slot_row[victims], slot_time[victims] = miss, t
+        if t >= warmup:
+            hits += len(batch) - len(miss)
+            lookups += len(batch)
+    return hits / lookups if lookups else 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# The tier stage: which tables leave HBM, and how much cache each keeps
+# --------------------------------------------------------------------------------------------
+
+
+def link_bytes(table: TableSpec, kind: str, ratio: float, batch_size: int, elt: int) -> float:
+    """Bytes a step moves over the host link for a table in a tier (the tier stage's measure; the
+    simulator prices them, costs/sim.py): uvm reads a row per lookup and reads and writes each
+    distinct row in the backward; uvm_caching loads each missed row and writes back the row it
+    evicts; hbm nothing."""
+    if kind == "hbm":
+        return 0.0
+    row = table.dim * elt
+    lookups = batch_size * table.pooling_factor
+    if kind == "uvm":
+        return lookups * row + 2 * expected_unique(table, batch_size) * row
+    return 2 * lookups * (1 - hit_rate(table, cache_rows(table.rows, ratio), batch_size)) * row
+
+
+def _options(table: TableSpec, cap: int, batch_size: int, precision: str, optimizer: str) -> list[tuple[int, float, Tier]]:
+    """(HBM bytes, host-link bytes a step, tier) of the table's choices that fit a device, on their
+    lower convex hull (what a greedy by link bytes saved per HBM byte can take in order)."""
+    elt = PRECISION_BYTES[precision]
+    out = [(0, link_bytes(table, "uvm", 0.0, batch_size, elt), Tier("uvm"))]
+    need = min_cache_rows(table, batch_size)
+    for r in CACHE_RATIOS:
+        if cache_rows(table.rows, r) < need:
+            continue
+        hb = hbm_bytes(table.rows, table.dim, "uvm_caching", r, precision, optimizer)
+        if hb <= cap:
+            out.append((hb, link_bytes(table, "uvm_caching", r, batch_size, elt), Tier("uvm_caching", r)))
+    full = full_bytes(table.rows, table.dim, precision, optimizer)
+    if full <= cap:
+        out.append((full, 0.0, HBM))
+    out.sort(key=lambda o: (o[0], o[1]))
+    hull: list[tuple[int, float, Tier]] = []
+    for o in out:  # keep the points that lower the link bytes at a falling rate per HBM byte
+        if hull and o[1] >= hull[-1][1]:
+            continue
+        while len(hull) >= 2:
+            (x0, y0, _), (x1, y1, _) = hull[-2], hull[-1]
+            if (y0 - y1) * (o[0] - x1) <= (y1 - o[1]) * (x1 - x0):  # the middle point saves less per byte than the next step
+                hull.pop()
+            else:
+                break
+        hull.append(o)
+    return hull
+
+
+def assign_tiers(task: "Task", fill: float = FILLS[0]) -> dict[str, Tier]:
+    """Each table's tier when the task's tables do not fit its devices' HBM: all start in host
+    memory (uvm), then a greedy spends `fill` of the devices' HBM on the steps that save the most
+    host-link bytes per HBM byte — a cache for a cold table, a bigger cache, or the whole table in
+    HBM for the hot ones. A table left in uvm is one whose cache could not help (it could not hold
+    a batch's rows, or its hits would not pay for its bytes before the HBM ran out). Raises
+    InfeasibleError when the host-tier tables do not fit the host memory."""
+    w = task.workload
+    cap, D = task.max_memory_bytes, task.devices
+    budget = int(fill * cap * D)
+    hulls = [_options(t, cap, w.batch_size, w.precision, w.optimizer) for t in task.tables]
+    steps = []  # (saved per byte, table, hull position)
+    for i, h in enumerate(hulls):
+        for k in range(1, len(h)):
+            extra = h[k][0] - h[k - 1][0]
+            steps.append(((h[k - 1][1] - h[k][1]) / max(extra, 1), i, k))
+    steps.sort(key=lambda s: -s[0])
+    at = [0] * len(hulls)
+    used = 0
+    for _, i, k in steps:
+        if at[i] != k - 1:
+            continue  # an earlier step of this table did not fit
+        extra = hulls[i][k][0] - hulls[i][k - 1][0]
+        if used + extra <= budget:
+            used += extra
+            at[i] = k
+    tiers = {t.name: hulls[i][at[i]][2] for i, t in enumerate(task.tables)}
+    host = sum(full_bytes(t.rows, t.dim, w.precision, w.optimizer) for t in task.tables if tiers[t.name].kind != "hbm")
+    if host > D * task.host_memory_bytes:
+        raise InfeasibleError(f"cannot place {len(task.tables)} tables: {format_bytes(host)} of them must go to host memory, more than "
+                              f"{D} devices × {format_bytes(task.host_memory_bytes)} of host memory hold")
+    return tiers
+
+
+def describe(tiers: dict[str, Tier]) -> str:
+    """The tier stage's choice in words (table counts, before placement)."""
+    kinds = [t.kind for t in tiers.values()]
+    return f"tiers: {kinds.count('hbm')} tables in HBM, {kinds.count('uvm_caching')} in host memory behind an HBM cache, {kinds.count('uvm')} in host memory (uvm)"
+
+
+HOST_HINT = " of HBM and no host memory (--host-memory, a task's host_memory_bytes, puts what does not fit in HBM in host memory behind an HBM cache)"
+
+
+def plan_with_tiers(place: Callable[["Task"], "Plan"], task: "Task") -> "Plan":
+    """The tier stage around a planner's placement (`Planner` runs every `plan` through it): a task
+    whose tables fit in HBM, or that offers no host memory, is placed as it is; otherwise tiers are
+    assigned (`assign_tiers`) and the planner places the task with those tiers, whose HBM sizes it
+    packs (Task.table_bytes); a fill that leaves it no placement is retried with less HBM."""
+    if task.tiers is not None:
+        return place(task)
+    if not task.host_memory_bytes:
+        try:
+            return place(task)
+        except InfeasibleError as e:
+            if sum(task.sizes()) <= task.devices * task.max_memory_bytes:
+                raise  # the bytes fit the devices' HBM in all: host memory is not what is missing
+            text = str(e)  # the hint goes after the bytes, before the reason that ends the message
+            raise InfeasibleError(text.replace(" in all", " in all" + HOST_HINT, 1) if " in all" in text else text + HOST_HINT) from None
+    if pack(task.sizes(), task.max_memory_bytes, task.devices, node_budget=20_000) is not None:
+        return place(task)
+    last: InfeasibleError | None = None
+    for fill in FILLS:
+        tiered = replace(task, tiers=assign_tiers(task, fill))
+        try:
+            plan = place(tiered)
+        except InfeasibleError as e:
+            last = e
+            continue
+        host = plan.device_host_bytes()
+        d = int(np.argmax(host))
+        if host[d] > task.host_memory_bytes:
+            last = InfeasibleError(f"device {d} would hold {format_bytes(host[d])} in host memory, over its {format_bytes(task.host_memory_bytes)}")
+            continue
+        grown, changed = grow_caches(plan)
+        grown.notes.append(describe(tiered.tiers) + f" (tier stage: {fill:.0%} of HBM for tables and caches)"
+                           + (f"; after placement {changed} host-tier shards took more of their device's free HBM" if changed else ""))
+        return grown
+    assert last is not None
+    raise last
+
+
+def grow_caches(plan: "Plan") -> tuple["Plan", int]:
+    """The tier stage after placement: each device's free HBM (the packing leaves some) goes to its
+    host-tier shards, greedily to the step that saves the most host-link bytes per HBM byte — a
+    larger cache, a cache for a uvm shard, or the whole shard in HBM — so that every cache is sized
+    to the HBM its device has left. → (the plan, carrying its shards' own tiers: its task no
+    longer imposes the table-wide ones; the number of shards changed)."""
+    from dreamshard.plan import Plan
+
+    task, w = plan.task, plan.workload
+    cap = task.max_memory_bytes
+    used = plan.device_bytes()
+    specs = plan.shard_specs()
+    shards = list(plan.shards)
+    grown = set()
+    for d in range(plan.devices):
+        mine = [i for i, s in enumerate(shards) if s.device == d and s.tier != "hbm"]
+        free = cap - used[d]
+        while mine and free > 0:
+            best = None  # (saved per byte, shard, extra bytes, tier)
+            for i in mine:
+                s, spec = shards[i], specs[i]
+                now_hbm = s.bytes(task.tables[s.table], w.precision, w.optimizer)
+                now_link = link_bytes(spec, s.tier, s.cache_ratio, w.batch_size, PRECISION_BYTES[w.precision])
+                for hb, lb, tier in _options(spec, now_hbm + free, w.batch_size, w.precision, w.optimizer):
+                    extra = hb - now_hbm
+                    if extra > 0 and lb < now_link and (best is None or (now_link - lb) / extra > best[0]):
+                        best = ((now_link - lb) / extra, i, extra, tier)
+            if best is None:
+                break
+            _, i, extra, tier = best
+            shards[i] = replace(shards[i], tier=tier.kind, cache_ratio=tier.cache_ratio)
+            free -= extra
+            used[d] += extra
+            grown.add(i)
+            if tier.kind == "hbm":
+                mine.remove(i)
+    return Plan(replace(task, tiers=None), shards, plan.planner, plan.predicted, list(plan.notes)), len(grown)
+
+
+def tier_of(task: "Task", name: str) -> Tier:
+    return (task.tiers or {}).get(name, HBM)
+
+
+def with_task_tier(task: "Task", shard: "Shard") -> "Shard":
+    """The shard with its table's tier in the task (a tierless piece of a planner's search)."""
+    if task.tiers is None:
+        return shard
+    t = tier_of(task, task.tables[shard.table].name)
+    if (shard.tier, shard.cache_ratio) == (t.kind, t.cache_ratio):
+        return shard
+    return replace(shard, tier=t.kind, cache_ratio=t.cache_ratio)
