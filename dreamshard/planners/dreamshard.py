@@ -24,7 +24,7 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
 - a beam from those (" + beam", `_beam`): NeuroShard's beam search (`scoring.beam_search`:
   halvings and row splits, each candidate placed by the greedy under swept dim caps), started
   from the cheapest plan so far and the cut sets the cut net proposed instead of from whole
-  tables, BEAM_DEPTH steps or until `budget_ms` (up to BEAM_MAX_TABLES tables);
+  tables, BEAM_DEPTH steps (up to BEAM_MAX_TABLES tables);
 - the split descent from the cheapest of those (" + descent", `split_descent`): the cost net
   repeatedly halves a piece on the device it predicts slowest and moves one half, or splits a
   whole table there by rows over k devices, while that lowers the prediction (at most
@@ -355,7 +355,7 @@ class DreamShardPlanner(LearnedPlanner):
         if placed is not None and placed[0] < best.cost:
             best = Candidate(*placed, "row ladder")
         if self.beam_depth and len(task.tables) <= BEAM_MAX_TABLES:
-            best = self._beam(scorer, best, proposed, deadline)
+            best = self._beam(scorer, best, proposed)
         elif self.beam_depth:
             bounded.append(f"{len(task.tables):,} tables: the search ran no beam (done up to {BEAM_MAX_TABLES:,} tables)")
         best = self._descend(scorer, best)
@@ -372,13 +372,14 @@ class DreamShardPlanner(LearnedPlanner):
         return splits.placed(task, best.pieces, best.devices, self.name, notes=[n for n in table_wise.notes if "heuristic" in best.source] + bounded,
                              predicted={**scorer.predicted(best.pieces, np.array(best.devices), self.label), "candidate": best.source})
 
-    def _beam(self, scorer: PieceScorer, best: "Candidate", proposed: list[list[Shard]], deadline: float | None) -> "Candidate":
+    def _beam(self, scorer: PieceScorer, best: "Candidate", proposed: list[list[Shard]]) -> "Candidate":
         """NeuroShard's beam search (`scoring.beam_search`: halvings and row splits, each candidate
         placed by the greedy under the dim caps) started from the learned search's plans — the
         cheapest so far and the cut sets the cut net proposed — rather than from whole tables:
-        `beam_depth` steps (fewer where `deadline` passes); `best` where it finds nothing cheaper."""
+        `beam_depth` steps whatever `budget_ms` (the budget buys rounds after it); `best` where it
+        finds nothing cheaper."""
         starts = [best.pieces] + [c for c in proposed if set(c) != set(best.pieces)]
-        cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices), deadline=deadline)
+        cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices))
         return Candidate(cost, pieces, [int(d) for d in devices], best.source + " + beam") if cost < best.cost else best
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":

@@ -313,23 +313,18 @@ def split_moves(scorer: PieceScorer, pieces: list[Shard], top: int) -> list[tupl
 
 
 def beam_search(scorer: PieceScorer, starts: list[list[Shard]], caps: np.ndarray, width: int, depth: int, top: int,
-                best: tuple[float, list[Shard], np.ndarray] | None = None, progress=None, deadline: float | None = None
-                ) -> tuple[float, list[Shard], np.ndarray]:
+                best: tuple[float, list[Shard], np.ndarray] | None = None, progress=None) -> tuple[float, list[Shard], np.ndarray]:
     """NeuroShard's outer search from the plans `starts` (the first beam): each step replaces one
     piece of a beam plan by a `split_moves` move, places every new candidate by the greedy under
     the dim caps `caps` (`greedy_groups`) and keeps the `width` cheapest — and the cheapest with
     more row pieces than the beams have, lest the first halving of a hot table rule its row split
-    out. `depth` steps, or until `deadline` (perf_counter seconds): a step that finds nothing
-    cheaper may lead to one that does (a hot table halved several times). → (cost, pieces,
-    devices) of the cheapest plan seen, `best` (a plan already priced) included."""
-    import time
-
+    out. `depth` steps: a step that finds nothing cheaper may lead to one that does (a hot table
+    halved several times). → (cost, pieces, devices) of the cheapest plan seen, `best` (a plan
+    already priced) included."""
     beams = list(starts)
     for step in range(depth):
         if progress is not None:
             progress(step, depth)
-        if deadline is not None and time.perf_counter() > deadline:
-            break
         seen, candidates = set(), []
         for pieces in beams:
             for i, new in split_moves(scorer, pieces, top):
