@@ -100,10 +100,22 @@ DEFAULT_CALIBRATION = SHIPPED_CALIBRATIONS["h200"]
 
 
 def default_calibration() -> str:
-    """The shipped calibration's file name the simulator prices with when given none."""
-    from dreamshard.costs.comm import local_gpu
+    """The shipped calibration's file name the simulator prices with when given none. Asked
+    without importing torch where no one has yet (a heuristic's plan never loads it, and the CLI
+    sets torch's threads before it does): the NVIDIA driver names the GPU in /proc."""
+    import sys
 
-    return SHIPPED_CALIBRATIONS.get(local_gpu() or "", DEFAULT_CALIBRATION)
+    if "torch" in sys.modules:
+        from dreamshard.costs.comm import local_gpu
+
+        gpu = local_gpu()
+    else:
+        from dreamshard.costs.hardware import gpu_slug
+
+        models = [line.split(":", 1)[1].strip() for f in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information"))
+                  for line in f.read_text(errors="replace").splitlines() if line.startswith("Model:")]
+        gpu = gpu_slug(models[0]) if models else None
+    return SHIPPED_CALIBRATIONS.get(gpu or "", DEFAULT_CALIBRATION)
 
 @dataclass
 class Calibration:

@@ -341,7 +341,7 @@ class DreamShardPlanner(LearnedPlanner):
         bounded = list(bounded)
         learned = len(task.tables) <= CUTS_MAX_TABLES
         if not learned:
-            found = None
+            found, proposed = None, []
             bounded.append(f"{len(task.tables):,} tables: the search placed no learned cuts (a play of the cut net over every table, "
                            f"done up to {CUTS_MAX_TABLES:,} tables); the row ladder and the split descent ran, and the greedy placement "
                            f"under {len(CAPS[::2])} of its {len(CAPS)} dim caps")
