@@ -33,7 +33,7 @@ import numpy as np
 
 from dreamshard import shipped
 from dreamshard.packing import over_bounds
-from dreamshard.plan import Plan, Shard
+from dreamshard.plan import Plan
 from dreamshard.planners import splits
 from dreamshard.planners.base import LazyImports, Planner, register
 from dreamshard.planners.heuristics import place_or_pack
