@@ -30,7 +30,7 @@ from typing import NamedTuple, Sequence
 
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec, table_from_record
-from dreamshard.tasks import Task, Workload
+from dreamshard.tasks import Task, Workload, topology_from
 from dreamshard.validation import (
     loads_unique,
     DIM_MULTIPLE,
@@ -284,6 +284,8 @@ class Plan:
         }
         if t.pool:
             d["pool"] = t.pool
+        if t.topology is not None:  # absent: one host (files of plans without one read as before)
+            d["topology"] = t.topology.to_json()
         if self.predicted is not None:
             d["predicted"] = self.predicted
         if self.notes:
@@ -347,7 +349,7 @@ class Plan:
         if pool is not None and not isinstance(pool, str):
             raise PlanError(f"{where}, key 'pool': {pool!r:.40} must be a string")
         workload = d if version == READS[0] else require_dict(d.get("workload", {}), where, "key 'workload' as an object", PlanError)
-        task = Task(specs, devices, cap, Workload.from_json(workload, where, PlanError), pool).validate(where, PlanError)
+        task = Task(specs, devices, cap, Workload.from_json(workload, where, PlanError), pool, topology=topology_from(d, where, PlanError)).validate(where, PlanError)
         plan = Plan(task, shards, planner, predicted, notes)
         plan.check(where)
         return plan

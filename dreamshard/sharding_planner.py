@@ -252,7 +252,7 @@ class ShardingPlanner:
         placed: list[Shard] = []
         if free:
             try:
-                sub = planner.plan(Task(splits.specs(task, free), task.devices, room, w, task.pool))
+                sub = planner.plan(Task(splits.specs(task, free), task.devices, room, w, task.pool, topology=task.topology))
             except InfeasibleError as e:
                 restricted = [f"{n!r}: {list(k)}" for n, k in kinds.items() if getattr(cons.get(n), "sharding_types", None)]
                 raise InfeasibleError(one_line(e) + (f"; within the constraints' sharding_types ({', '.join(restricted[:3])}{', ...' if len(restricted) > 3 else ''})"

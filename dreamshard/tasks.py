@@ -2,7 +2,9 @@
 
 A task file is JSON lines, one task per line:
   {"tables": ["t3", "t17", ...], "devices": 8, "max_memory_bytes": 5000000000, "pool": "/abs/pool"}
-with optional workload keys "batch_size" (default 65536), "precision" (fp16) and "optimizer" (sgd).
+with optional workload keys "batch_size" (default 65536), "precision" (fp16) and "optimizer" (sgd),
+and an optional "topology" (topology.py: hosts × GPUs per host and their links) whose device count
+is the task's; a task without one is one host of its devices.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from dreamshard.files import atomic_write
 from dreamshard.packing import format_bytes, pack
 from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec, load_tables
+from dreamshard.topology import Topology, one_host
 from dreamshard.validation import (
     loads_unique,
     MAX_BATCH_SIZE,
@@ -93,6 +96,13 @@ class Task:
     workload: Workload = Workload()
     pool: str | None = None  # where the table names resolve
     meta: dict = field(default_factory=dict)
+    # the machine (topology.py); None: one host of `devices` GPUs
+    topology: Topology | None = None
+
+    @property
+    def machine(self) -> Topology:
+        """The task's topology, or the one host a task without one is."""
+        return self.topology if self.topology is not None else one_host(self.devices)
 
     def validate(self, where: str = "task", error: type[InputError] = TaskError) -> "Task":
         """Raise `error` (naming `where`) unless this is a task a planner may be given: 1..MAX_TABLES
@@ -102,6 +112,11 @@ class Task:
         parse_int(self.devices, where, "key 'devices'", 1, MAX_DEVICES, error)
         parse_int(self.max_memory_bytes, where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, error)
         self.workload.validate(where, error)
+        if self.topology is not None:
+            self.topology.validate(f"{where}, key 'topology'", error)
+            if self.topology.devices != self.devices:
+                raise error(f"{where}, key 'topology': {self.topology.hosts} hosts × {self.topology.gpus_per_host} GPUs is {self.topology.devices} devices, "
+                            f"but the task has {self.devices}")
         seen: set[str] = set()
         for t in self.tables:
             if t.name in seen:
@@ -120,7 +135,15 @@ class Task:
         d = {"tables": [t.name for t in self.tables], "devices": self.devices, "max_memory_bytes": self.max_memory_bytes, **self.workload.to_json()}
         if self.pool:
             d["pool"] = self.pool
+        if self.topology is not None:
+            d["topology"] = self.topology.to_json()
         return d
+
+
+def topology_from(d: dict, where: str, error: type[InputError] = TaskError) -> Topology | None:
+    """The optional "topology" of a task or plan object (None where absent: one host)."""
+    value = d.get("topology")
+    return None if value is None else Topology.from_json(value, f"{where}, key 'topology'", error)
 
 
 TASK_KEYS = ("tables", "devices", "max_memory_bytes")
@@ -187,7 +210,7 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
         missing = [n for n in names if n not in lookup]
         if missing:
             raise TaskError(f"{where}, key 'tables': unknown table {missing[0]!r:.60}")
-        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool).validate(where))
+        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool, topology=topology_from(d, where)).validate(where))
     if not tasks:
         raise TaskError(f"{path}: no tasks")
     return tasks
@@ -215,6 +238,7 @@ def sample_tasks(
     workload: Workload = Workload(),
     max_tries: int = 100,
     refused: list[int] | None = None,
+    topology: Topology | None = None,
 ) -> list[Task]:
     """`n` random table subsets that can be placed within memory. A draw that cannot be placed is
     drawn again, which favours small tables where memory is tight: `refused[0]` (where given) is
@@ -227,7 +251,7 @@ def sample_tasks(
             if k > len(tables):
                 raise InputError(f"tasks of {k} tables asked from a pool of {len(tables)}")
             chosen = [tables[i] for i in sorted(rng.choice(len(tables), size=k, replace=False))]
-            task = Task(chosen, devices, max_memory, workload, pool)
+            task = Task(chosen, devices, max_memory, workload, pool, topology=topology)
             if pack(task.sizes(), max_memory, devices) is not None:
                 tasks.append(task)
                 break

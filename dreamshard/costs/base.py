@@ -107,6 +107,24 @@ class CostBackend(ABC):
     def evaluate_many(self, placements: Sequence[Sequence[Sequence[TableSpec]]], workload: Workload = Workload()) -> list[CostReport]:
         return [self.evaluate(s, workload) for s in placements]
 
-    def evaluate_plan(self, plan, batch_size: int | None = None) -> CostReport:
-        """Cost of a plan under its own workload (or at another batch size)."""
-        return self.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size))
+    # takes `evaluate(..., topology=)`: prices a plan of several hosts in two levels (costs/hierarchy.py)
+    supports_topology: bool = False
+
+    def evaluate_plan(self, plan, batch_size: int | None = None, precision: str | None = None) -> CostReport:
+        """Cost of a plan under its own workload (or at another batch size or precision), on its
+        task's topology (`evaluate_on`)."""
+        return evaluate_on(self, plan.device_tables(), plan.workload.with_overrides(batch_size, precision), plan.task.topology)
+
+
+def evaluate_on(backend: CostBackend, shards: Sequence[Sequence[TableSpec]], workload: Workload, topology=None) -> CostReport:
+    """`backend.evaluate` of a placement on `topology`: a backend that prices topologies
+    (`supports_topology`) is given one of several hosts; one that does not (a runner whose
+    collectives are real) measures what it runs on, and its report says the plan's topology was
+    not what it measured (details "topology_note")."""
+    if topology is None or not topology.multi_host:
+        return backend.evaluate(shards, workload)
+    if backend.supports_topology:
+        return backend.evaluate(shards, workload, topology=topology)
+    report = backend.evaluate(shards, workload)
+    report.details["topology_note"] = f"the plan is for {topology.describe()}; this backend measured its own processes, not that machine's network"
+    return report

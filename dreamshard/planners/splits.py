@@ -144,7 +144,7 @@ def sizes(task: Task, pieces: Sequence[Shard]) -> list[int]:
 
 def as_task(task: Task, pieces: Sequence[Shard]) -> Task:
     """The task whose tables are the pieces (what a table-wise placer or the cost net sees)."""
-    return Task(specs(task, pieces), task.devices, task.max_memory_bytes, task.workload, task.pool)
+    return Task(specs(task, pieces), task.devices, task.max_memory_bytes, task.workload, task.pool, topology=task.topology)
 
 
 def split_heaviest(task: Task, proxy: Sequence[float]) -> list[Shard]:
