@@ -29,6 +29,13 @@ with the collective added to the overall head.
 
 The comm model's parameters default to the shipped NCCL fit for the shipped cost net's GPU at the
 task's device count: `comm_params`.
+
+A task on several hosts (its `topology`, topology.py): the comm head learned one host's all-to-all,
+so the scorer prices the all-to-all by the two-level formula instead (costs/hierarchy.py, the
+simulator's: inside a host the comm model of its GPU count, between hosts the topology's links),
+on each device's all-to-all columns, and the row-wise exchange as spread over the hosts
+(`hierarchy.rowwise_topo_ms`: a plan's row pieces are summed per device, not per table, so a
+table whose blocks stay in one host is priced as if it crossed them, an upper bound).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Iterable
 import numpy as np
 
 from dreamshard.costs.comm import DEFAULT_GPU, CommModel, load_comm_model, relayout_ms, rowwise_ms
+from dreamshard.costs.hierarchy import alltoall_topo_ms, rowwise_topo_ms
 from dreamshard.learned.mdp import NumpyCostNet
 from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
@@ -69,7 +77,9 @@ class PieceScorer:
     def __init__(self, model: DreamShardModel, task: Task, comm: dict | None = None):
         self.model, self.task = model, task
         self.net = NumpyCostNet(model.cost_net)
-        self.comm = comm if comm is not None else comm_params(None, task.devices)
+        self.topology = task.topology if task.topology is not None and task.topology.multi_host else None
+        # several hosts: the collectives' inside-a-host part is the comm model of one host's GPUs
+        self.comm = comm if comm is not None else comm_params(None, self.topology.gpus_per_host if self.topology else task.devices)
         self.row_moves = model.score == "max_device" and task.devices > 1
         nP = self.net.nP
         self._heads = nP // len(COST_COMPONENTS)
@@ -146,7 +156,10 @@ class PieceScorer:
         costs = self.net.costs(state[..., : self.net.nP])
         comm = self.model.comm
         w = self.task.workload
-        if comm is not None:
+        if self.topology is not None:  # the two-level all-to-all in place of the one-host head's (module docstring)
+            fwd, bwd = alltoall_topo_ms(self.comm, state[..., self._a2a], w.batch_size, w.elt_bytes, self.topology)
+            costs[..., COMM] = (fwd + bwd) / self.net.scale
+        elif comm is not None:
             cols = state[..., self._a2a]
             costs[..., COMM] = comm.units(cols, cols.sum(-1, keepdims=True), self.task.devices, w.elt_bytes, self.net.scale)
         if self.comm.get("relayout"):  # the copies of devices with row pieces, as the simulator prices them
@@ -169,7 +182,10 @@ class PieceScorer:
     def collective_of(self, rowwise_dim) -> np.ndarray:
         """The row-wise exchange of a buffer of `rowwise_dim` columns, units."""
         w = self.task.workload
-        rs, ag = rowwise_ms(self.comm, rowwise_dim, w.batch_size, w.elt_bytes, self.task.devices)
+        if self.topology is not None:
+            rs, ag = rowwise_topo_ms(self.comm, rowwise_dim, w.batch_size, w.elt_bytes, self.topology)
+        else:
+            rs, ag = rowwise_ms(self.comm, rowwise_dim, w.batch_size, w.elt_bytes, self.task.devices)
         return (rs + ag) / self.net.scale
 
     def row_candidates(self, pieces: list[Shard], among: list[int], top: int) -> list[int]:
