@@ -126,9 +126,12 @@ class Topology:
         else this topology's HBM) and the two bandwidths in TorchRec's unit, bytes per ms."""
         from torchrec.distributed.planner import Topology as TRTopology
 
+        from dreamshard.torchrec_io import quiet
+
         cap = hbm_cap if hbm_cap is not None else self.hbm_bytes
-        return TRTopology(world_size=self.devices, compute_device=compute_device, hbm_cap=cap, local_world_size=self.gpus_per_host,
-                          intra_host_bw=self.intra_host_GBps * 1e6, inter_host_bw=self.inter_host_GBps * 1e6)
+        with quiet():  # TorchRec warns of every Topology not built by its factory
+            return TRTopology(world_size=self.devices, compute_device=compute_device, hbm_cap=cap, local_world_size=self.gpus_per_host,
+                              intra_host_bw=self.intra_host_GBps * 1e6, inter_host_bw=self.inter_host_GBps * 1e6)
 
 
 def one_host(devices: int) -> Topology:
