@@ -10,7 +10,8 @@ Table sets, per host count H (D = 8H GPUs of 80 GB):
   - `mlperf`: the 26 tables of MLPerf DLRM-DCNv2 (Criteo 1TB, dim 128; the `onehot` family's copy 0,
     as `dreamshard bench paper --suite mlperf` places them), one task;
   - `synthetic`: the DLRM-like synthetic pool (dreamshard/synth.py, seed 7) scaled with the machine:
-    8 tables per GPU (128 tables on 2 hosts, 1,024 on 16), one task.
+    8 tables per GPU (128 tables on 2 hosts, 1,024 on 16), one task; the timing rows (--timing-hosts,
+    our planners alone) 10,000 tables.
 
 Planners: `lookup` (table-wise greedy), `size_lookup --split`, `neuroshard`, `dreamshard` (its
 search, on by default) planned for the topology; `dreamshard (flat)`, the same planner given the task
@@ -55,16 +56,17 @@ from dreamshard.validation import InputError  # noqa: E402
 GB = 10**9
 PER_GPU = 8  # synthetic tables per GPU
 OURS = {"lookup": {}, "size_lookup --split": {"split": True}, "neuroshard": {}, "dreamshard": {}}
-FAST = {"lookup": {}, "dreamshard --no-split": {"split": False}}  # the timing rows past --full-below hosts
+FAST = {"lookup": {}, "size_lookup --split": {"split": True}, "dreamshard --no-split": {"split": False}, "dreamshard": {}}  # the timing rows
+TIMING_TABLES = 10_000  # the target: 10,000 tables for 128 hosts × 8 GPUs in 60 s on one core
 
 
-def tasks_for(hosts: int, topo: Topology, sets: list[str], cache: dict) -> list[tuple[str, Task]]:
+def tasks_for(hosts: int, topo: Topology, sets: list[str], cache: dict, tables: int | None = None) -> list[tuple[str, Task]]:
     D = topo.devices
     out = []
     if "mlperf" in sets:
         out.append(("mlperf", Task(synth_family("onehot", 26, 0), D, topo.hbm_bytes, Workload(65_536), "mlperf dcnv2", topology=topo)))
     if "synthetic" in sets:
-        n = PER_GPU * D
+        n = tables or PER_GPU * D
         if n not in cache:
             cache[n] = synth_pool(PoolConfig(tables=n, seed=7))
         out.append((f"synthetic ({n:,} tables)", Task(cache[n], D, topo.hbm_bytes, Workload(65_536), "synthetic seed 7", topology=topo)))
@@ -158,7 +160,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     for hosts in [int(h) for h in args.timing_hosts.split(",") if h]:
         topo = replace(PRESETS[args.preset], hosts=hosts)
-        for label, task in tasks_for(hosts, topo, ["synthetic"], cache):
+        for label, task in tasks_for(hosts, topo, ["synthetic"], cache, TIMING_TABLES):
             for name, opts in FAST.items():
                 rows.append({"hosts": hosts, "gpus": topo.devices, "set": label, "timing": True,
                              **run_one(name, get_planner(name.split(" ")[0], **opts), task, sim, None)})

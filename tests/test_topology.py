@@ -291,6 +291,32 @@ def test_planners_plan_for_several_hosts(tables, sim, name, options):
     assert report.details["topology"]["hosts"] == 2
 
 
+def test_row_splits_on_several_hosts_are_table_row_wise():
+    """On several hosts a table split by rows into G blocks lies on the G GPUs of one host, block r
+    on GPU r (TorchRec's table_row_wise): the planners' row splits export with that host's ranks."""
+    from dreamshard.planners import get_planner, splits
+
+    topo = replace(H100, hosts=2, gpus_per_host=4)
+    hot = table("hot", 2_000_000, 128, 60.0)
+    task = Task([hot] + [table(f"t{i}", 50_000, 32, 2.0) for i in range(12)], 8, 10**10, topology=topo)
+    assert splits.task_row_parts(task) == [2, 4, 8]
+    assert splits.twrw_blocks(task, splits.row_split(task, 0, 4)) == [0, 1, 2, 3]
+    assert splits.twrw_blocks(task, splits.row_split(task, 0, 8)) == [-1] * 8
+    assert splits.twrw_blocks(replace(task, topology=None), splits.row_split(task, 0, 4)) == [-1] * 4
+    seen = 0
+    for name, options in (("neuroshard", {"beam": 2, "depth": 3}), ("dreamshard", {})):
+        plan = get_planner(name, **options).plan(task)
+        plan.check()
+        rows = sorted((s for s in plan.shards if s.is_row_shard), key=lambda s: s.row_start)
+        if len(rows) == 4:
+            host = rows[0].device // 4
+            assert [s.device for s in rows] == [host * 4 + r for r in range(4)]
+            exported = torchrec_shardings(plan)["hot"]
+            assert exported["sharding_type"] == "table_row_wise" and exported["ranks"] == [host * 4 + r for r in range(4)]
+            seen += 1
+    assert seen, "no planner split the hot table over one host"
+
+
 def test_oracle_searches_on_the_topology(tables, sim):
     from dreamshard.planners import get_planner
 

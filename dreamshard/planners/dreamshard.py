@@ -82,11 +82,17 @@ def row_trials(scorer: PieceScorer, pieces: list[Shard], slots: np.ndarray, mine
     for i in scorer.row_candidates(pieces, mine, candidates):
         if not scorer.bound_without(state, slow, pieces[i]) < cost * (1 - 1e-3):
             continue
-        for parts in splits.row_parts(task.devices):
+        G = splits.host_gpus(task)
+        for parts in splits.task_row_parts(task):
             rows = splits.row_split(task, pieces[i].table, parts)
             if rows is None:
                 continue
-            to = list(range(task.devices)) if parts == task.devices else sorted([slow] + [int(d) for d in order if d != slow][: parts - 1])
+            if parts == task.devices:
+                to = list(range(task.devices))
+            elif parts == G:  # table-row-wise: block r on GPU r of the slow device's host (splits.twrw_blocks)
+                to = list(range(slow // G * G, (slow // G + 1) * G))
+            else:
+                to = sorted([slow] + [int(d) for d in order if d != slow][: parts - 1])
             free = used.copy()
             free[slow] -= scorer.bytes[slots[i]]
             free[to] += splits.sizes(task, rows)  # a table's blocks go to distinct devices
@@ -460,20 +466,22 @@ def top_tables(single: np.ndarray, top: int) -> np.ndarray | None:
 
 def row_ladder(scorer: PieceScorer, whole: list[Shard], placement: list[int], state: np.ndarray, cost: float, tables: int = 2) -> list[list[Shard]]:
     """Row cuts to place afresh: the 1, ..., `tables` costliest tables that may pay (`PieceScorer.row_candidates`, and whose `bound_without` in the table-wise
-    `placement`, of device states `state`, beats `cost`) split by rows over every device."""
+    `placement`, of device states `state`, beats `cost`) split by rows over every device (on several hosts: over one host's GPUs,
+    table-row-wise, `splits.twrw_blocks`)."""
     task = scorer.task
     ladder: list[list[Shard]] = []
-    if task.devices > splits.MAX_ROW_PARTS:
+    parts = splits.host_gpus(task) or task.devices  # several hosts: table-row-wise, over one host's GPUs
+    if parts > splits.MAX_ROW_PARTS or parts < 2:
         return ladder
     chosen: list[int] = []
     for i in scorer.row_candidates(whole, list(range(len(whole))), tables):
         if not scorer.bound_without(state, placement[i], whole[i]) < cost * (1 - 1e-3):
             continue
-        rows = splits.row_split(task, i, task.devices)
+        rows = splits.row_split(task, i, parts)
         if rows is None:
             continue
         chosen.append(i)
-        ladder.append([p for p in whole if p.table not in chosen] + [q for j in chosen for q in splits.row_split(task, j, task.devices)])
+        ladder.append([p for p in whole if p.table not in chosen] + [q for j in chosen for q in splits.row_split(task, j, parts)])
     return ladder
 
 

@@ -128,5 +128,5 @@ class NeuroShardPlanner(Planner):
         chosen = sorted(int(i) for i in set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k]))
         moves = [(i, splits.cut(pieces[i], 2)) for i in chosen if splits.can_halve(pieces[i])]
         for i in scorer.row_candidates(pieces, chosen, ROW_CANDIDATES):
-            moves += [(i, rows) for parts in splits.row_parts(task.devices) if (rows := splits.row_split(task, pieces[i].table, parts))]
+            moves += [(i, rows) for parts in splits.task_row_parts(task) if (rows := splits.row_split(task, pieces[i].table, parts))]
         return moves

@@ -33,9 +33,12 @@ task's device count: `comm_params`.
 A task on several hosts (its `topology`, topology.py): the comm head learned one host's all-to-all,
 so the scorer prices the all-to-all by the two-level formula instead (costs/hierarchy.py, the
 simulator's: inside a host the comm model of its GPU count, between hosts the topology's links),
-on each device's all-to-all columns, and the row-wise exchange as spread over the hosts
-(`hierarchy.rowwise_topo_ms`: a plan's row pieces are summed per device, not per table, so a
-table whose blocks stay in one host is priced as if it crossed them, an upper bound).
+on each device's all-to-all columns, the row-wise exchange of tables spread over hosts by
+`hierarchy.rowwise_topo_ms`, and that of table-row-wise splits (`splits.twrw_blocks`: a table's G
+blocks on the G GPUs of one host) as the simulator does: a state row carries a table-row-wise
+piece's share of its table's dim in a column of its own, whose sum over a host's GPUs is that
+host's reduce-scatter buffer (`hierarchy.twrw_ms`), its pooled output crossing hosts in the
+all-to-all (`hierarchy.twrw_traffic`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Iterable
 import numpy as np
 
 from dreamshard.costs.comm import DEFAULT_GPU, CommModel, load_comm_model, relayout_ms, rowwise_ms
-from dreamshard.costs.hierarchy import alltoall_topo_ms, rowwise_topo_ms
+from dreamshard.costs.hierarchy import alltoall_topo_ms, rowwise_topo_ms, twrw_ms, twrw_traffic
 from dreamshard.learned.mdp import NumpyCostNet
 from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
@@ -86,10 +89,11 @@ class PieceScorer:
         self._rw = nP + self.net.Wo1.shape[0]  # the column of a piece's share of the row-wise dim
         self._a2a = self._rw + 1  # the column of a piece's all-to-all width
         self._rc = self._a2a + 1  # the column of a row piece's columns in its device's TBE output (the copies around the exchange)
+        self._tw = self._rc + 1  # the column of a table-row-wise piece's share of its table's dim (several hosts)
         self._slot: dict[Shard, int] = {}
         # Indexed by slot, filled up to len(_slot); grown geometrically, so that the searches' many
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
-        self.table = np.zeros((0, self._rc + 1), np.float32)  # state rows
+        self.table = np.zeros((0, self._tw + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
 
     def slots(self, pieces: list[list[Shard]]) -> np.ndarray:
@@ -110,13 +114,14 @@ class PieceScorer:
         if not new:
             return
         x = self.model.features(splits.specs(self.task, new), self.task.workload)
-        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 3), np.float32)], axis=1)
-        for r, p in zip(rows, new):
+        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 4), np.float32)], axis=1)
+        blocks = splits.twrw_blocks(self.task, new)
+        for r, p, block in zip(rows, new, blocks):
             if p.is_row_shard:  # not in the all-to-all: its share of the reduce-scatter instead
                 t = self.task.tables[p.table]
                 a, b = p.row_range(t)
                 r[COMM * self._heads : (COMM + 1) * self._heads] = 0.0
-                r[self._rw] = t.dim * (b - a) / t.rows
+                r[self._tw if block >= 0 else self._rw] = t.dim * (b - a) / t.rows
                 r[self._rc] = t.dim
             else:
                 r[self._a2a] = p.width
@@ -147,7 +152,7 @@ class PieceScorer:
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """The state of empty devices, [*shape, R]."""
         state = self.net.empty(shape)
-        return np.concatenate([state, np.zeros((*shape, 3), state.dtype)], axis=-1)
+        return np.concatenate([state, np.zeros((*shape, 4), state.dtype)], axis=-1)
 
     def device_costs(self, state: np.ndarray) -> np.ndarray:
         """[..., D, R] device states of whole plans → [..., D, 3] (fwd, bwd, comm) units: the
@@ -157,8 +162,17 @@ class PieceScorer:
         comm = self.model.comm
         w = self.task.workload
         if self.topology is not None:  # the two-level all-to-all in place of the one-host head's (module docstring)
-            fwd, bwd = alltoall_topo_ms(self.comm, state[..., self._a2a], w.batch_size, w.elt_bytes, self.topology)
+            topo = self.topology
+            tw = state[..., self._tw]
+            extra = {}
+            if tw.any():  # table-row-wise pieces: each host's reduce-scatter, their outputs across hosts
+                host_dims = np.rint(tw.reshape(*tw.shape[:-1], topo.hosts, topo.gpus_per_host).sum(-1))
+                extra = dict(zip(("extra_send", "extra_recv"), twrw_traffic(host_dims, w.batch_size, w.elt_bytes, topo)))
+                rs, ag = twrw_ms(self.comm, host_dims, w.batch_size, w.elt_bytes, topo)
+            fwd, bwd = alltoall_topo_ms(self.comm, state[..., self._a2a], w.batch_size, w.elt_bytes, topo, **extra)
             costs[..., COMM] = (fwd + bwd) / self.net.scale
+            if extra:
+                costs[..., COMM] += (rs + ag) / self.net.scale
         elif comm is not None:
             cols = state[..., self._a2a]
             costs[..., COMM] = comm.units(cols, cols.sum(-1, keepdims=True), self.task.devices, w.elt_bytes, self.net.scale)
@@ -237,7 +251,8 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     order of predicted cost alone to the device of least predicted compute with memory for it and
     under the dim cap (cap × the candidate's all-to-all dim / D: row pieces are not in the
     all-to-all and do not count); a row piece goes to its block's device where its table is split
-    over every device, else to a device holding no other piece of its table (`splits.row_groups`).
+    over every device, else to a device holding no other piece of its table (`splits.row_groups`),
+    and a table-row-wise block r to GPU r of its table's host (`splits.twrw_blocks`).
     Every candidate has the same number of pieces n."""
     task, net = scorer.task, scorer.net
     C, n, D, S = len(pieces), len(pieces[0]), task.devices, len(caps)
@@ -247,6 +262,7 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     constraints = [splits.row_groups(task, ps) for ps in pieces]
     pins = np.array([c[0] for c in constraints], np.int64).reshape(C, n)
     groups = np.array([c[1] for c in constraints], np.int64).reshape(C, n)
+    blocks = np.array([splits.twrw_blocks(task, ps) for ps in pieces], np.int64).reshape(C, n)  # table-row-wise: block r on GPU r of one host
     order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")  # [C, n]
     E = C * S  # episode e = candidate e // S at cap e % S
     cand = np.repeat(np.arange(C), S)
@@ -257,15 +273,17 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     piece = order[cand].T
     size, dim = scorer.bytes[slots][cand, piece], dims[cand, piece]
     room, dim_room = task.max_memory_bytes - size, dim_cap - dim  # a device may take the piece up to these
-    pin, group = pins[cand, piece], groups[cand, piece]
+    pin, group, block = pins[cand, piece], groups[cand, piece], blocks[cand, piece]
     # the steps that place a row piece of each kind: the others skip its check (a no-op there)
-    pinned, grouped = (pin >= 0).any(1).tolist(), (group >= 0).any(1).tolist()
+    pinned, grouped, hosted = (pin >= 0).any(1).tolist(), (group >= 0).any(1).tolist(), (block >= 0).any(1).tolist()
+    G = splits.host_gpus(task) or D
     # Episode e's device d at e·D + d: a step's updates are 1-D gathers and scatters.
     state = scorer.empty((E, D)).reshape(E * D, -1)
     comp = np.zeros(E * D)  # an empty device computes nothing (not the heads' bias)
     used, dim_sum = np.zeros((E, D), np.int64), np.zeros((E, D), np.int64)
     flat_used, flat_dim = used.reshape(-1), dim_sum.reshape(-1)
     held = np.zeros((E, max(1, int(group.max()) + 1), D), bool)  # devices holding a piece of each row group
+    host_of = np.full((E, max(1, int(group.max()) + 1)), -1, np.int64)  # the host of each table-row-wise group, once its first block is placed
     chosen = np.zeros((n, E), np.int64)
     ok = np.zeros((n, E), bool)  # the device chosen was legal (else the episode failed)
     flat_rows, taken = rows.reshape(C * n, -1), cand * n + piece  # [n, E] the row each episode adds at each step
@@ -278,6 +296,9 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
         if grouped[step]:
             g = group[step]
             legal &= ~(held[es, np.maximum(g, 0)] & (g[:, None] >= 0)).reshape(-1)
+        if hosted[step]:  # block r goes to GPU r of its group's host (any host for its first block)
+            r, h = block[step][:, None], host_of[es, np.maximum(group[step], 0)][:, None]
+            legal &= ((r < 0) | ((ds % G == r) & ((h < 0) | (ds // G == h)))).reshape(-1)
         a = np.where(legal, comp, np.inf).reshape(E, D).argmin(1)
         at = first + a
         ok[step] = legal[at]
@@ -287,6 +308,9 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
         flat_dim[at] += dim[step]
         if grouped[step]:
             held[es, np.maximum(g, 0), a] |= g >= 0
+        if hosted[step]:
+            m = block[step] >= 0
+            host_of[es[m], group[step][m]] = a[m] // G
         comp[at] = net.costs(placed[:, :nP])[:, :2].sum(-1)
         chosen[step] = a
     devices = np.empty((E, n), np.int64)
