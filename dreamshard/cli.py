@@ -925,6 +925,11 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
             label = f"plan {i + 1}/{len(plans)}: " if len(plans) > 1 else ""
             with err_console.status(f"{label}measuring {len(plan.shards)} shards of {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={workload.batch_size})"):
                 reports.append(evaluate_on(cost_backend, plan.device_tables(), workload, plan.task.topology))
+    from dreamshard.costs.runners.launch import torchrun_rank
+
+    launched = torchrun_rank()
+    if launched is not None and launched[0] != 0:  # under torchrun every rank measured; rank 0 alone writes and prints
+        return
     if len(reports) == 1 and path.suffix != ".jsonl":
         reports[0].save(path)
     else:

@@ -8,8 +8,10 @@ smaller width and its all-to-all follows the device's dim sum.
 
 A row-wise split cuts a table's rows into ranges on distinct devices, each holding every column
 (`rowshard.py`): a row shard looks up only the indices of the stream in its range and yields
-partial pooled sums for the whole batch, which a reduce-scatter sums (costs/comm.py). Table-row-
-wise (TorchRec's TWRW: row-wise within one host) is the same thing here, where a plan is one host.
+partial pooled sums for the whole batch, which a reduce-scatter sums (costs/comm.py). On one host
+table-row-wise (TorchRec's TWRW: row-wise within one host) is the same thing; on a task of several
+hosts (its "topology", topology.py) a table whose row shards all lie in one host is table-row-wise,
+priced so (costs/hierarchy.py) and exported so (torchrec_io.py).
 A table is split by rows or by columns, not both (`Plan.check` refuses a mix: the exchange of a
 grid of shards is not modelled).
 
