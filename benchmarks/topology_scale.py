@@ -3,8 +3,9 @@ machines of 2–128 hosts of 8 × H100 SXM (NVLink 4 inside, 8 × 400 Gb/s betwe
 `h100-sxm` preset, dreamshard/topology.py), priced by our simulator on that topology (two-level
 collectives, costs/hierarchy.py) and by TorchRec's own estimator, with each planner's time.
 
-    python benchmarks/topology_scale.py                       # hosts 2,4,8,16 and a 128-host timing row; < 2 min on one core
-    python benchmarks/topology_scale.py --hosts 2,4,8,16,32,64,128 --out DIR
+    python benchmarks/topology_scale.py                       # hosts 2 and 4, and a 128-host timing row; < 2 min on one core
+    python benchmarks/topology_scale.py --hosts 8 --timing-hosts "" --out DIR/h8
+    python benchmarks/topology_scale.py --hosts 16 --timing-hosts "" --out DIR/h16
 
 Table sets, per host count H (D = 8H GPUs of 80 GB):
   - `mlperf`: the 26 tables of MLPerf DLRM-DCNv2 (Criteo 1TB, dim 128; the `onehot` family's copy 0,
@@ -17,7 +18,8 @@ Planners: `lookup` (table-wise greedy), `size_lookup --split`, `neuroshard`, `dr
 search, on by default) planned for the topology; `dreamshard (flat)`, the same planner given the task
 as one host of D GPUs (its plan then priced on the real topology: what planning without the hierarchy
 costs); TorchRec's planner given the same `Topology` (local_world_size 8, both bandwidths):
-`torchrec` (table_wise) and `torchrec all` (every sharding type, its search cut at --timeout s).
+`torchrec` (table_wise) and `torchrec all` (every sharding type, its search cut at --timeout s;
+left out of tasks above --torchrec-all-max-tables tables, where it plans for minutes).
 
 Prices: `sim` our simulator (shipped H200 calibration for compute; collectives in two levels,
 inside a host the shipped 4 × H100 NCCL model, between hosts 50 GB/s per GPU and 5 µs per remote
@@ -129,12 +131,13 @@ def fmt(x, spec=".3f") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", default="2,4,8,16", help="host counts compared with every planner")
+    ap.add_argument("--hosts", default="2,4", help="host counts compared with every planner")
     ap.add_argument("--timing-hosts", default="128", help="host counts of the timing rows (our fast planners only, the synthetic set)")
     ap.add_argument("--sets", default="mlperf,synthetic")
     ap.add_argument("--preset", default="h100-sxm", choices=sorted(PRESETS))
     ap.add_argument("--timeout", type=int, default=5, help="TorchRec's own search limit (s) with every sharding type")
     ap.add_argument("--no-torchrec", action="store_true")
+    ap.add_argument("--torchrec-all-max-tables", type=int, default=600, help="plan with `torchrec all` only tasks of at most this many tables")
     ap.add_argument("--out", default="benchmarks/results/topology_scale")
     args = ap.parse_args()
     sets = args.sets.split(",")
@@ -154,6 +157,10 @@ def main() -> None:
         topo = replace(PRESETS[args.preset], hosts=hosts)
         for label, task in tasks_for(hosts, topo, sets, cache):
             for name, planner in planners.items():
+                if name == "torchrec all" and len(task.tables) > args.torchrec_all_max_tables:
+                    rows.append({"hosts": hosts, "gpus": topo.devices, "set": label, "planner": name, "plan_s": math.nan,
+                                 "error": f"not run: over --torchrec-all-max-tables {args.torchrec_all_max_tables}"})
+                    continue
                 rows.append({"hosts": hosts, "gpus": topo.devices, "set": label, **run_one(name, planner, task, sim, trp)})
                 print(json.dumps(rows[-1]), flush=True)
             rows.append({"hosts": hosts, "gpus": topo.devices, "set": label, **run_one("dreamshard (flat)", flat, task, sim, trp, flat=True)})
@@ -172,12 +179,18 @@ def main() -> None:
 def write(rows: list[dict], args, total: float) -> None:
     os.makedirs(args.out, exist_ok=True)
     machine = describe_hardware("cpu", 1)
-    cmd = "python benchmarks/topology_scale.py" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("hosts", args.hosts), ("timing_hosts", args.timing_hosts))
-                                                          if v != {"hosts": "2,4,8,16", "timing_hosts": "128"}[k])
+    parts = ["python benchmarks/topology_scale.py"]
+    parts += [f"--hosts {args.hosts}"] if args.hosts != "2,4" else []
+    parts += [f'--timing-hosts "{args.timing_hosts}"'] if args.timing_hosts != "128" else []
+    parts += [f"--sets {args.sets}"] if args.sets != "mlperf,synthetic" else []
+    parts += [f"--torchrec-all-max-tables {args.torchrec_all_max_tables}"] if args.torchrec_all_max_tables != 600 else []
+    parts += [f"--out {args.out}"] if args.out != "benchmarks/results/topology_scale" else []
+    cmd = " ".join(parts)
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
     lines = [
         "# Planning past one host (simulated)",
         "",
-        f"`{cmd}` on {machine} (one process; OMP threads as set), {total:.0f} s in all. Machine simulated: "
+        f"`{cmd}` on {machine} (one process, OMP_NUM_THREADS={threads}), {total:.0f} s in all. Machine simulated: "
         f"hosts of the `{args.preset}` preset ({PRESETS[args.preset].name}). Prices are our simulator's (shipped H200 compute calibration, "
         "collectives in two levels: inside a host the shipped 4 × H100 NCCL model, between hosts 50 GB/s per GPU and 5 µs per remote host) "
         "and TorchRec 1.8's own estimator on the same Topology; nothing here was measured on GPUs. `sim 1-host`: the same plan priced as "
@@ -188,7 +201,7 @@ def write(rows: list[dict], args, total: float) -> None:
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['hosts']} | {r['gpus']} | {r['set']} | {r['planner']} | no plan: {r['error'][:90]} | | | | {r['plan_s']:.2f} |")
+            lines.append(f"| {r['hosts']} | {r['gpus']} | {r['set']} | {r['planner']} | no plan: {r['error'][:90]} | | | | {fmt(r['plan_s'], '.2f')} |")
             continue
         est = fmt(r.get("torchrec_est_ms")) if "torchrec_est_error" not in r else "refused"
         lines.append(f"| {r['hosts']} | {r['gpus']} | {r['set']} | {r['planner']} | {fmt(r['sim_ms'])} | {fmt(r['sim_1host_ms'])} | {est} | "

@@ -214,7 +214,7 @@ def reference_greedy(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.nd
     order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")
     E = C * S
     cand = np.repeat(np.arange(C), S)
-    dim_cap = np.tile(caps, C) * dims[cand].sum(1) / D
+    dim_cap = np.maximum(np.tile(caps, C) * dims[cand].sum(1) / D, dims[cand].max(1))  # never below the widest piece
     state, comp = scorer.empty((E, D)), np.zeros((E, D))
     used, dim_sum = np.zeros((E, D), np.int64), np.zeros((E, D), np.int64)
     held = np.zeros((E, max(1, int(group.max()) + 1), D), bool)

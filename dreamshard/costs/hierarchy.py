@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, chunks_traffic, collective_ms, rowwise_ms
+from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, chunks_traffic, collective_ms, relayout_ms, rowwise_ms
 from dreamshard.rowshard import RowShardSpec
 from dreamshard.tables import TableSpec
 from dreamshard.topology import Topology
@@ -162,8 +162,6 @@ def topology_comm_ms(intra: dict, tables: Sequence[TableSpec], placements: np.nd
     table-row-wise outputs crossing hosts in it, the row-wise tables' collectives (spread over
     hosts: `rowwise_topo_ms`; inside one: `twrw_ms`), and the copies of each device with row
     shards (`comm.relayout_ms`, on their columns `row_cols` [N, D])."""
-    from dreamshard.costs.comm import relayout_ms
-
     B, elt = workload.batch_size, workload.elt_bytes
     spread, inside = row_layout(tables, placements, topo)
     extra_send, extra_recv = twrw_traffic(inside, B, elt, topo)

@@ -49,7 +49,7 @@ from typing import Iterable
 import numpy as np
 
 from dreamshard.costs.comm import DEFAULT_GPU, CommModel, load_comm_model, relayout_ms, rowwise_ms
-from dreamshard.costs.hierarchy import alltoall_topo_ms, rowwise_topo_ms, twrw_ms, twrw_traffic
+from dreamshard.costs.hierarchy import alltoall_topo_ms, inter_host_ms, rowwise_topo_ms, twrw_ms, twrw_traffic
 from dreamshard.learned.mdp import NumpyCostNet
 from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
@@ -202,18 +202,35 @@ class PieceScorer:
             rs, ag = rowwise_ms(self.comm, rowwise_dim, w.batch_size, w.elt_bytes, self.task.devices)
         return (rs + ag) / self.net.scale
 
+    def split_exchange(self, dims) -> np.ndarray:
+        """The exchange (forward + backward) a row split of tables of `dims` columns adds, units:
+        on one host the row-wise collectives over every device (`collective_of`); on several, the
+        table-row-wise one — the reduce-scatter and all-gather over one host's GPUs and the pooled
+        output through each port (`hierarchy.twrw_ms`, `twrw_traffic`), as the simulator prices it."""
+        if self.topology is None:
+            return self.collective_of(dims)
+        topo, w = self.topology, self.task.workload
+        host = np.zeros((len(np.atleast_1d(dims)), topo.hosts))
+        host[:, 0] = np.atleast_1d(dims)
+        rs, ag = twrw_ms(self.comm, host, w.batch_size, w.elt_bytes, topo)
+        send, recv = twrw_traffic(host, w.batch_size, w.elt_bytes, topo)
+        k = float(self.comm.get("coupling", 0.0))
+        port = inter_host_ms(topo, send, recv, k).max(-1) + inter_host_ms(topo, recv, send, k).max(-1)
+        return (rs[:, 0] + ag[:, 0] + port) / self.net.scale
+
     def row_candidates(self, pieces: list[Shard], among: list[int], top: int) -> list[int]:
         """Of the pieces `among`, the `top` predicted costliest alone that a row split may pay
         for: whole tables (`splits.is_whole`) whose compute alone, above an empty device's,
         exceeds the exchange their rows would add (reduce-scatter + all-gather of their dim) — a
         split saves at most the first (each block still pays a device's fixed cost). This is
-        decided before any row piece is measured. None where the score cannot price row pieces
+        decided before any row piece is measured (on several hosts the exchange is the
+        table-row-wise one, `split_exchange`). None where the score cannot price row pieces
         (`row_moves`)."""
         if not self.row_moves or not among:
             return []
         single = self.alone(self.rows([[pieces[i] for i in among]])[0]) - self.alone(np.zeros(self.net.nP))
         dims = np.array([self.task.tables[pieces[i].table].dim for i in among])
-        keep = [(-c, i) for i, c, worth in zip(among, single, single > self.collective_of(dims)) if worth and splits.is_whole(self.task, pieces[i])]
+        keep = [(-c, i) for i, c, worth in zip(among, single, single > self.split_exchange(dims)) if worth and splits.is_whole(self.task, pieces[i])]
         return [i for _, i in sorted(keep)[:top]]
 
     def bound_without(self, state: np.ndarray, device: int, piece: Shard) -> float:
@@ -223,7 +240,8 @@ class PieceScorer:
         take them). A row split whose bound does not beat the plan is not worth measuring."""
         trial = state.copy()
         trial[device] -= self.rows([[piece]])[0, 0]
-        trial[device, self._rw] += self.task.tables[piece.table].dim
+        # several hosts: split over the device's host (table-row-wise), whose exchange is that host's
+        trial[device, self._tw if self.topology is not None else self._rw] += self.task.tables[piece.table].dim
         return float(self.score(trial))
 
     def predicted(self, pieces: list[Shard], devices: np.ndarray, label: str) -> dict:
@@ -267,7 +285,9 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     E = C * S  # episode e = candidate e // S at cap e % S
     cand = np.repeat(np.arange(C), S)
     dims = scorer.a2a_dims(slots)
-    dim_cap = np.tile(caps, C) * dims[cand].sum(1) / D
+    # never below the widest piece: with more devices than the dims fill (26 tables of dim 128 on
+    # 64 GPUs: a cap of 78 columns) no device could take a whole table and every cap would fail
+    dim_cap = np.maximum(np.tile(caps, C) * dims[cand].sum(1) / D, dims[cand].max(1))
     # What every episode places at each step, [n, E] (the S episodes of a candidate place the same
     # piece), worked out before the loop: each step is then a few operations on [E, D] arrays.
     piece = order[cand].T
