@@ -398,3 +398,20 @@ def test_cli_compare_on_hosts(tmp_path, tables):
     assert r.exit_code == 0, r.stderr
     r = invoke("compare", "--tasks", tmp_path / "t.jsonl", "--planners", "lookup", "--topology", "h100-sxm:3")
     assert "task 1 has 16 devices, but the topology is 3 hosts × 8 GPUs = 24" in one_line_error(r)
+
+
+def test_a_backend_without_topologies_says_what_it_measured(sim, tables):
+    """A backend that cannot price a topology (real collectives on this machine) measures its own
+    processes, and its report says the plan's topology was not what it measured."""
+    from dreamshard.costs.base import CostBackend, evaluate_on
+
+    class Here(CostBackend):
+        def evaluate(self, shards, workload=Workload()):
+            return sim.evaluate(shards, workload)
+
+    topo = replace(H100, hosts=2)
+    plan = Plan.table_wise(Task(tables[:16], 16, 10**10, topology=topo), list(range(16)), "hand")
+    report = Here().evaluate_plan(plan)
+    assert "2 hosts × 8 GPUs" in report.details["topology_note"] and "topology" not in report.details
+    assert "topology_note" not in evaluate_on(Here(), plan.device_tables(), plan.workload, None).details
+    assert evaluate_on(sim, plan.device_tables(), plan.workload, topo).details["topology"]["hosts"] == 2

@@ -125,6 +125,8 @@ def evaluate_on(backend: CostBackend, shards: Sequence[Sequence[TableSpec]], wor
         return backend.evaluate(shards, workload)
     if backend.supports_topology:
         return backend.evaluate(shards, workload, topology=topology)
+    if getattr(backend, "measures_topology", False):  # its processes run on the hosts themselves (torchrun)
+        return backend.evaluate(shards, workload)
     report = backend.evaluate(shards, workload)
     report.details["topology_note"] = f"the plan is for {topology.describe()}; this backend measured its own processes, not that machine's network"
     return report

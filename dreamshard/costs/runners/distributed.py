@@ -255,6 +255,14 @@ class DistributedRunner(CostBackend):
         self.check_outputs = check_outputs
         self.name = f"{kernel}/distributed"
 
+    @property
+    def measures_topology(self) -> bool:
+        """Launched by torchrun (`launch.torchrun_rank`): its ranks are the hosts' own GPUs, so a
+        plan of several hosts is measured on its network, not priced."""
+        from dreamshard.costs.runners.launch import torchrun_rank
+
+        return torchrun_rank() is not None
+
     def cache_bytes(self) -> float:
         from dreamshard.costs.hardware import cache_bytes
 
