@@ -618,7 +618,8 @@ def plan_record(plan, task: int) -> dict:
             "split_tables": plan.split_tables(), "column_split_tables": cols, "row_split_tables": rows,
             "per_device": [{"device": d, "tables": len(held), "memory_bytes": used[d], "dim_sum": sum(x.dim for x in held)}
                            for d, held in enumerate(plan.device_tables())],
-            "predicted": plan.predicted, "notes": list(plan.notes)}
+            "predicted": plan.predicted, "notes": list(plan.notes),
+            **({"topology": plan.task.topology.to_json()} if plan.task.topology is not None else {})}
 
 
 # A default budget expected to run longer than this on a measured backend is refused up front:
