@@ -146,6 +146,59 @@ def memory_option(f):
     return click.option("--max-memory", required=True, type=MEMORY, help="per-device memory cap: 5GB, 5GiB, 512MB or bytes")(f)
 
 
+def topology_option(f):
+    """`--topology`, `--hosts`, `--gpus-per-host`: the machine of a task (topology.py)."""
+    f = click.option("--gpus-per-host", type=DEVICES, help="GPUs in each host, with --hosts (or with --devices: hosts = devices / this)")(f)
+    f = click.option("--hosts", type=DEVICES, help="hosts of the machine: with --gpus-per-host or --devices (links: --topology's, else an H100 SXM host's), or the host count of --topology's preset")(f)
+    f = click.option("--topology", "topology_text", metavar="PRESET[:HOSTS]|FILE",
+                     help="the machine: a preset (h100-sxm, h200-sxm, a100-sxm; NAME:HOSTS for several hosts) or a topology JSON/YAML file (docs/topology.md)")(f)
+    return f
+
+
+def resolve_topology(topology_text: str | None, hosts: int | None, gpus_per_host: int | None, devices: int | None):
+    """(Topology or None, devices) of `--topology` / `--hosts` / `--gpus-per-host` / `--devices`:
+    none of the first three is one host of --devices (no topology); OptionError (one line) where
+    they disagree."""
+    from dataclasses import replace
+
+    from dreamshard.topology import PRESETS, parse_topology
+
+    if topology_text is None and hosts is None and gpus_per_host is None:
+        return None, devices
+    if topology_text is not None:
+        topo = parse_topology(topology_text, hosts)
+        if gpus_per_host is not None:
+            topo = replace(topo, gpus_per_host=gpus_per_host)
+    else:
+        if hosts is None:
+            if devices is None or devices % gpus_per_host:
+                raise OptionError(f"--gpus-per-host {gpus_per_host}: give --hosts, or --devices a multiple of it")
+            hosts = devices // gpus_per_host
+        elif gpus_per_host is None:
+            if devices is None or devices % hosts:
+                raise OptionError(f"--hosts {hosts}: give --gpus-per-host, or --devices a multiple of it")
+            gpus_per_host = devices // hosts
+        base = PRESETS["h100-sxm"]  # the links of the GPU the shipped comm models were fitted on
+        topo = replace(base, hosts=hosts, gpus_per_host=gpus_per_host, hbm_bytes=None, name="H100 SXM hosts (NVLink 4, 400 Gb/s per GPU)")
+    topo = topo.validate("--topology", OptionError)
+    if devices is not None and devices != topo.devices:
+        raise OptionError(f"--devices {devices}, but the topology is {topo.hosts} hosts × {topo.gpus_per_host} GPUs = {topo.devices} devices")
+    return topo, topo.devices
+
+
+def tasks_on(tasks: list, topo, where: str) -> list:
+    """Every task of a task file on `topo` (None: as the file says); OptionError where a task's
+    device count is not the topology's."""
+    from dataclasses import replace
+
+    if topo is None:
+        return tasks
+    for i, t in enumerate(tasks, 1):
+        if t.devices != topo.devices:
+            raise OptionError(f"{where}: task {i} has {t.devices} devices, but the topology is {topo.hosts} hosts × {topo.gpus_per_host} GPUs = {topo.devices}")
+    return [replace(t, topology=topo) for t in tasks]
+
+
 def show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """--version: `dreamshard.__version__`, which also answers in a source tree that was never
     installed (click's own option reads the installed package's metadata only)."""
@@ -407,8 +460,9 @@ def model_defaults() -> str:
 @click.argument("tables_file", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--tasks", "tasks_file", type=click.Path(exists=True, dir_okay=False), help="plan every task of a JSONL task file instead")
 @click.option("--devices", type=DEVICES, help="number of devices (with TABLES_FILE)")
-@click.option("--max-memory", type=MEMORY, help="per-device memory cap (with TABLES_FILE): 5GB, 5GiB, 512MB or bytes")
+@click.option("--max-memory", type=MEMORY, help="per-device memory cap (with TABLES_FILE): 5GB, 5GiB, 512MB or bytes  [default with --topology: its GPUs' HBM]")
 @click.option("--host-memory", type=MEMORY, help="per-device host memory for the tables that do not fit in HBM (with TABLES_FILE; docs/tiers.md): 512GB, ...")
+@topology_option
 @click.option("--precision", default="fp16", type=click.Choice(["fp16", "fp32"]), show_default=True)
 @click.option("--optimizer", default="sgd", type=click.Choice(["sgd", "rowwise_adagrad"]), show_default=True)
 @click.option("--planner", "planner_name", default="size_lookup", show_default=True, help="see `dreamshard planners`")
@@ -424,8 +478,8 @@ def model_defaults() -> str:
 @click.option("--json", "as_json", is_flag=True, help="print a JSON document of what was planned (per plan: devices, splits, the planner's prediction, notes) instead of tables")
 @click.option("--quiet", "-q", is_flag=True, help="print the one summary line only")
 @click.pass_context
-def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optimizer, planner_name, seed, model_path, backend_name, split, budget, budget_ms, out,
-             as_json, quiet, host_memory=None) -> None:
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, hosts, gpus_per_host, precision, optimizer, planner_name, seed, model_path, backend_name, split,
+             budget, budget_ms, out, as_json, quiet, host_memory=None) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     import contextlib
 
@@ -459,13 +513,16 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, precision, optim
         if devices is not None or max_memory is not None or host_memory is not None:
             raise OptionError("--devices, --max-memory and --host-memory are for TABLES_FILE; a task file gives its own")
         refuse_unused(ctx, ["precision", "optimizer"], "with --tasks (each task gives its own)")
-        tasks = load_tasks(tasks_file)
+        tasks = tasks_on(load_tasks(tasks_file), resolve_topology(topology_text, hosts, gpus_per_host, None)[0], str(tasks_file))
     else:
+        topo, devices = resolve_topology(topology_text, hosts, gpus_per_host, devices)
+        if max_memory is None and topo is not None and topo.hbm_bytes:
+            max_memory = topo.hbm_bytes
         if devices is None or max_memory is None:
-            raise OptionError("TABLES_FILE needs --devices and --max-memory")
+            raise OptionError("TABLES_FILE needs --devices (or --topology, or --hosts with --gpus-per-host) and --max-memory")
         tables = load_tables(tables_file)
         pool = str(Path(tables_file).resolve().parent)
-        tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool,
+        tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool, topology=topo,
                       host_memory_bytes=host_memory or 0).validate(str(tables_file), OptionError)]
     limit_threads(cpu_kernel=backend_name not in (None, "sim"))
     kwargs = {"seed": seed} if "seed" in options else {}
@@ -565,7 +622,8 @@ def plan_record(plan, task: int) -> dict:
                            for d, held in enumerate(plan.device_tables())],
             "predicted": plan.predicted, "notes": list(plan.notes),
             **({"host_memory_bytes": plan.task.host_memory_bytes, "device_host_bytes": plan.device_host_bytes(),
-                "tiers": {k: sum(s.tier == k for s in plan.shards) for k in ("hbm", "uvm_caching", "uvm")}} if plan.has_tiers() else {})}
+                "tiers": {k: sum(s.tier == k for s in plan.shards) for k in ("hbm", "uvm_caching", "uvm")}} if plan.has_tiers() else {}),
+            **({"topology": plan.task.topology.to_json()} if plan.task.topology is not None else {})}
 
 
 # A default budget expected to run longer than this on a measured backend is refused up front:
@@ -828,11 +886,13 @@ MEASURE_PANELS = 4  # `measure --plot` draws this many plans of a file side by s
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="comm model for --runner sequential  [default: the one shipped for the device]")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="auto: the kernel decides")
 @click.option("--precision", type=click.Choice(["fp16", "fp32"]), help="weights/outputs  [default: the plan's, fp16]")
+@topology_option
 @click.option("--out", type=OUT_FILE, help="report file  [default: PLAN.cost-BACKEND-RUNNER.json next to the plan]")
 @click.option("--json", "as_json", is_flag=True, help="print the report JSON (top-level overall_ms) to stdout instead of tables")
 @click.option("--plot", "plot_file", type=OUT_FILE, help=f"also draw each device's fwd comp, fwd comm, bwd comm and bwd comp (of the first {MEASURE_PANELS} plans) to this .png or .svg (matplotlib)")
 @click.pass_context
-def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, timeout, comm_model, device, precision, out, as_json, plot_file) -> None:
+def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, timeout, comm_model, device, precision, topology_text, hosts, gpus_per_host, out, as_json,
+                plot_file) -> None:
     """Cost of a placement: per device fwd comp, fwd comm, bwd comm, bwd comp; overall = max total."""
     import contextlib
 
@@ -852,6 +912,10 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
         plots.check_path(plot_file, "--plot")
         plots.require("--plot")
     plans = load_plans(plan_file)
+    topo = resolve_topology(topology_text, hosts, gpus_per_host, None)[0]
+    if topo is not None:  # the same plans priced on another machine
+        for i, p in enumerate(plans):
+            p.task = tasks_on([p.task], topo, f"{plan_file}: plan {i + 1}")[0]
     cost_backend, dev_type = _cost_backend(backend, runner, device, iters, warmup, timeout, comm_model)
     backend = cost_backend.kernel if backend == "auto" else backend
     if batch_size is None and dev_type != "cuda":
@@ -865,6 +929,11 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
             label = f"plan {i + 1}/{len(plans)}: " if len(plans) > 1 else ""
             with err_console.status(f"{label}measuring {len(plan.shards)} shards of {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={workload.batch_size})"):
                 reports.append(cost_backend.evaluate_plan(plan, workload.batch_size, workload.precision))
+    from dreamshard.costs.runners.launch import torchrun_rank
+
+    launched = torchrun_rank()
+    if launched is not None and launched[0] != 0:  # under torchrun every rank measured; rank 0 alone writes and prints
+        return
     if len(reports) == 1 and path.suffix != ".jsonl":
         reports[0].save(path)
     else:
@@ -887,6 +956,10 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
         console.print(f"[dim]{r.source}[/dim]")
         if r.comm_modelled and "comm_model" in r.details:
             console.print(f"[dim]comm modelled: {r.details['comm_model']}[/dim]")
+        if plan.task.topology is not None and plan.task.topology.multi_host:
+            console.print(f"[dim]topology: {plan.task.topology.describe()}[/dim]")
+        if "topology_note" in r.details:
+            console.print(f"[yellow]note:[/yellow] {r.details['topology_note']}")
         if plan.predicted:  # the planner's own number for the same plan: say which is which
             console.print(f"[dim]{plan.predicted['source']}, the planner's own estimate: {plan.predicted['overall_ms']:.3f} ms[/dim]")
     console.print(f"wrote {', '.join(map(str, wrote))}")
@@ -1167,11 +1240,12 @@ def split_variants(planners: dict, options_of) -> dict:
               help="with a kernel: sequential measures each device's shard in turn on one device (comm from a fitted model); distributed runs one process per device")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.option("--batch-size", type=BATCH, help="global batch B  [default: each task's (65536) on GPUs and the simulator, 1024 for a kernel on CPU]")
+@topology_option
 @click.option("--out", type=OUT_DIR, help="folder for results.md, results.csv, results.json and, with matplotlib, the figures planners.png/.svg and devices.png/.svg")
 @click.option("--json", "as_json", is_flag=True, help="print the results as a JSON document (results.json's) instead of tables")
 @click.option("--quiet", "-q", is_flag=True, help="print one summary line only")
 @click.pass_context
-def compare_cmd(ctx, tasks_file, planner_list, models, variants, backend, runner, device, batch_size, out, as_json, quiet) -> None:
+def compare_cmd(ctx, tasks_file, planner_list, models, variants, backend, runner, device, batch_size, topology_text, hosts, gpus_per_host, out, as_json, quiet) -> None:
     """Plan every task with each planner, price every plan with one backend, and compare."""
     import contextlib
 
@@ -1190,7 +1264,7 @@ def compare_cmd(ctx, tasks_file, planner_list, models, variants, backend, runner
     limit_threads(cpu_kernel=backend != "sim" and dev_type == "cpu")
     if batch_size is None and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
-    tasks = load_tasks(tasks_file)
+    tasks = tasks_on(load_tasks(tasks_file), resolve_topology(topology_text, hosts, gpus_per_host, None)[0], str(tasks_file))
     chosen = {n: (get_planner(n), lambda split, n=n: get_planner(n, split=split)) for n in names}
     chosen.update({name: (get_planner(planner, model=path), lambda split, planner=planner, path=path: get_planner(planner, model=path, split=split))
                    for name, (planner, path) in mine.items()})

@@ -8,8 +8,10 @@ smaller width and its all-to-all follows the device's dim sum.
 
 A row-wise split cuts a table's rows into ranges on distinct devices, each holding every column
 (`rowshard.py`): a row shard looks up only the indices of the stream in its range and yields
-partial pooled sums for the whole batch, which a reduce-scatter sums (costs/comm.py). Table-row-
-wise (TorchRec's TWRW: row-wise within one host) is the same thing here, where a plan is one host.
+partial pooled sums for the whole batch, which a reduce-scatter sums (costs/comm.py). On one host
+table-row-wise (TorchRec's TWRW: row-wise within one host) is the same thing; on a task of several
+hosts (its "topology", topology.py) a table whose row shards all lie in one host is table-row-wise,
+priced so (costs/hierarchy.py) and exported so (torchrec_io.py).
 A table is split by rows or by columns, not both (`Plan.check` refuses a mix: the exchange of a
 grid of shards is not modelled).
 
@@ -32,7 +34,7 @@ from typing import NamedTuple, Sequence
 
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec, table_from_record
-from dreamshard.tasks import Task, Workload
+from dreamshard.tasks import Task, Workload, topology_from
 from dreamshard.tiers import HBM, Tier, cache_rows, hbm_bytes, host_bytes, tier_of
 from dreamshard.validation import (
     loads_unique,
@@ -344,6 +346,8 @@ class Plan:
             d["host_memory_bytes"] = t.host_memory_bytes
         if self.has_tiers():
             d["device_host_bytes"] = self.device_host_bytes()
+        if t.topology is not None:  # absent: one host (files of plans without one read as before)
+            d["topology"] = t.topology.to_json()
         if self.predicted is not None:
             d["predicted"] = self.predicted
         if self.notes:
@@ -415,7 +419,8 @@ class Plan:
             raise PlanError(f"{where}, key 'pool': {pool!r:.40} must be a string")
         workload = d if version == READS[0] else require_dict(d.get("workload", {}), where, "key 'workload' as an object", PlanError)
         host = parse_int(d.get("host_memory_bytes", 0), where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, PlanError, text=False)
-        task = Task(specs, devices, cap, Workload.from_json(workload, where, PlanError), pool, host_memory_bytes=host).validate(where, PlanError)
+        task = Task(specs, devices, cap, Workload.from_json(workload, where, PlanError), pool, host_memory_bytes=host,
+                    topology=topology_from(d, where, PlanError)).validate(where, PlanError)
         plan = Plan(task, shards, planner, predicted, notes)
         plan.check(where)
         return plan

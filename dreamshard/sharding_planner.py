@@ -148,8 +148,15 @@ class ShardingPlanner:
         if cap < 1:
             raise InfeasibleError(f"TorchRec's storage reservation leaves no {kind.upper()} on a rank (of {self.topology.world_size})")
         world = self.topology.world_size
-        return task_from_torchrec(module, world, cap, self.batch_size * world, self.optimizer, constraints=self.constraints, rank_batch_size=self.batch_size,
+        task = task_from_torchrec(module, world, cap, self.batch_size * world, self.optimizer, constraints=self.constraints, rank_batch_size=self.batch_size,
                                   **{k: v for k, v in self.statistics.items() if v is not None})
+        if self.topology.local_world_size < world:  # several hosts: plan (and price) on them, with TorchRec's bandwidths
+            from dataclasses import replace
+
+            from dreamshard.topology import from_torchrec
+
+            task = replace(task, topology=from_torchrec(self.topology)).validate("task from TorchRec")
+        return task
 
     def plan(self, module: Any, sharders: list | None = None):
         """The module's TorchRec ShardingPlan (the tables of its EmbeddingBagCollections), planned
@@ -252,7 +259,7 @@ class ShardingPlanner:
         placed: list[Shard] = []
         if free:
             try:
-                sub = planner.plan(Task(splits.specs(task, free), task.devices, room, w, task.pool))
+                sub = planner.plan(Task(splits.specs(task, free), task.devices, room, w, task.pool, topology=task.topology))
             except InfeasibleError as e:
                 restricted = [f"{n!r}: {list(k)}" for n, k in kinds.items() if getattr(cons.get(n), "sharding_types", None)]
                 raise InfeasibleError(one_line(e) + (f"; within the constraints' sharding_types ({', '.join(restricted[:3])}{', ...' if len(restricted) > 3 else ''})"

@@ -4,7 +4,9 @@ A task file is JSON lines, one task per line:
   {"tables": ["t3", "t17", ...], "devices": 8, "max_memory_bytes": 5000000000, "pool": "/abs/pool"}
 with optional workload keys "batch_size" (default 65536), "precision" (fp16) and "optimizer" (sgd),
 and "host_memory_bytes" (default 0): each device's host memory for tables that do not fit in HBM
-(docs/tiers.md).
+(docs/tiers.md);
+and an optional "topology" (topology.py: hosts × GPUs per host and their links) whose device count
+is the task's; a task without one is one host of its devices.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dreamshard.files import atomic_write
 from dreamshard.packing import format_bytes, pack
 from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, REFERENCE_BATCH, TableSpec, load_tables
 from dreamshard.tiers import Tier, hbm_bytes
+from dreamshard.topology import Topology, one_host
 from dreamshard.validation import (
     loads_unique,
     MAX_BATCH_SIZE,
@@ -101,6 +104,13 @@ class Task:
     # the tier stage's choice (table name → tier), set by tiers.plan_with_tiers before a planner
     # places the task; None: every table in HBM. The sizes a planner packs follow it (table_bytes).
     tiers: dict[str, Tier] | None = None
+    # the machine (topology.py); None: one host of `devices` GPUs
+    topology: Topology | None = None
+
+    @property
+    def machine(self) -> Topology:
+        """The task's topology, or the one host a task without one is."""
+        return self.topology if self.topology is not None else one_host(self.devices)
 
     def validate(self, where: str = "task", error: type[InputError] = TaskError) -> "Task":
         """Raise `error` (naming `where`) unless this is a task a planner may be given: 1..MAX_TABLES
@@ -111,6 +121,11 @@ class Task:
         parse_int(self.max_memory_bytes, where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, error)
         self.workload.validate(where, error)
         parse_int(self.host_memory_bytes, where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, error)
+        if self.topology is not None:
+            self.topology.validate(f"{where}, key 'topology'", error)
+            if self.topology.devices != self.devices:
+                raise error(f"{where}, key 'topology': {self.topology.hosts} hosts × {self.topology.gpus_per_host} GPUs is {self.topology.devices} devices, "
+                            f"but the task has {self.devices}")
         seen: set[str] = set()
         for t in self.tables:
             if t.name in seen:
@@ -139,7 +154,15 @@ class Task:
             d["pool"] = self.pool
         if self.host_memory_bytes:
             d["host_memory_bytes"] = self.host_memory_bytes
+        if self.topology is not None:
+            d["topology"] = self.topology.to_json()
         return d
+
+
+def topology_from(d: dict, where: str, error: type[InputError] = TaskError) -> Topology | None:
+    """The optional "topology" of a task or plan object (None where absent: one host)."""
+    value = d.get("topology")
+    return None if value is None else Topology.from_json(value, f"{where}, key 'topology'", error)
 
 
 TASK_KEYS = ("tables", "devices", "max_memory_bytes")
@@ -207,7 +230,7 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
         if missing:
             raise TaskError(f"{where}, key 'tables': unknown table {missing[0]!r:.60}")
         host = parse_int(d.get("host_memory_bytes", 0), where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, TaskError, text=False)
-        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool, host_memory_bytes=host).validate(where))
+        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool, host_memory_bytes=host, topology=topology_from(d, where)).validate(where))
     if not tasks:
         raise TaskError(f"{path}: no tasks")
     return tasks
@@ -235,6 +258,7 @@ def sample_tasks(
     workload: Workload = Workload(),
     max_tries: int = 100,
     refused: list[int] | None = None,
+    topology: Topology | None = None,
 ) -> list[Task]:
     """`n` random table subsets that can be placed within memory. A draw that cannot be placed is
     drawn again, which favours small tables where memory is tight: `refused[0]` (where given) is
@@ -247,7 +271,7 @@ def sample_tasks(
             if k > len(tables):
                 raise InputError(f"tasks of {k} tables asked from a pool of {len(tables)}")
             chosen = [tables[i] for i in sorted(rng.choice(len(tables), size=k, replace=False))]
-            task = Task(chosen, devices, max_memory, workload, pool)
+            task = Task(chosen, devices, max_memory, workload, pool, topology=topology)
             if pack(task.sizes(), max_memory, devices) is not None:
                 tasks.append(task)
                 break

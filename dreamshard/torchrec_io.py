@@ -486,7 +486,8 @@ def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: st
     _check_choice(device_type, "device_type", DEVICE_TYPES)
     _check_choice(compute_kernel, "compute_kernel", KERNELS)
     _check_choice(column_type, "column_type", COLUMN_TYPES)
-    local = plan.devices if local_world_size is None else local_world_size
+    # ranks per host: given, else the plan's topology's GPUs per host, else one host of every device
+    local = (plan.task.machine.gpus_per_host if local_world_size is None else local_world_size)
     if not (isinstance(local, int) and 1 <= local and plan.devices % local == 0):
         raise OptionError(f"local_world_size {local!r:.40} must be a positive divisor of the plan's {plan.devices} devices")
     by_table: list[list[Shard]] = [[] for _ in plan.task.tables]
@@ -800,7 +801,7 @@ def export() -> None:
 @click.option("--device-type", default="cuda", show_default=True, type=click.Choice(DEVICE_TYPES), help="device of each shard's placement")
 @click.option("--compute-kernel", default="fused", show_default=True, type=click.Choice(KERNELS), help="TorchRec compute kernel of every table")
 @click.option("--column-type", default="column_wise", show_default=True, type=click.Choice(COLUMN_TYPES), help="TorchRec sharding type of a column-split table")
-@click.option("--local-world-size", type=click.IntRange(1), help="ranks per host (cuda device = rank mod this)  [default: all ranks on one host]")
+@click.option("--local-world-size", type=click.IntRange(1), help="ranks per host (cuda device = rank mod this)  [default: the plan topology's GPUs per host, else all ranks on one host]")
 def export_torchrec(plan_file: str, out: str | None, device_type: str, compute_kernel: str, column_type: str, local_world_size: int | None) -> None:
     """Print or write a dreamshard plan as TorchRec ParameterShardings: per table its sharding
     type, compute kernel, ranks and shards (offsets, sizes, placement). Needs no TorchRec."""

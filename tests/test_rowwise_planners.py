@@ -215,7 +215,7 @@ def reference_greedy(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.nd
     order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")
     E = C * S
     cand = np.repeat(np.arange(C), S)
-    dim_cap = np.tile(caps, C) * dims[cand].sum(1) / D
+    dim_cap = np.maximum(np.tile(caps, C) * dims[cand].sum(1) / D, dims[cand].max(1))  # never below the widest piece
     state, comp = scorer.empty((E, D)), np.zeros((E, D))
     used, dim_sum = np.zeros((E, D), np.int64), np.zeros((E, D), np.int64)
     held = np.zeros((E, max(1, int(group.max()) + 1), D), bool)
@@ -362,8 +362,8 @@ def test_distributed_runner_measures_a_planners_row_wise_plan():
 
 
 def test_planners_import_no_cost_backend():
-    """The scorer's collective rule is costs/comm.py's arithmetic, the kernel features costs/terms.py's counts and costs/paths.py's path model; no backend comes with them."""
+    """The scorer's collective rule is costs/comm.py's arithmetic (costs/hierarchy.py's on several hosts), the kernel features costs/terms.py's counts and costs/paths.py's path model; no backend comes with them."""
     code = ("import sys, dreamshard.planners as p; p.dreamshard.lazy.load(); p.neuroshard.lazy.load(); "
             "print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))")  # with the nets the planners bind when built
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.paths', 'dreamshard.costs.terms']"
+    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.hierarchy', 'dreamshard.costs.paths', 'dreamshard.costs.terms']"

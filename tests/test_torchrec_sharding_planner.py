@@ -215,6 +215,7 @@ def test_topology_world_local_sizes_and_memory():
     placements = {str(m.placement) for module in sp.plan.values() for ps in module.values() for m in ps.sharding_spec.shards}
     assert placements and all(p == f"rank:{p.split('/')[0][5:]}/cuda:{int(p.split('/')[0][5:]) % 2}" for p in placements)
     assert planner.last_planner._topology is topo  # its bandwidths price TorchRec's own estimates and stats
+    assert (task.topology.hosts, task.topology.gpus_per_host) == (2, 2)  # several hosts: dreamshard plans on them too (docs/topology.md)
     cpu = topology(world=2, device="cpu", cap=100 * 2**20)
     planner, sp = plan(topo=cpu)
     assert planner.last_plan.task.max_memory_bytes < 100 * 2**20 and all("/cpu" in str(m.placement) for m in sp.plan[""]["t0"].sharding_spec.shards)

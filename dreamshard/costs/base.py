@@ -109,13 +109,32 @@ class CostBackend(ABC):
 
     # prices shards outside HBM (tiers.py) in `evaluate_plan`: the simulator and the sequential runner
     prices_tiers: bool = False
+    # takes `evaluate(..., topology=)`: prices a plan of several hosts in two levels (costs/hierarchy.py)
+    supports_topology: bool = False
 
     def evaluate_plan(self, plan, batch_size: int | None = None, precision: str | None = None) -> CostReport:
-        """Cost of a plan under its own workload (or at another batch size or precision). A plan
-        with shards outside HBM needs a backend that prices their tiers (`prices_tiers`)."""
+        """Cost of a plan under its own workload (or at another batch size or precision), on its
+        task's topology (`evaluate_on`). A plan with shards outside HBM needs a backend that prices
+        their tiers (`prices_tiers`)."""
         if plan.has_tiers() and not self.prices_tiers:
             from dreamshard.validation import OptionError
 
             raise OptionError(f"the plan has shards in host memory (tiers), which the {self.name} backend does not measure; "
                               "use the simulator or the sequential runner")
-        return self.evaluate(plan.device_tables(), plan.workload.with_overrides(batch_size, precision))
+        return evaluate_on(self, plan.device_tables(), plan.workload.with_overrides(batch_size, precision), plan.task.topology)
+
+
+def evaluate_on(backend: CostBackend, shards: Sequence[Sequence[TableSpec]], workload: Workload, topology=None) -> CostReport:
+    """`backend.evaluate` of a placement on `topology`: a backend that prices topologies
+    (`supports_topology`) is given one of several hosts; one that does not (a runner whose
+    collectives are real) measures what it runs on, and its report says the plan's topology was
+    not what it measured (details "topology_note")."""
+    if topology is None or not topology.multi_host:
+        return backend.evaluate(shards, workload)
+    if backend.supports_topology:
+        return backend.evaluate(shards, workload, topology=topology)
+    if getattr(backend, "measures_topology", False):  # its processes run on the hosts themselves (torchrun)
+        return backend.evaluate(shards, workload)
+    report = backend.evaluate(shards, workload)
+    report.details["topology_note"] = f"the plan is for {topology.describe()}; this backend measured its own processes, not that machine's network"
+    return report

@@ -71,6 +71,7 @@ from dreamshard.costs.comm import (alltoall_bytes_array, alltoall_ms, comm_param
                                    relayout_ms, rowwise_ms)
 from dreamshard.costs.hardware import gpu_slug
 from dreamshard.costs.host import HostLink, tier_ms
+from dreamshard.costs.hierarchy import topology_comm_ms
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
 from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
@@ -78,6 +79,7 @@ from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
+from dreamshard.topology import Topology
 from dreamshard.validation import DataError, OptionError, one_line, parse_float, parse_int, require_dict
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
@@ -308,10 +310,14 @@ class SimBackend(CostBackend):
     def cache_bytes(self) -> float:
         return float(self.calibration.cache_bytes)
 
-    def costs_batch(self, tables: Sequence[TableSpec], placements: np.ndarray, devices: int, workload: Workload = Workload(), terms: np.ndarray | None = None) -> np.ndarray:
+    def costs_batch(self, tables: Sequence[TableSpec], placements: np.ndarray, devices: int, workload: Workload = Workload(), terms: np.ndarray | None = None,
+                    topology: Topology | None = None) -> np.ndarray:
         """Costs of N placements of the same tables at once: [N, D, 4] (fwd comp, fwd comm, bwd comm, bwd comp).
 
         `placements` is [N, T] device ids. Pass `terms` (table_terms of these tables) to reuse it.
+        `topology` (of `devices` devices): several hosts price the collectives in two levels
+        (costs/hierarchy.py: inside a host the shipped model of its GPU count, between hosts the
+        topology's links); None or one host: one host of `devices`.
         """
         placements = np.asarray(placements, dtype=np.int64).reshape(-1, len(tables))
         N, T = placements.shape
@@ -337,10 +343,16 @@ class SimBackend(CostBackend):
         sent, recv = alltoall_bytes_array(dim_sums, workload.batch_size, workload.elt_bytes)
         out = np.empty((N, devices, 4))
         out[..., 0] = fwd.reshape(N, devices)
+        out[..., 3] = bwd.reshape(N, devices)
+        if topology is not None and topology.multi_host:
+            if topology.devices != devices:
+                raise ValueError(f"a topology of {topology.devices} devices for a placement on {devices}")
+            cols = row_cols if rw_dim else np.zeros((N, devices))
+            out[..., 1], out[..., 2] = topology_comm_ms(self.comm_for(topology.gpus_per_host), tables, placements, dim_sums, cols, workload, topology)
+            return out
         comm = self.comm_for(devices)
         out[..., 1] = alltoall_ms(comm, sent, recv)
         out[..., 2] = alltoall_ms(comm, recv, sent)
-        out[..., 3] = bwd.reshape(N, devices)
         if rw_dim:
             rs, ag = rowwise_ms(comm, rw_dim, workload.batch_size, workload.elt_bytes, devices)
             copy_f, copy_b = relayout_ms(comm, dim_sums, row_cols, workload.batch_size, workload.elt_bytes)
@@ -348,18 +360,24 @@ class SimBackend(CostBackend):
             out[..., 2] += ag + copy_b
         return out
 
-    def _costs_of_shards(self, shards: Sequence[Sequence[TableSpec]], workload: Workload) -> np.ndarray:
+    def _costs_of_shards(self, shards: Sequence[Sequence[TableSpec]], workload: Workload, topology: Topology | None = None) -> np.ndarray:
         """[D, 4] costs of one placement given as shards: costs_batch of a batch of one."""
         tables = [t for s in shards for t in s]
         placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])
-        return self.costs_batch(tables, placement[None, :], len(shards), workload)[0]
+        return self.costs_batch(tables, placement[None, :], len(shards), workload, topology=topology)[0]
 
     def shard_compute(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> np.ndarray:
         """[S, 2] predicted (fwd, bwd) compute of each shard on its own."""
         return self._costs_of_shards(shards, workload)[:, [0, 3]]
 
-    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
-        c = self._costs_of_shards(shards, workload)
+    supports_topology = True
+
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload(), topology: Topology | None = None) -> CostReport:
+        c = self._costs_of_shards(shards, workload, topology)
+        multi = topology is not None and topology.multi_host
+        comm = self.calibration.comm.get("source", "?")
+        if multi:
+            comm = f"inside each host: {self.comm_for(topology.gpus_per_host).get('source', '?')}; between hosts: {topology.inter_host_GBps:g} GB/s per GPU, {topology.inter_host_latency_us:g} µs"
         return CostReport(
             devices=[DeviceCost(*map(float, row)) for row in c],
             backend=self.name,
@@ -369,7 +387,7 @@ class SimBackend(CostBackend):
             precision=workload.precision,
             optimizer=workload.optimizer,
             comm_modelled=True,
-            details={"calibration_date": self.calibration.date, "comm": self.calibration.comm.get("source", "?")},
+            details={"calibration_date": self.calibration.date, "comm": comm, **({"topology": topology.to_json()} if multi else {})},
         )
 
 

@@ -86,11 +86,17 @@ def row_trials(scorer: PieceScorer, pieces: list[Shard], slots: np.ndarray, mine
     for i in scorer.row_candidates(pieces, mine, candidates):
         if not scorer.bound_without(state, slow, pieces[i]) < cost * (1 - 1e-3):
             continue
-        for parts in splits.row_parts(task.devices):
+        G = splits.host_gpus(task)
+        for parts in splits.task_row_parts(task):
             rows = splits.row_split(task, pieces[i].table, parts)
             if rows is None:
                 continue
-            to = list(range(task.devices)) if parts == task.devices else sorted([slow] + [int(d) for d in order if d != slow][: parts - 1])
+            if parts == task.devices:
+                to = list(range(task.devices))
+            elif parts == G:  # table-row-wise: block r on GPU r of the slow device's host (splits.twrw_blocks)
+                to = list(range(slow // G * G, (slow // G + 1) * G))
+            else:
+                to = sorted([slow] + [int(d) for d in order if d != slow][: parts - 1])
             free = used.copy()
             free[slow] -= scorer.bytes[slots[i]]
             free[to] += splits.sizes(task, rows)  # a table's blocks go to distinct devices
@@ -316,7 +322,9 @@ class DreamShardPlanner(LearnedPlanner):
         """The cheapest placement by NeuroShard's greedy on the cost net (`scoring.greedy_batch`,
         dim caps 1.0–1.5) of the `row_ladder` cuts, or None (the policy's MDP cannot keep a
         table's blocks on distinct devices, so the greedy places these)."""
-        ladder = row_ladder(scorer, whole, placement, state, cost)
+        # several hosts: a table-row-wise split keeps its exchange in a host, and a task of few tables
+        # on many GPUs may want most of them split so (MLPerf's 26 on 128 GPUs): a longer ladder
+        ladder = row_ladder(scorer, whole, placement, state, cost, ROW_LADDER_HOSTS if splits.host_gpus(scorer.task) else 2)
         best = None
         for pieces in ladder:
             cost, devices = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
@@ -484,22 +492,29 @@ def top_tables(single: np.ndarray, top: int) -> np.ndarray | None:
     return offered
 
 
+ROW_LADDER_HOSTS = 32  # the row ladder's most tables on a task of several hosts (one host: 2)
+
+
 def row_ladder(scorer: PieceScorer, whole: list[Shard], placement: list[int], state: np.ndarray, cost: float, tables: int = 2) -> list[list[Shard]]:
-    """Row cuts to place afresh: the 1, ..., `tables` costliest tables that may pay (`PieceScorer.row_candidates`, and whose `bound_without` in the table-wise
-    `placement`, of device states `state`, beats `cost`) split by rows over every device."""
+    """Row cuts to place afresh: the 1, 2, 4, ... and all of the `tables` costliest tables that may pay (`PieceScorer.row_candidates`, and whose `bound_without` in the table-wise
+    `placement`, of device states `state`, beats `cost`) split by rows over every device (on several hosts: over one host's GPUs,
+    table-row-wise, `splits.twrw_blocks`)."""
     task = scorer.task
     ladder: list[list[Shard]] = []
-    if task.devices > splits.MAX_ROW_PARTS:
+    parts = splits.host_gpus(task) or task.devices  # several hosts: table-row-wise, over one host's GPUs
+    if parts > splits.MAX_ROW_PARTS or parts < 2:
         return ladder
     chosen: list[int] = []
     for i in scorer.row_candidates(whole, list(range(len(whole))), tables):
         if not scorer.bound_without(state, placement[i], whole[i]) < cost * (1 - 1e-3):
             continue
-        rows = splits.row_split(task, i, task.devices)
+        rows = splits.row_split(task, i, parts)
         if rows is None:
             continue
         chosen.append(i)
-        ladder.append([p for p in whole if p.table not in chosen] + [q for j in chosen for q in splits.row_split(task, j, task.devices)])
+    # the 1, 2, 4, ... costliest (and all of them): each rung one greedy placement
+    for k in sorted({2**j for j in range(len(chosen).bit_length()) if 2**j <= len(chosen)} | ({len(chosen)} if chosen else set())):
+        ladder.append([p for p in whole if p.table not in chosen[:k]] + [q for j in chosen[:k] for q in splits.row_split(task, j, parts)])
     return ladder
 
 

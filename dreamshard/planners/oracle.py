@@ -90,14 +90,17 @@ class Pricer:
         self.used += N
         if self.progress is not None:
             self.progress(self.used, self.budget)
+        # a task on several hosts, priced on them where the backend can (costs/hierarchy.py)
+        topo = self.task.topology if self.task.topology is not None and self.task.topology.multi_host and getattr(self.backend, "supports_topology", False) else None
+        on = {"topology": topo} if topo is not None else {}
         if self.batched:
-            return np.asarray(self.backend.costs_batch(specs, placements, D, workload=self.task.workload)).sum(axis=-1)
+            return np.asarray(self.backend.costs_batch(specs, placements, D, workload=self.task.workload, **on)).sum(axis=-1)
         out = np.empty((N, D))
         for n, row in enumerate(placements):
             held: list[list] = [[] for _ in range(D)]
             for spec, d in zip(specs, row):
                 held[d].append(spec)
-            out[n] = [c.total_ms for c in self.backend.evaluate(held, self.task.workload).devices]
+            out[n] = [c.total_ms for c in self.backend.evaluate(held, self.task.workload, **on).devices]
         return out
 
     def report(self, plan: Plan) -> "CostReport":

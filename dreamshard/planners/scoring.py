@@ -29,6 +29,16 @@ with the collective added to the overall head.
 
 The comm model's parameters default to the shipped NCCL fit for the shipped cost net's GPU at the
 task's device count: `comm_params`.
+
+A task on several hosts (its `topology`, topology.py): the comm head learned one host's all-to-all,
+so the scorer prices the all-to-all by the two-level formula instead (costs/hierarchy.py, the
+simulator's: inside a host the comm model of its GPU count, between hosts the topology's links),
+on each device's all-to-all columns, the row-wise exchange of tables spread over hosts by
+`hierarchy.rowwise_topo_ms`, and that of table-row-wise splits (`splits.twrw_blocks`: a table's G
+blocks on the G GPUs of one host) as the simulator does: a state row carries a table-row-wise
+piece's share of its table's dim in a column of its own, whose sum over a host's GPUs is that
+host's reduce-scatter buffer (`hierarchy.twrw_ms`), its pooled output crossing hosts in the
+all-to-all (`hierarchy.twrw_traffic`).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from typing import Iterable
 import numpy as np
 
 from dreamshard.costs.comm import DEFAULT_GPU, CommModel, load_comm_model, relayout_ms, rowwise_ms
+from dreamshard.costs.hierarchy import alltoall_topo_ms, inter_host_ms, rowwise_topo_ms, twrw_ms, twrw_traffic
 from dreamshard.learned.mdp import NumpyCostNet
 from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
@@ -69,17 +80,20 @@ class PieceScorer:
     def __init__(self, model: DreamShardModel, task: Task, comm: dict | None = None):
         self.model, self.task = model, task
         self.net = NumpyCostNet(model.cost_net)
-        self.comm = comm if comm is not None else comm_params(None, task.devices)
+        self.topology = task.topology if task.topology is not None and task.topology.multi_host else None
+        # several hosts: the collectives' inside-a-host part is the comm model of one host's GPUs
+        self.comm = comm if comm is not None else comm_params(None, self.topology.gpus_per_host if self.topology else task.devices)
         self.row_moves = model.score == "max_device" and task.devices > 1
         nP = self.net.nP
         self._heads = nP // len(COST_COMPONENTS)
         self._rw = nP + self.net.Wo1.shape[0]  # the column of a piece's share of the row-wise dim
         self._a2a = self._rw + 1  # the column of a piece's all-to-all width
         self._rc = self._a2a + 1  # the column of a row piece's columns in its device's TBE output (the copies around the exchange)
+        self._tw = self._rc + 1  # the column of a table-row-wise piece's share of its table's dim (several hosts)
         self._slot: dict[Shard, int] = {}
         # Indexed by slot, filled up to len(_slot); grown geometrically, so that the searches' many
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
-        self.table = np.zeros((0, self._rc + 1), np.float32)  # state rows
+        self.table = np.zeros((0, self._tw + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
 
     def slots(self, pieces: list[list[Shard]]) -> np.ndarray:
@@ -100,13 +114,14 @@ class PieceScorer:
         if not new:
             return
         x = self.model.features(splits.specs(self.task, new), self.task.workload)
-        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 3), np.float32)], axis=1)
-        for r, p in zip(rows, new):
+        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 4), np.float32)], axis=1)
+        blocks = splits.twrw_blocks(self.task, new)
+        for r, p, block in zip(rows, new, blocks):
             if p.is_row_shard:  # not in the all-to-all: its share of the reduce-scatter instead
                 t = self.task.tables[p.table]
                 a, b = p.row_range(t)
                 r[COMM * self._heads : (COMM + 1) * self._heads] = 0.0
-                r[self._rw] = t.dim * (b - a) / t.rows
+                r[self._tw if block >= 0 else self._rw] = t.dim * (b - a) / t.rows
                 r[self._rc] = t.dim
             else:
                 r[self._a2a] = p.width
@@ -137,7 +152,7 @@ class PieceScorer:
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """The state of empty devices, [*shape, R]."""
         state = self.net.empty(shape)
-        return np.concatenate([state, np.zeros((*shape, 3), state.dtype)], axis=-1)
+        return np.concatenate([state, np.zeros((*shape, 4), state.dtype)], axis=-1)
 
     def device_costs(self, state: np.ndarray) -> np.ndarray:
         """[..., D, R] device states of whole plans → [..., D, 3] (fwd, bwd, comm) units: the
@@ -146,7 +161,19 @@ class PieceScorer:
         costs = self.net.costs(state[..., : self.net.nP])
         comm = self.model.comm
         w = self.task.workload
-        if comm is not None:
+        if self.topology is not None:  # the two-level all-to-all in place of the one-host head's (module docstring)
+            topo = self.topology
+            tw = state[..., self._tw]
+            extra = {}
+            if tw.any():  # table-row-wise pieces: each host's reduce-scatter, their outputs across hosts
+                host_dims = np.rint(tw.reshape(*tw.shape[:-1], topo.hosts, topo.gpus_per_host).sum(-1))
+                extra = dict(zip(("extra_send", "extra_recv"), twrw_traffic(host_dims, w.batch_size, w.elt_bytes, topo)))
+                rs, ag = twrw_ms(self.comm, host_dims, w.batch_size, w.elt_bytes, topo)
+            fwd, bwd = alltoall_topo_ms(self.comm, state[..., self._a2a], w.batch_size, w.elt_bytes, topo, **extra)
+            costs[..., COMM] = (fwd + bwd) / self.net.scale
+            if extra:
+                costs[..., COMM] += (rs + ag) / self.net.scale
+        elif comm is not None:
             cols = state[..., self._a2a]
             costs[..., COMM] = comm.units(cols, cols.sum(-1, keepdims=True), self.task.devices, w.elt_bytes, self.net.scale)
         if self.comm.get("relayout"):  # the copies of devices with row pieces, as the simulator prices them
@@ -169,21 +196,41 @@ class PieceScorer:
     def collective_of(self, rowwise_dim) -> np.ndarray:
         """The row-wise exchange of a buffer of `rowwise_dim` columns, units."""
         w = self.task.workload
-        rs, ag = rowwise_ms(self.comm, rowwise_dim, w.batch_size, w.elt_bytes, self.task.devices)
+        if self.topology is not None:
+            rs, ag = rowwise_topo_ms(self.comm, rowwise_dim, w.batch_size, w.elt_bytes, self.topology)
+        else:
+            rs, ag = rowwise_ms(self.comm, rowwise_dim, w.batch_size, w.elt_bytes, self.task.devices)
         return (rs + ag) / self.net.scale
+
+    def split_exchange(self, dims) -> np.ndarray:
+        """The exchange (forward + backward) a row split of tables of `dims` columns adds, units:
+        on one host the row-wise collectives over every device (`collective_of`); on several, the
+        table-row-wise one — the reduce-scatter and all-gather over one host's GPUs and the pooled
+        output through each port (`hierarchy.twrw_ms`, `twrw_traffic`), as the simulator prices it."""
+        if self.topology is None:
+            return self.collective_of(dims)
+        topo, w = self.topology, self.task.workload
+        host = np.zeros((len(np.atleast_1d(dims)), topo.hosts))
+        host[:, 0] = np.atleast_1d(dims)
+        rs, ag = twrw_ms(self.comm, host, w.batch_size, w.elt_bytes, topo)
+        send, recv = twrw_traffic(host, w.batch_size, w.elt_bytes, topo)
+        k = float(self.comm.get("coupling", 0.0))
+        port = inter_host_ms(topo, send, recv, k).max(-1) + inter_host_ms(topo, recv, send, k).max(-1)
+        return (rs[:, 0] + ag[:, 0] + port) / self.net.scale
 
     def row_candidates(self, pieces: list[Shard], among: list[int], top: int) -> list[int]:
         """Of the pieces `among`, the `top` predicted costliest alone that a row split may pay
         for: whole tables (`splits.is_whole`) whose compute alone, above an empty device's,
         exceeds the exchange their rows would add (reduce-scatter + all-gather of their dim) — a
         split saves at most the first (each block still pays a device's fixed cost). This is
-        decided before any row piece is measured. None where the score cannot price row pieces
+        decided before any row piece is measured (on several hosts the exchange is the
+        table-row-wise one, `split_exchange`). None where the score cannot price row pieces
         (`row_moves`)."""
         if not self.row_moves or not among:
             return []
         single = self.alone(self.rows([[pieces[i] for i in among]])[0]) - self.alone(np.zeros(self.net.nP))
         dims = np.array([self.task.tables[pieces[i].table].dim for i in among])
-        keep = [(-c, i) for i, c, worth in zip(among, single, single > self.collective_of(dims)) if worth and splits.is_whole(self.task, pieces[i])]
+        keep = [(-c, i) for i, c, worth in zip(among, single, single > self.split_exchange(dims)) if worth and splits.is_whole(self.task, pieces[i])]
         return [i for _, i in sorted(keep)[:top]]
 
     def bound_without(self, state: np.ndarray, device: int, piece: Shard) -> float:
@@ -193,7 +240,8 @@ class PieceScorer:
         take them). A row split whose bound does not beat the plan is not worth measuring."""
         trial = state.copy()
         trial[device] -= self.rows([[piece]])[0, 0]
-        trial[device, self._rw] += self.task.tables[piece.table].dim
+        # several hosts: split over the device's host (table-row-wise), whose exchange is that host's
+        trial[device, self._tw if self.topology is not None else self._rw] += self.task.tables[piece.table].dim
         return float(self.score(trial))
 
     def predicted(self, pieces: list[Shard], devices: np.ndarray, label: str) -> dict:
@@ -221,7 +269,8 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     order of predicted cost alone to the device of least predicted compute with memory for it and
     under the dim cap (cap × the candidate's all-to-all dim / D: row pieces are not in the
     all-to-all and do not count); a row piece goes to its block's device where its table is split
-    over every device, else to a device holding no other piece of its table (`splits.row_groups`).
+    over every device, else to a device holding no other piece of its table (`splits.row_groups`),
+    and a table-row-wise block r to GPU r of its table's host (`splits.twrw_blocks`).
     Every candidate has the same number of pieces n."""
     task, net = scorer.task, scorer.net
     C, n, D, S = len(pieces), len(pieces[0]), task.devices, len(caps)
@@ -231,25 +280,30 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     constraints = [splits.row_groups(task, ps) for ps in pieces]
     pins = np.array([c[0] for c in constraints], np.int64).reshape(C, n)
     groups = np.array([c[1] for c in constraints], np.int64).reshape(C, n)
+    blocks = np.array([splits.twrw_blocks(task, ps) for ps in pieces], np.int64).reshape(C, n)  # table-row-wise: block r on GPU r of one host
     order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")  # [C, n]
     E = C * S  # episode e = candidate e // S at cap e % S
     cand = np.repeat(np.arange(C), S)
     dims = scorer.a2a_dims(slots)
-    dim_cap = np.tile(caps, C) * dims[cand].sum(1) / D
+    # never below the widest piece: with more devices than the dims fill (26 tables of dim 128 on
+    # 64 GPUs: a cap of 78 columns) no device could take a whole table and every cap would fail
+    dim_cap = np.maximum(np.tile(caps, C) * dims[cand].sum(1) / D, dims[cand].max(1))
     # What every episode places at each step, [n, E] (the S episodes of a candidate place the same
     # piece), worked out before the loop: each step is then a few operations on [E, D] arrays.
     piece = order[cand].T
     size, dim = scorer.bytes[slots][cand, piece], dims[cand, piece]
     room, dim_room = task.max_memory_bytes - size, dim_cap - dim  # a device may take the piece up to these
-    pin, group = pins[cand, piece], groups[cand, piece]
+    pin, group, block = pins[cand, piece], groups[cand, piece], blocks[cand, piece]
     # the steps that place a row piece of each kind: the others skip its check (a no-op there)
-    pinned, grouped = (pin >= 0).any(1).tolist(), (group >= 0).any(1).tolist()
+    pinned, grouped, hosted = (pin >= 0).any(1).tolist(), (group >= 0).any(1).tolist(), (block >= 0).any(1).tolist()
+    G = splits.host_gpus(task) or D
     # Episode e's device d at e·D + d: a step's updates are 1-D gathers and scatters.
     state = scorer.empty((E, D)).reshape(E * D, -1)
     comp = np.zeros(E * D)  # an empty device computes nothing (not the heads' bias)
     used, dim_sum = np.zeros((E, D), np.int64), np.zeros((E, D), np.int64)
     flat_used, flat_dim = used.reshape(-1), dim_sum.reshape(-1)
     held = np.zeros((E, max(1, int(group.max()) + 1), D), bool)  # devices holding a piece of each row group
+    host_of = np.full((E, max(1, int(group.max()) + 1)), -1, np.int64)  # the host of each table-row-wise group, once its first block is placed
     chosen = np.zeros((n, E), np.int64)
     ok = np.zeros((n, E), bool)  # the device chosen was legal (else the episode failed)
     flat_rows, taken = rows.reshape(C * n, -1), cand * n + piece  # [n, E] the row each episode adds at each step
@@ -262,6 +316,9 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
         if grouped[step]:
             g = group[step]
             legal &= ~(held[es, np.maximum(g, 0)] & (g[:, None] >= 0)).reshape(-1)
+        if hosted[step]:  # block r goes to GPU r of its group's host (any host for its first block)
+            r, h = block[step][:, None], host_of[es, np.maximum(group[step], 0)][:, None]
+            legal &= ((r < 0) | ((ds % G == r) & ((h < 0) | (ds // G == h)))).reshape(-1)
         a = np.where(legal, comp, np.inf).reshape(E, D).argmin(1)
         at = first + a
         ok[step] = legal[at]
@@ -271,6 +328,9 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
         flat_dim[at] += dim[step]
         if grouped[step]:
             held[es, np.maximum(g, 0), a] |= g >= 0
+        if hosted[step]:
+            m = block[step] >= 0
+            host_of[es[m], group[step][m]] = a[m] // G
         comp[at] = net.costs(placed[:, :nP])[:, :2].sum(-1)
         chosen[step] = a
     devices = np.empty((E, n), np.int64)
@@ -308,7 +368,7 @@ def split_moves(scorer: PieceScorer, pieces: list[Shard], top: int) -> list[tupl
     chosen = sorted(int(i) for i in set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k]))
     moves = [(i, splits.cut(pieces[i], 2)) for i in chosen if splits.can_halve(pieces[i])]
     for i in scorer.row_candidates(pieces, chosen, ROW_CANDIDATES):
-        moves += [(i, rows) for parts in splits.row_parts(task.devices) if (rows := splits.row_split(task, pieces[i].table, parts))]
+        moves += [(i, rows) for parts in splits.task_row_parts(task) if (rows := splits.row_split(task, pieces[i].table, parts))]
     return moves
 
 

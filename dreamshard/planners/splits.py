@@ -52,11 +52,44 @@ def is_whole(task: Task, piece: Shard) -> bool:
     return piece.start == 0 and piece.stop == task.tables[piece.table].dim and not piece.is_row_shard
 
 
-def row_parts(devices: int) -> list[int]:
+def row_parts(devices: int, gpus_per_host: int | None = None) -> list[int]:
     """The numbers of row ranges a planner tries: 2, 4, 8, ... below `devices`, and `devices`
-    itself (TorchRec's row_wise), none over MAX_ROW_PARTS."""
+    itself (TorchRec's row_wise), and on several hosts `gpus_per_host` (table_row_wise,
+    `twrw_blocks`), none over MAX_ROW_PARTS."""
     ks = [2**j for j in range(1, 7) if 2**j < devices] + [devices]
-    return [k for k in ks if 2 <= k <= MAX_ROW_PARTS]
+    if gpus_per_host is not None and 2 <= gpus_per_host < devices and gpus_per_host not in ks:
+        ks.append(gpus_per_host)
+    return sorted(k for k in ks if 2 <= k <= MAX_ROW_PARTS)
+
+
+def host_gpus(task: Task) -> int | None:
+    """The GPUs of one host of a task on several hosts (its topology), else None."""
+    t = task.topology
+    return t.gpus_per_host if t is not None and t.multi_host else None
+
+
+def task_row_parts(task: Task) -> list[int]:
+    """`row_parts` of the task's devices and, on several hosts, its GPUs per host."""
+    return row_parts(task.devices, host_gpus(task))
+
+
+def twrw_blocks(task: Task, pieces: Sequence[Shard]) -> list[int]:
+    """Per piece, its block r of a table-row-wise split (TorchRec's table_row_wise: a table's rows
+    in G blocks of its row-wise layout over the G GPUs of one host, block r on GPU r of that host,
+    so that its partial sums are reduced on NVLink and only its pooled output crosses hosts), or
+    -1. On a task of several hosts every split of a table into G row blocks is one; the planners
+    place its blocks so (`scoring.greedy_batch`, dreamshard's `row_trials`)."""
+    G = host_gpus(task)
+    out = [-1] * len(pieces)
+    if G is None or G < 2:
+        return out
+    for k, p in enumerate(pieces):
+        if p.is_row_shard:
+            t = task.tables[p.table]
+            cuts = row_wise_cuts(t.rows, G)
+            r = next((j for j, c in enumerate(cuts) if c == p.row_range(t)), -1)
+            out[k] = r
+    return out
 
 
 def row_split(task: Task, table: int, parts: int) -> list[Shard] | None:
@@ -100,7 +133,7 @@ def forced_row_splits(task: Task) -> list[Shard]:
         if task.table_bytes(t) <= cap:
             pieces.append(piece)
             continue
-        for k in row_parts(task.devices):
+        for k in task_row_parts(task):
             rows = row_split(task, piece.table, k)
             if rows is not None and rows[0].bytes(t, w.precision, w.optimizer) <= cap:
                 pieces += rows
@@ -118,7 +151,7 @@ def infeasible(task: Task) -> InfeasibleError:
     big = max(range(len(sizes)), key=lambda i: sizes[i])
     if sizes[big] <= cap or sum(sizes) > task.devices * cap:
         return err
-    parts = row_parts(task.devices)
+    parts = task_row_parts(task)
     if not parts:
         return InfeasibleError(f"{err}; one device cannot split it by rows")
     k = parts[-1]
@@ -148,7 +181,8 @@ def as_task(task: Task, pieces: Sequence[Shard]) -> Task:
     piece in its table's tier where the task has tiers."""
     piece_specs = specs(task, pieces)
     tiers = None if task.tiers is None else {spec.name: tier_of(task, task.tables[p.table].name) for p, spec in zip(pieces, piece_specs)}
-    return Task(piece_specs, task.devices, task.max_memory_bytes, task.workload, task.pool, host_memory_bytes=task.host_memory_bytes, tiers=tiers)
+    return Task(piece_specs, task.devices, task.max_memory_bytes, task.workload, task.pool, host_memory_bytes=task.host_memory_bytes, tiers=tiers,
+                topology=task.topology)
 
 
 def split_heaviest(task: Task, proxy: Sequence[float]) -> list[Shard]:

@@ -3,7 +3,8 @@
 The task becomes what TorchRec plans: an `EmbeddingBagCollection` built on the "meta" device (so a
 table of 10^8 rows costs no memory) with one `EmbeddingBagConfig` per table (its rows, dim, name,
 one feature, the workload's precision as `data_type`), a `Topology` of D "cuda" ranks whose HBM is
-the task's memory cap, the workload's batch size *per rank* (TorchRec's `batch_size` is the local
+the task's memory cap (for a task with a topology, topology.py: its GPUs per host as
+`local_world_size` and its intra- and inter-host bandwidths, `Topology.to_torchrec`), the workload's batch size *per rank* (TorchRec's `batch_size` is the local
 batch: its estimators multiply by the world size for the global one), and per table a
 `ParameterConstraints` with its pooling factor, the `fused` kernel and the sharding types allowed.
 With `rowwise_adagrad` the weights carry TorchRec's `RowWiseAdagrad` optimizer class, so its storage
@@ -142,7 +143,10 @@ class TorchRecPlanner(Planner):
         }
         with _quiet():
             host = {"ddr_cap": task.host_memory_bytes} if task.host_memory_bytes else {}
-            topology = tr["Topology"](world_size=D, compute_device="cuda", hbm_cap=task.max_memory_bytes, **host)
+            if task.topology is not None:  # its hosts, GPUs per host and links, as TorchRec's cost model reads them
+                topology = task.topology.to_torchrec(hbm_cap=task.max_memory_bytes, **host)
+            else:
+                topology = tr["Topology"](world_size=D, compute_device="cuda", hbm_cap=task.max_memory_bytes, **host)
         reservation = tr["FixedPercentageStorageReservation"](float(self.reservation)) if self.reservation is not None else None
         with _quiet():
             return tr["EmbeddingShardingPlanner"](

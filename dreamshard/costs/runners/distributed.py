@@ -261,6 +261,14 @@ class DistributedRunner(CostBackend):
         self.check_outputs = check_outputs
         self.name = f"{kernel}/distributed"
 
+    @property
+    def measures_topology(self) -> bool:
+        """Launched by torchrun (`launch.torchrun_rank`): its ranks are the hosts' own GPUs, so a
+        plan of several hosts is measured on its network, not priced."""
+        from dreamshard.costs.runners.launch import torchrun_rank
+
+        return torchrun_rank() is not None
+
     def cache_bytes(self) -> float:
         from dreamshard.costs.hardware import cache_bytes
 
@@ -297,6 +305,7 @@ class DistributedRunner(CostBackend):
             devices, e2e, spread = summarize(ranks)
             details = {"iters": self.iters, "warmup": self.warmup, "input_sets": self.input_sets, "timing": timing,
                        "process_group": info["process_group"], "threads_per_rank": info["threads_per_rank"], "wall_s": round(info["wall_s"] / len(placements), 2),
+                       **({"launcher": "torchrun", "local_world_size": info["local_world_size"]} if info.get("launcher") == "torchrun" else {}),
                        "dim_sums": [r["dim_sum"] for r in ranks], "tables_per_device": [r["tables"] for r in ranks],
                        "statistic": "median over timed iterations; e2e = median over iterations of the max over ranks",
                        "versions": software_versions(), **spread}

@@ -16,6 +16,13 @@ A worker that raises ends the run with its one-line error (MeasurementError; a w
 outright is named before the peers that lost it); one that hangs is killed with all the others
 when ``timeout_s`` runs out.
 
+Under torchrun (`torchrun --nnodes N --nproc-per-node G -m dreamshard.cli measure PLAN ...`: the
+environment has RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT)
+nothing is started: this process is one rank (`torchrun_rank`), it joins torchrun's process group
+(``env://``: gloo on CPU, NCCL on its LOCAL_RANK's GPU), runs the worker itself and gathers every
+rank's result (`launch_here`), so the same measurement spans hosts; torchrun ends the others when
+one fails.
+
 Tests inject faults with the environment variable ``DREAMSHARD_TEST_WORKER_FAULT=kind:rank``
 (kind = raise | exit | kill | hang), honoured by the workers after they joined the process group.
 """
@@ -124,14 +131,84 @@ def failure_message(failed: Sequence[tuple[int, int]], world: int, workdir: Path
     return f"measurement failed: worker {rank} of {world} {what}{others} (logs: {workdir})"
 
 
+def torchrun_rank() -> tuple[int, int, int, int] | None:
+    """(rank, world size, local rank, local world size) where torchrun started this process (its
+    environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR), else None."""
+    env = os.environ
+    if not all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
+        return None
+    try:
+        rank, world, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+    except ValueError:
+        raise MeasurementError("torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE must be integers") from None
+    return rank, world, local, local_world
+
+
+def launch_here(worker: str, job: dict, world: int, device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict], dict]:
+    """``launch`` under torchrun: this process is its rank of torchrun's ``world`` (which must be
+    the plan's device count); joins the process group from the environment, runs ``worker`` and
+    returns every rank's result (all-gathered) and info, on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    rank, size, local, local_world = torchrun_rank()
+    if size != world:
+        raise MeasurementError(f"the plan has {world} devices, but torchrun started {size} processes (--nnodes × --nproc-per-node must be {world})")
+    if device_type == "cuda":
+        if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
+            raise MeasurementError(f"rank {rank}: LOCAL_RANK {local} has no CUDA device here ({torch.cuda.device_count() if torch.cuda.is_available() else 0} visible)")
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        from dreamshard.costs.hardware import cpu_cores
+
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, cpu_cores() // max(1, local_world)))  # a host's cores shared by its ranks, as the one-host launch shares them
+    start = time.monotonic()
+    timeout = _dt.timedelta(seconds=float(timeout_s) + 30)
+    kwargs = {"device_id": device} if device_type == "cuda" else {}
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method="env://", rank=rank, world_size=world, timeout=timeout, **kwargs)
+    try:
+        clock = _Clock(device, distributed=True)
+
+        def barrier() -> None:
+            clock.sync()
+            if device_type == "cuda":
+                dist.barrier(device_ids=[local])
+            else:
+                dist.barrier()
+            clock.sync()
+
+        job = {**job, "worker": worker, "world": world, "device_type": device_type, "timeout_s": float(timeout_s)}
+        barrier()
+        out = resolve_worker(worker)(job, rank, world, device, clock, barrier)
+        barrier()
+        out["threads"] = torch.get_num_threads() if device_type == "cpu" else None
+        out["device"] = str(device)
+        out["host"] = os.uname().nodename
+        results: list = [None] * world
+        dist.all_gather_object(results, out)
+    finally:
+        dist.destroy_process_group()
+    info = {"process_group": "nccl" if device_type == "cuda" else "gloo", "wall_s": round(time.monotonic() - start, 2),
+            "threads_per_rank": results[0].get("threads"), "launcher": "torchrun", "rank": rank, "local_world_size": local_world}
+    return results, info
+
+
 def launch(worker: str, job: dict, world: int, device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[list[dict], dict]:
     """Run ``worker`` (``"package.module:function"``, see the module docstring) with ``job`` on
-    ``world`` worker processes; return (each rank's result, info).
+    ``world`` worker processes; return (each rank's result, info). Under torchrun this process is
+    one of them (`launch_here`).
 
     Raises MeasurementError naming the failing worker, with its one-line error, or after ``timeout_s``.
     """
     import torch
     from torch.distributed import TCPStore
+
+    if torchrun_rank() is not None:
+        resolve_worker(worker)
+        return launch_here(worker, job, world, device_type, timeout_s)
 
     if world < 1:
         raise ValueError(f"need at least one device, got {world}")

@@ -28,6 +28,7 @@ from dreamshard.costs.comm import CommModel, describe_choice, load_comm_model, l
 from dreamshard.rowshard import exchange_dims, exchange_order, row_dims
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
+from dreamshard.topology import Topology
 from dreamshard.validation import OptionError
 
 # devices whose first measurement in this process is done: the first shard a process times on a GPU
@@ -73,7 +74,7 @@ class SequentialRunner(CostBackend):
             shards[s.device].append(spec)
             self._tiers[id(spec)] = s.tier_spec
         try:
-            report = self.evaluate(shards, plan.workload.with_overrides(batch_size, precision))
+            report = self.evaluate(shards, plan.workload.with_overrides(batch_size, precision), topology=plan.task.topology)
         finally:
             self._tiers = None
         report.details["tiers"] = {"cached_tables": self._cache_stats,
@@ -115,7 +116,12 @@ class SequentialRunner(CostBackend):
             torch.cuda.empty_cache()
         return times
 
-    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload()) -> CostReport:
+    supports_topology = True
+
+    def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload(), topology: Topology | None = None) -> CostReport:
+        """Each shard's compute measured here; the collectives from the comm model — on a topology
+        of several hosts, that of one host's GPU count inside each host and the topology's links
+        between hosts (`modelled_comm`)."""
         import torch
 
         from dreamshard.costs.hardware import cpu_cores, describe_hardware, software_versions
@@ -125,8 +131,11 @@ class SequentialRunner(CostBackend):
             raise ValueError("a placement needs at least one device")
         workload.validate("workload", OptionError)
         batch_size, precision, optimizer = workload.batch_size, workload.precision, workload.optimizer
+        multi = topology is not None and topology.multi_host
+        if multi and topology.devices != D:
+            raise OptionError(f"a topology of {topology.devices} devices for a placement on {D}")
         if D > 1:
-            model = self.comm_model(D)  # no model for this device kind: fail before measuring
+            model = self.comm_model(topology.gpus_per_host if multi else D)  # no model for this device kind: fail before measuring
         start = time.monotonic()
         threads_before = torch.get_num_threads()
         threads = max(1, cpu_cores() // D) if self.device.type == "cpu" else None
@@ -147,7 +156,7 @@ class SequentialRunner(CostBackend):
         finally:
             torch.set_num_threads(threads_before)
         if D > 1:
-            fwd_comm, bwd_comm, comm_info = modelled_comm(model, shards, workload)
+            fwd_comm, bwd_comm, comm_info = modelled_comm(model, shards, workload, topology)
         else:
             fwd_comm = bwd_comm = [0.0]
             comm_info = {"comm_model": "none: one device, no all-to-all"}
@@ -162,13 +171,16 @@ class SequentialRunner(CostBackend):
                           batch_size=batch_size, precision=precision, optimizer=optimizer, e2e_ms=None, comm_modelled=True, details=details)
 
 
-def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workload: Workload) -> tuple[list[float], list[float], dict]:
+def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workload: Workload, topology: Topology | None = None) -> tuple[list[float], list[float], dict]:
     """(forward comm ms[D], backward comm ms[D], what priced them) of a placement from a comm model:
     the all-to-all of the whole tables and column shards (`CommModel.placement_ms`), then the
     reduce-scatter / all-gather of the row-wise tables (`CommModel.rowwise_ms`) on every device
     and the copies of each device with row shards (`comm.relayout_ms`). The sequential runner's
-    comm, and what a campaign re-prices measured compute with."""
+    comm, and what a campaign re-prices measured compute with. On a `topology` of several hosts,
+    the same collectives in two levels (costs/hierarchy.py), `model` being that of one host's GPUs."""
     D = len(shards)
+    if topology is not None and topology.multi_host:
+        return _topology_comm(model, shards, workload, topology)
     dim_sums, rw_dim = exchange_dims(shards)
     B, elt = workload.batch_size, workload.elt_bytes
     fwd, bwd = model.placement_ms(dim_sums, B, elt)
@@ -183,6 +195,22 @@ def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workl
         info |= {"rowwise_dim": rw_dim, "rowwise_comm_ms": [rs, ag],
                  "rowwise_comm_model": {k: getattr(model, k) or "not fitted" for k in ("reduce_scatter", "all_gather", "relayout")}}
     return fwd, bwd, info
+
+
+def _topology_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workload: Workload, topology: Topology) -> tuple[list[float], list[float], dict]:
+    """`modelled_comm` on several hosts: `hierarchy.topology_comm_ms` of the one placement."""
+    import numpy as np
+
+    from dreamshard.costs.hierarchy import topology_comm_ms
+
+    tables = [t for s in shards for t in s]
+    placement = np.repeat(np.arange(len(shards)), [len(s) for s in shards])[None, :]
+    dim_sums, _ = exchange_dims(shards)
+    fwd, bwd = topology_comm_ms(model.params(), tables, placement, np.array([dim_sums], dtype=np.float64), np.array([row_dims(shards)], dtype=np.float64),
+                                workload, topology)
+    info = {"comm_model": model.path or "(in memory)", "comm_model_fit": model.describe(), "topology": topology.to_json(),
+            "comm_model_note": f"inside each host of {topology.gpus_per_host} GPUs; between hosts {topology.inter_host_GBps:g} GB/s per GPU and {topology.inter_host_latency_us:g} µs (costs/hierarchy.py)"}
+    return fwd[0].tolist(), bwd[0].tolist(), info
 
 
 def time_steps(tbe, tables: Sequence[TableSpec], batch_size: int, device, input_sets: int, warmup: int, iters: int) -> tuple[list[float], list[float]]:
