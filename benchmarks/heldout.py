@@ -2,6 +2,7 @@
 its plans measured on one GPU. Three steps, one script:
 
     .venv/bin/python benchmarks/heldout.py plan                        # here, ~10 min: benchmarks/results/gpu_heldout/plans.jsonl
+    .venv/bin/python benchmarks/heldout.py plan --again dreamshard,"dreamshard --no-split"   # a new model: its plans alone
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT      # one H100 or H200, ≤ 9.5 min: measured.csv, summary.json
     .venv/bin/python benchmarks/heldout.py report benchmarks/results/gpu_heldout --write   # the tables: report.md
     # logic check here: plan --quick --out D; measure --out D --plans D/plans.jsonl --cpu --quick; report D
@@ -95,12 +96,26 @@ def tasks_of(family: str, setting: str, count: int):
 
 
 def plan_cmd(args) -> None:
-    """Every planner's plan of every held-out task, made here: OUT/plans.jsonl."""
+    """Every planner's plan of every held-out task, made here: OUT/plans.jsonl. With --again
+    LABELS, only those planners plan again: the file's other plans are kept (a plan they shared
+    keeps the others' names)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     families = HELD_OUT_FAMILIES[:1] if args.quick else HELD_OUT_FAMILIES
     settings = list(SETTINGS)[:1] if args.quick else list(SETTINGS)
     labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else list(PLANNERS)
+    kept: dict[tuple, list] = defaultdict(list)  # (family, setting, task) → the plans kept from OUT/plans.jsonl
+    if args.again:
+        labels = args.again.split(",")
+        unknown = [label for label in labels if label not in PLANNERS]
+        if unknown:
+            raise SystemExit(f"--again: unknown planner label {unknown[0]!r}; choose from {', '.join(PLANNERS)}")
+        for plan in load_plans(out / "plans.jsonl"):
+            plan.notes = [n for n in plan.notes if not any(n.startswith(f"{key} {label}") for label in labels
+                                                           for key in ("planner", "planning_ms", "candidate", "predicted_ms", "note"))]
+            if planners_of(plan):
+                plan.planner = planners_of(plan)[0]
+                kept[(note(plan, "family"), note(plan, "setting"), note(plan, "task"))].append(plan)
     planners = {}
     for label in labels:
         name, options = PLANNERS[label]
@@ -113,7 +128,8 @@ def plan_cmd(args) -> None:
     for family in families:
         for setting in settings:
             for t, task in enumerate(tasks_of(family, setting, 1 if args.quick else TASKS)):
-                seen: dict[tuple, object] = {}
+                seen: dict[str, object] = {plan_hash(p): p for p in kept[(family, setting, str(t))]}
+                plans += seen.values()
                 for label, planner in planners.items():
                     t0 = time.perf_counter()
                     try:
@@ -138,7 +154,6 @@ def plan_cmd(args) -> None:
                     print(f"{family:10s} {setting} task {t} {label:22s} {plan_kind(plan):12s} {ms:8.1f} ms", flush=True)
                 save_plans(plans, out / "plans.jsonl")  # after every task: a cut run keeps what it planned
     print(f"wrote {out / 'plans.jsonl'}: {len(plans)} plans")
-
 
 
 def note(plan, key: str) -> str:
@@ -314,6 +329,7 @@ def main() -> None:
     p = sub.add_parser("plan", help=plan_cmd.__doc__)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--quick", action="store_true", help="one task of one family and setting, six planners (a logic check)")
+    p.add_argument("--again", metavar="LABELS", help="plan again with these planners only (comma-separated labels), keeping OUT/plans.jsonl's other plans")
     p.set_defaults(run=plan_cmd)
     m = sub.add_parser("measure", help=measure_cmd.__doc__)
     m.add_argument("--out", required=True)
