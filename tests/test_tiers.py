@@ -176,6 +176,59 @@ def test_row_cache_is_the_simulated_lru():
     assert abs(cache.hit_rate - simulate_lru([b.numpy() for b in batches], C, t.rows, warmup=2)) < 0.01
 
 
+def test_row_cache_reports_a_batch_it_cannot_hold():
+    """The prefetch does not read the GPU, so a batch of more distinct rows than slots is found
+    out when the counters are read: they raise, saying the cache is too small."""
+    cache = RowCache(torch.zeros(100, 2), torch.zeros(8, 2))
+    cache.prefetch(torch.arange(6))
+    assert cache.misses == 6 and cache.evictions == 0
+    cache.prefetch(torch.arange(10, 22))
+    with pytest.raises(RuntimeError, match="larger cache ratio"):
+        cache.hit_rate
+
+
+def test_row_cache_moves_rows_and_state():
+    """Evicted rows (and their Adagrad state) are written back, missing ones loaded, repeats in a
+    batch share one slot: the cache's view of the table is the table after every prefetch."""
+    g = torch.Generator().manual_seed(5)
+    host, state = torch.rand(64, 3, generator=g), torch.rand(64, generator=g)
+    want, want_state = host.clone(), state.clone()
+    cache = RowCache(host, torch.zeros(10, 3), state, torch.zeros(10))
+    for step in range(12):
+        b = torch.randint(0, 64, (14,), generator=g) % (7 + step % 3) + (step * 5) % 50
+        slots = cache.prefetch(b)
+        assert torch.equal(cache.slot_row[slots], b)
+        cache.cache[slots] += 1.0  # what a backward does to the cached rows (once a row: repeated slots write once)
+        cache.cache_state[slots] += 0.5
+        u = torch.unique(b)
+        want[u] += 1.0
+        want_state[u] += 0.5
+        assert torch.equal(cache.table(), want) and torch.equal(cache.state(), want_state)
+    assert cache.evictions > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_prefetch_and_forward_never_wait_for_the_gpu():
+    """The tiered forward, given its lookup ranges (as the runners give them), queues its work
+    without a host sync: torch's sync debug mode raises at any sync."""
+    from dreamshard.streams import shard_batch
+
+    tables = [stream_table(200_000, 4.0, "zipf:1.0"), stream_table(50_000, 2.0, "uniform"), stream_table(80_000, 1.0, "zipf:0.8")]
+    tbe = TieredTBE("triton", [t.rows for t in tables], [t.dim for t in tables], [Tier("uvm_caching", 0.3), Tier("hbm"), Tier("uvm")], device="cuda")
+    batches = [shard_batch(tables, 2048, step=s, device="cuda") for s in range(4)]
+    for i, (ix, off) in enumerate(batches):
+        bounds = off[::2048].tolist()
+        if i == 1:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            tbe.forward(ix, off, bounds)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        tbe.backward(torch.zeros(2048, tbe.total_dim, dtype=tbe.dtype, device="cuda"))
+    assert 0 < tbe.cache_stats()[0]["misses"] <= tbe.cache_stats()[0]["lookups"]
+
+
 def test_hit_rate_edges():
     t = stream_table(10_000, 2.0, "zipf:1.0")
     assert hit_rate(t, t.rows, 4096) == 1.0  # every row fits
