@@ -377,7 +377,12 @@ def test_simulator_prices_host_tiers():
     uvm, small, large = moved("uvm"), moved("uvm_caching", 0.3), moved("uvm_caching", 0.9)
     d = base.shards[big].device
     h, lg, sm, u = (r.devices[d].total_ms for r in (hbm, large, small, uvm))
-    assert h < min(lg, sm, u) and lg <= sm, (h, lg, sm, u)  # a larger cache misses less
+    assert h < min(lg, sm, u), (h, lg, sm, u)
+    # a larger cache misses less: fewer bytes over the link (its prefetch's work per slot may still cost more)
+    assert large.details["tiers"]["host_link_bytes"][d] <= small.details["tiers"]["host_link_bytes"][d]
+    free = SimBackend()
+    free.host_link = replace(free.host_link, prefetch_ms_per_mslot=0.0)
+    assert free.evaluate_plan(Plan(roomy, [replace(s, tier="uvm_caching", cache_ratio=0.9) if s.table == big else s for s in base.shards], "test")).devices[d].total_ms <= sm
     assert uvm.details["tiers"]["host_link_bytes"][d] > 0 and large.details["tiers"]["cached_shards"][0]["predicted_hit_rate"] > 0.5
     assert hbm.details.get("tiers") is None
 
@@ -390,6 +395,11 @@ def test_calibration_host_entry_is_checked(tmp_path):
     cal.host = {"link_GBps": 50.0, "source": "measured"}
     cal.save(tmp_path / "c.json")
     assert SimBackend(tmp_path / "c.json").host_link.link_GBps == 50.0
+    cal.host = {"row_GBps": {"64": 40.0, "256": 20.0}, "prefetch_fixed_ms": 0.02, "cache_ms_per_mlookup": 0.4}  # the first entries' name kept
+    cal.save(tmp_path / "r.json")
+    link = SimBackend(tmp_path / "r.json").host_link
+    assert (link.rate_GBps(64), link.rate_GBps(128), link.rate_GBps(512), link.rate_GBps(32)) == (40.0, 30.0, 20.0, 40.0)
+    assert link.prefetch_fixed_ms == 0.02 and link.prefetch_ms_per_mlookup == 0.4 and type(link).from_json(link.to_json()) == link
     cal.host = {"link_GBps": "fast"}
     cal.save(tmp_path / "d.json")
     with pytest.raises(DataError, match="host.link_GBps"):

@@ -19,17 +19,17 @@ The tiers of one device run as at most two kernels:
 The row cache (`RowCache`, LRU as FBGEMM's default, write-back): before the forward, the
 prefetch sorts the batch's lookups of the table, looks each row up in a row → slot map (int32 in
 HBM, a direct map: CACHE_INDEX_BYTES a row), marks the hits as used now, gives the k missing
-rows the k least recently used slots (a sort of the slots' last-use steps; the j-th missing row
-takes the j-th), writes the rows it evicts back to host memory (every cached row may have been
+rows the k least recently used slots it does not hit (the slots are kept in LRU order: the j-th
+missing row takes the j-th, and the slots used now move to the end of the order by a stable
+partition, elementwise work over the slots, no sort), writes the rows it evicts back to host memory (every cached row may have been
 updated by a backward), loads the missing rows (and their Adagrad state) from host memory, and
 rewrites the batch's indices as slot numbers. The kernel then runs unchanged on the cache, and its
 backward updates the cached rows in place. All of it is GPU work whose shapes the host knows (the
 batch's lookups, the slots): the host never waits for the GPU, and the rows moved — as many as the
 GPU found missing — are moved by a small Triton kernel that reads their count from GPU memory,
 gathering the missing rows straight from the host-mapped table (no staging copy). FBGEMM's
-LRU cache (`lru_cache_populate`, `lxu_cache_lookup`) works the same way on a 32-way
-set-associative map, which takes less HBM than this direct one but can miss a row whose set is
-full. The prefetch holds a whole batch, so a cache must have at least a batch's distinct rows
+LRU cache (`lru_cache_populate`, `lxu_cache_lookup`) keeps its bookkeeping on the GPU too, but in
+a 32-way set-associative map: less HBM than this direct map, victims chosen within a set. The prefetch holds a whole batch, so a cache must have at least a batch's distinct rows
 (tiers.min_cache_rows sizes it so); a batch with more is found when the counters are read (they
 raise). Each table's lookup range (offsets[::B]) is given by the caller where it knows it, as a
 TorchRec input carries it (the runners do); otherwise the forward reads it first, one host sync.
@@ -159,7 +159,8 @@ class RowCache:
     All of the bookkeeping is tensors on the cache's device and every op has a shape the host knows
     (the batch's lookups, the slots), so a prefetch never waits for the GPU: the row → slot map
     (`row_slot`, one int32 per row and a spare entry), each slot's row and last-use step
-    (`slot_row`, `slot_time`, and a spare slot that masked-out writes go to), and the counters.
+    (`slot_row`, `slot_time`, and a spare slot that masked-out writes go to), the slots in LRU
+    order (`order`) and the counters.
     The rows moved (misses loaded, victims written back) are as many as the GPU found: their
     lists are compacted to the front and moved by a kernel that reads their count from GPU memory
     (`_move_rows`)."""
@@ -170,6 +171,7 @@ class RowCache:
         device = self.device = cache.device
         self.slot_row = torch.full((self.slots + 1,), -1, dtype=torch.int64, device=device)  # + the spare slot
         self.slot_time = torch.full((self.slots + 1,), -1, dtype=torch.int32, device=device)
+        self.order = torch.arange(self.slots, dtype=torch.int64, device=device)  # the slots, least recently used first
         self.row_slot = torch.full((self.rows + 1,), -1, dtype=torch.int32, device=device)  # the index: CACHE_INDEX_BYTES a row (+ a spare entry)
         self.step = 0
         self._lookups = 0
@@ -222,19 +224,23 @@ class RowCache:
         miss = first & ~hit  # one per missing row
         rank = torch.cumsum(miss, 0) - 1  # a missing row's rank among the misses, the same at its every lookup
         k = rank[-1:] + 1  # misses (a 1-element tensor: never read by the host here)
-        # the least recently used slots first (never used: -1); this batch's hits are the newest, so
-        # none is taken while the batch's rows fit: they do unless fewer slots than misses are older
-        lru = torch.sort(self.slot_time[:S]).indices
-        free = (self.slot_time[:S] < step).sum()
-        self._counts[2:].add_(k > free)
-        victim = lru[rank.clamp(0, S - 1)]
-        new = torch.where(hit, slot, victim)
-        # the missing rows and their victims, compacted to the front (positions past the misses: the spare)
+        # the victims: the k least recently used slots (`order`: the slots, least recently used first)
+        # that this batch does not hit; then `order` again, the slots used now moved to its end in a
+        # stable partition (no sort)
+        used = self.slot_time[self.order] == step
+        older = torch.cumsum(~used, 0) - 1  # rank of each slot not used now, in LRU order
+        self._counts[2:].add_(k > older[-1:] + 1)  # fewer free slots than misses: the batch does not fit
+        take = ~used & (older < k)
         m = min(n, S)
+        victims = torch.full((m + 1,), S, dtype=torch.int64, device=dev).index_put_((torch.where(take, older, torch.full_like(older, m)),), self.order)[:m]
+        moved = used | take
+        stay = torch.cumsum(~moved, 0) - 1
+        pos = torch.where(moved, stay[-1:] + torch.cumsum(moved, 0), stay)
+        self.order = torch.empty_like(self.order).index_put_((pos,), self.order)
+        new = torch.where(hit, slot, victims[rank.clamp(0, m - 1)])
+        # the missing rows in rank order (positions past the misses: -1)
         at = torch.where(miss & (rank < m), rank, torch.full_like(rank, m))
-        load_rows = torch.full((m + 1,), -1, dtype=torch.int64, device=dev).index_put_((at,), rows)
-        victims = torch.full((m + 1,), S, dtype=torch.int64, device=dev).index_put_((at,), victim)[:m]
-        load_rows = load_rows[:m]
+        load_rows = torch.full((m + 1,), -1, dtype=torch.int64, device=dev).index_put_((at,), rows)[:m]
         old = self.slot_row[victims]  # the rows evicted (-1: an empty slot, or past the misses)
         evicted = old >= 0
         self._counts[:2].add_(torch.stack([k[0], evicted.sum()]))
