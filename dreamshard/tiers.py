@@ -56,6 +56,10 @@ FILLS = (0.95, 0.9, 0.8, 0.65, 0.5)
 # a cache must hold a batch's distinct rows (the prefetch loads all of them before the kernel runs),
 # with this margin over the expected number
 CACHE_MARGIN = 1.25
+# the row cache's prefetch keeps its slots in LRU order, GPU work per slot every step: the tier stage
+# counts it as the host-link bytes that take as long (costs/host.py HostLink's defaults: 0.05 ms per
+# million slots, ~40 GB/s: 2 bytes a slot)
+SLOT_LINK_BYTES = 2.0
 
 
 @dataclass(frozen=True)
@@ -306,14 +310,16 @@ def link_bytes(table: TableSpec, kind: str, ratio: float, batch_size: int, elt: 
     """Bytes a step moves over the host link for a table in a tier (the tier stage's measure; the
     simulator prices them, costs/sim.py): uvm reads a row per lookup and reads and writes each
     distinct row in the backward; uvm_caching loads each missed row and writes back the row it
-    evicts; hbm nothing."""
+    evicts, and its prefetch's work per slot counts as SLOT_LINK_BYTES a slot (so a cache grows
+    only while its hits pay for its slots); hbm nothing."""
     if kind == "hbm":
         return 0.0
     row = table.dim * elt
     lookups = batch_size * table.pooling_factor
     if kind == "uvm":
         return lookups * row + 2 * expected_unique(table, batch_size) * row
-    return 2 * lookups * (1 - hit_rate(table, cache_rows(table.rows, ratio), batch_size)) * row
+    slots = cache_rows(table.rows, ratio)
+    return 2 * lookups * (1 - hit_rate(table, slots, batch_size)) * row + SLOT_LINK_BYTES * slots
 
 
 def _options(table: TableSpec, cap: int, batch_size: int, precision: str, optimizer: str) -> list[tuple[int, float, Tier]]:

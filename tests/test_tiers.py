@@ -487,7 +487,7 @@ def test_caches_grow_into_the_hbm_a_device_has_left():
     from dreamshard.planners import get_planner
     from dreamshard.tiers import grow_caches
 
-    plan = get_planner("size_lookup").plan(tight_task())
+    plan = get_planner("size_lookup").plan(tight_task(batch=8192))  # a batch whose misses pay for more slots (tiers.SLOT_LINK_BYTES)
     roomier = Plan(replace(plan.task, max_memory_bytes=int(plan.task.max_memory_bytes * 1.3)), plan.shards, plan.planner)
     grown, changed = grow_caches(roomier)
     assert changed > 0
