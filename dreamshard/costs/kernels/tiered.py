@@ -107,9 +107,9 @@ def _move_rows_torch(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor
 def _move_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor, count: torch.Tensor) -> None:
     """`_move_rows_torch`'s copy without a host sync on a GPU: a Triton kernel over as many rows as
     the index lists hold, each program reading the count from GPU memory and moving only rows
-    below it (the rest of the grid does nothing). src and dst: 2-D, rows contiguous; either may be
-    host memory mapped into the GPU (`host_mapped`)."""
-    if src.device.type != "cuda" or _move_kernel() is None:
+    below it (the rest of the grid does nothing). src and dst: 2-D, rows of unit column stride;
+    either may be host memory mapped into the GPU (`host_mapped`)."""
+    if src.device.type != "cuda" or triton is None or src.stride(1) != 1 or dst.stride(1) != 1:
         _move_rows_torch(src, src_idx, dst, dst_idx, count)
         return
     n, dim = src_idx.numel(), src.shape[1]
@@ -117,38 +117,31 @@ def _move_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_
         return
     block_d = max(16, min(256, 1 << (dim - 1).bit_length()))
     block_r = max(1, 2048 // block_d)
-    _move_kernel()[(-(-n // block_r),)](src, src_idx, dst, dst_idx, count, dim, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+    _move_kernel[(triton.cdiv(n, block_r),)](src, src_idx, dst, dst_idx, count, dim, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
 
 
-_MOVE = []
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU path needs no Triton
+    triton = None
 
+if triton is not None:
 
-def _move_kernel():
-    """The Triton kernel of `_move_rows` (None where Triton is missing)."""
-    if not _MOVE:
-        try:
-            import triton
-            import triton.language as tl
-        except ImportError:
-            _MOVE.append(None)
-            return None
-
-        @triton.jit
-        def move(src, src_idx, dst, dst_idx, count_ptr, dim, src_stride, dst_stride, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-            r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-            count = tl.load(count_ptr)
-            live = r < count
-            s = tl.load(src_idx + r, mask=live, other=-1)
-            d = tl.load(dst_idx + r, mask=live, other=-1)
-            live = live & (s >= 0) & (d >= 0)
-            for c0 in range(0, dim, BLOCK_D):
-                c = c0 + tl.arange(0, BLOCK_D)
-                mask = live[:, None] & (c[None, :] < dim)
-                v = tl.load(src + s[:, None] * src_stride + c[None, :], mask=mask)
-                tl.store(dst + d[:, None] * dst_stride + c[None, :], v, mask=mask)
-
-        _MOVE.append(move)
-    return _MOVE[0]
+    @triton.jit
+    def _move_kernel(src, src_idx, dst, dst_idx, count_ptr, dim, src_stride, dst_stride, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        """dst[dst_idx[i]] = src[src_idx[i]] for i < *count_ptr, both indices >= 0."""
+        r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        count = tl.load(count_ptr)
+        live = r < count
+        s = tl.load(src_idx + r, mask=live, other=-1)
+        d = tl.load(dst_idx + r, mask=live, other=-1)
+        live = live & (s >= 0) & (d >= 0)
+        for c0 in range(0, dim, BLOCK_D):
+            c = c0 + tl.arange(0, BLOCK_D)
+            mask = live[:, None] & (c[None, :] < dim)
+            v = tl.load(src + s[:, None] * src_stride + c[None, :], mask=mask)
+            tl.store(dst + d[:, None] * dst_stride + c[None, :], v, mask=mask)
 
 
 class RowCache:
