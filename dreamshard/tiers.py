@@ -20,8 +20,9 @@ fewer than C distinct rows were touched since the row's previous access (its reu
 Under the independent reference model, with rows of per-batch rates λ, the rows touched in the
 last T batches number D(T) = Σ (1 - e^{-λT}) (Che's approximation: the cache holds the rows of the
 last T_C batches, D(T_C) = C). The reuse bins give the rates: bin i ≥ 1 holds rows read about
-BIN_MEAN[i] times a batch; the rows read once (bin 0) and the rows not read at all share the rest
-of the table at one low rate. This module imports no planner, task or backend.
+BIN_MEAN[i] times a batch (a fit of a Poisson mixture, `_groups`); the rows read less than about
+twice a batch, which the bins do not resolve, continue the popularity curve as a power law over
+their ranks (`_power_tail`). This module imports no planner, task or backend.
 """
 
 from __future__ import annotations
