@@ -12,13 +12,16 @@ Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten
   2. host link: pinned host → HBM copies (cudaMemcpy), and the kernels' own access pattern — random
      rows of 32 to 512 bytes gathered from (and scattered to) host memory mapped into the GPU — in GB/s;
   3. speed per tier: one table (2M rows × 64, 4 lookups a sample, zipf 1.0; B = 65,536) in HBM, in
-     uvm, and cached at four cache ratios: forward and backward ms measured (sequential runner's
-     protocol) beside the simulator's price with the default host-link parameters;
+     uvm, and cached at four cache ratios, and in HBM and cached at two ratios at B/4: forward and
+     backward ms measured (sequential runner's protocol) beside the simulator's price; from these
+     and part 2 the calibration's `host` entry is fitted (`fit_host`: the row rates, the uvm
+     kernel's share of them, the prefetch's fixed, per-lookup and per-slot terms) and written to
+     $OUT/host_link.json (a calibration file's `host` entry, as is); the table is priced again with it;
   4. hit rates: the cache's measured hit rate over 30 batches (after 10 to warm it) against
      tiers.hit_rate's prediction for the same cache, on the tables of a `dlrm` pool with lookups;
   5. mixed-tier plans: tasks of pool tables at 1.5–3× the devices' HBM, planned with the tier stage
      (size_lookup and dreamshard), measured by the sequential runner (Triton, comm modelled) and priced by the
-     simulator; and the simulator again with the host link measured in part 2.
+     simulator with HostLink's defaults and with the host entry fitted in part 3.
 `--budget-s` (default 270) stops parts 4 and 5 early; a run cut short keeps what it measured.
 """
 
@@ -31,6 +34,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -144,32 +148,86 @@ def one_table_plan(tier: Tier, table: TableSpec, batch: int, devices: int = 1):
     return Plan(task, [Shard(0, 0, 0, table.dim, tier=tier.kind, cache_ratio=tier.cache_ratio)], "gpu_tiers")
 
 
-def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
+def speed_table(quick: bool) -> TableSpec:
     from dreamshard.bins import reuse_bins
-    from dreamshard.costs.runners import SequentialRunner
 
     rows, dim, pf, dist = (2_000_000, 64, 4.0, "zipf:1.0") if not quick else (50_000, 32, 2.0, "zipf:1.0")
-    batch = 65_536 if not quick else 512
-    table = TableSpec("one", rows, dim, pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=1)
-    need = expected_unique(table, batch) * 1.3 / rows
-    tiers = [Tier("hbm"), Tier("uvm")] + [Tier("uvm_caching", r) for r in sorted({max(need, x) for x in (0.05, 0.1, 0.25, 0.5)})]
+    return TableSpec("one", rows, dim, pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=1)
+
+
+def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
+    """One table in each tier at B (and, for the fit of the prefetch's terms, in HBM and cached at
+    two ratios at B/4: another number of lookups)."""
+    from dreamshard.costs.runners import SequentialRunner
+
+    table = speed_table(quick)
+    rows, dim, pf = table.rows, table.dim, table.pooling_factor
+    big = 65_536 if not quick else 512
     runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 10, iters=3 if quick else 20, input_sets=3)
     out = []
-    for tier in tiers:
-        plan = one_table_plan(tier, table, batch)
-        try:
-            m = runner.evaluate_plan(plan)
-            s = sim.evaluate_plan(plan)
-            row = {"tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "fwd_ms": m.devices[0].fwd_comp_ms, "bwd_ms": m.devices[0].bwd_comp_ms,
-                   "sim_fwd_ms": s.devices[0].fwd_comp_ms, "sim_bwd_ms": s.devices[0].bwd_comp_ms}
-            cached = m.details.get("tiers", {}).get("cached_tables", [])
-            if cached:
-                row["measured_hit_rate"] = cached[0]["hit_rate"]
-                # the runner's steps: `warmup` untimed, then `iters` timed, each a new batch, the cache empty at first
-                row["predicted_hit_rate"] = hit_rate(table, cache_rows(rows, tier.cache_ratio), batch, batches=runner.warmup + runner.iters, warmup=runner.warmup)
-        except Exception as e:  # noqa: BLE001
-            row = {"tier": tier.kind, "cache_ratio": tier.cache_ratio, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-        out.append(row)
+    for batch in (big, big // 4):
+        need = expected_unique(table, batch) * 1.3 / rows
+        ratios = (0.05, 0.1, 0.25, 0.5) if batch == big else (0.1, 0.5)
+        tiers = [Tier("hbm")] + ([Tier("uvm")] if batch == big else []) + [Tier("uvm_caching", r) for r in sorted({max(need, x) for x in ratios})]
+        for tier in tiers:
+            plan = one_table_plan(tier, table, batch)
+            try:
+                m = runner.evaluate_plan(plan)
+                s = sim.evaluate_plan(plan)
+                row = {"tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf, "row_bytes": dim * 2,
+                       "fwd_ms": m.devices[0].fwd_comp_ms, "bwd_ms": m.devices[0].bwd_comp_ms, "sim_fwd_ms": s.devices[0].fwd_comp_ms, "sim_bwd_ms": s.devices[0].bwd_comp_ms}
+                cached = m.details.get("tiers", {}).get("cached_tables", [])
+                if cached:
+                    c = cached[0]
+                    row |= {"slots": c["slots"], "measured_hit_rate": c["hit_rate"], "misses_per_step": c["misses"] / runner.iters,
+                            "evictions_per_step": c["evictions"] / runner.iters}
+                    # the runner's steps: `warmup` untimed, then `iters` timed, each a new batch, the cache empty at first
+                    row["predicted_hit_rate"] = hit_rate(table, cache_rows(rows, tier.cache_ratio), batch, batches=runner.warmup + runner.iters, warmup=runner.warmup)
+            except Exception as e:  # noqa: BLE001
+                row = {"tier": tier.kind, "cache_ratio": tier.cache_ratio, "batch": batch, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            out.append(row)
+    return out
+
+
+def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
+    """The calibration's `host` entry from parts 2 and 3: the row rates measured in part 2, the uvm
+    kernel's share of them, and the prefetch's three work terms fitted (non-negative least squares)
+    to each cached run's forward less the HBM forward at its batch and the rows it moved at the
+    measured rates: fixed + per million lookups + per million slots."""
+    from scipy.optimize import nnls
+
+    base = HostLink()
+    rates = {int(b): v["read_GBps"] for b, v in link.get("random_rows", {}).items()}
+    host = HostLink(row_GBps=tuple(sorted((float(b), float(g)) for b, g in rates.items())) or base.row_GBps)
+    hbm = {r["batch"]: r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
+    out: dict = {}
+    uvm = [r for r in speed_rows if r.get("tier") == "uvm" and "fwd_ms" in r and r["batch"] in hbm]
+    eff = base.uvm_efficiency
+    if uvm:
+        r = uvm[0]
+        sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
+        ideal = r["lookups"] * sector / (host.rate_GBps(sector) * 1e6)
+        eff = min(1.0, ideal / max(r["fwd_ms"] - hbm[r["batch"]], 1e-6))
+    A, y, pts = [], [], []
+    for r in speed_rows:
+        if r.get("tier") != "uvm_caching" or "fwd_ms" not in r or r["batch"] not in hbm:
+            continue
+        sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
+        moved_ms = (r["misses_per_step"] + r["evictions_per_step"]) * sector / (host.rate_GBps(sector) * 1e6)
+        rest = r["fwd_ms"] - hbm[r["batch"]] - moved_ms
+        A.append([1.0, r["lookups"] / 1e6, r["slots"] / 1e6])
+        y.append(rest)
+        pts.append({"batch": r["batch"], "slots": r["slots"], "prefetch_work_ms": rest, "moved_ms": moved_ms})
+    terms = {}
+    if len(A) >= 3:
+        x, _ = nnls(np.array(A), np.array(y))
+        terms = {"prefetch_fixed_ms": float(x[0]), "prefetch_ms_per_mlookup": float(x[1]), "prefetch_ms_per_mslot": float(x[2])}
+        for p, a in zip(pts, A):
+            p["fitted_ms"] = float(np.dot(a, x))
+    fitted = replace(host, uvm_efficiency=eff, **terms, source=f"fitted by benchmarks/gpu_tiers.py on {device_name}")
+    out["host"] = fitted.to_json()
+    out["points"] = pts
+    out["fitted"] = ["row_GBps"] * bool(rates) + ["uvm_efficiency"] * bool(uvm) + sorted(terms)
     return out
 
 
@@ -198,12 +256,13 @@ def hit_rates(device: str, quick: bool, run: Run) -> list[dict]:
                     if s == warm:
                         cache.reset_stats()
                     cache.prefetch(table_bags(t, batch, s, device)[1])
+                measured = cache.hit_rate  # raises where a batch did not fit the cache
             except RuntimeError as e:
                 out.append({"table": t.name, "cache_rows": C, "error": str(e)[:200]})
                 continue
             pred = hit_rate(t, C, batch, batches=n, warmup=warm)
             out.append({"table": t.name, "rows": t.rows, "pooling": t.pooling_factor, "distribution": t.distribution, "cache_rows": C,
-                        "measured": cache.hit_rate, "predicted": pred, "diff_points": 100 * (pred - cache.hit_rate)})
+                        "measured": measured, "predicted": pred, "diff_points": 100 * (pred - cache.hit_rate)})
     return out
 
 
@@ -260,14 +319,24 @@ def report(summary: dict) -> str:
     if link:
         lines += ["## Host link", "", f"- pinned copies: H2D {link.get('memcpy_h2d_GBps', float('nan')):.1f} GB/s, D2H {link.get('memcpy_d2h_GBps', float('nan')):.1f} GB/s"]
         lines += [f"- random rows of {b} B from host-mapped memory: read {v['read_GBps']:.1f} GB/s, write {v['write_GBps']:.1f} GB/s" for b, v in link.get("random_rows", {}).items()]
-        lines += [f"- suggested `host.link_GBps`: {link.get('suggested_link_GBps', float('nan')):.1f}", ""]
-    lines += ["## One table per tier (measured vs simulated, ms)", "", "| tier | cache ratio | fwd | bwd | sim fwd | sim bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|"]
+        lines += [""]
+    lines += ["## One table per tier (measured vs simulated, ms)", "", "sim: HostLink's defaults; fitted: with the host entry fitted below", "",
+              "| tier | cache ratio | batch | fwd | bwd | sim fwd | sim bwd | fitted fwd | fitted bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
     for r in summary.get("speed", []):
         if "error" in r:
-            lines.append(f"| {r['tier']} | {r['cache_ratio']} | error: {r['error'][:80]} |||||")
+            lines.append(f"| {r['tier']} | {r['cache_ratio']} | {r.get('batch')} | error: {r['error'][:80]} ||||||||")
         else:
-            lines.append(f"| {r['tier']} | {r['cache_ratio']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['sim_fwd_ms']:.3f} | {r['sim_bwd_ms']:.3f} | "
-                         f"{r.get('measured_hit_rate', float('nan')):.3f} | {r.get('predicted_hit_rate', float('nan')):.3f} |")
+            lines.append(f"| {r['tier']} | {r['cache_ratio']} | {r.get('batch')} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['sim_fwd_ms']:.3f} | {r['sim_bwd_ms']:.3f} | "
+                         f"{r.get('sim_fwd_ms_fitted', nan):.3f} | {r.get('sim_bwd_ms_fitted', nan):.3f} | {r.get('measured_hit_rate', nan):.3f} | {r.get('predicted_hit_rate', nan):.3f} |")
+    fit = summary.get("host_fit")
+    if fit:
+        h = fit["host"]
+        lines += ["", "## Fitted host terms (calibration `host` entry: host_link.json)", "",
+                  f"- fitted: {', '.join(fit['fitted']) or 'nothing'}; row rates (GB/s by row bytes): {h['row_GBps']}",
+                  f"- uvm_efficiency {h['uvm_efficiency']:.3f}; prefetch: {h['prefetch_fixed_ms']:.4f} ms + {h['prefetch_ms_per_mlookup']:.4f} ms per M lookups + "
+                  f"{h['prefetch_ms_per_mslot']:.4f} ms per M slots", "", "| batch | slots | prefetch work ms (measured) | fitted | rows moved ms |", "|---|---|---|---|---|"]
+        lines += [f"| {p['batch']} | {p['slots']} | {p['prefetch_work_ms']:.3f} | {p.get('fitted_ms', nan):.3f} | {p['moved_ms']:.3f} |" for p in fit.get("points", [])]
     hr = [r for r in summary.get("hit_rates", []) if "measured" in r]
     if hr:
         d = np.abs([r["diff_points"] for r in hr])
@@ -275,7 +344,7 @@ def report(summary: dict) -> str:
                   f"within 5 points: {int((d <= 5).sum())} of {len(hr)}"]
     mp = [r for r in summary.get("mixed_plans", []) if "measured_ms" in r]
     if mp:
-        lines += ["", "## Mixed-tier plans (sequential runner, comm modelled)", "", "| tables | devices | bytes/HBM | planner | tiers | measured ms | sim (default link) | err | sim (measured link) | err |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "## Mixed-tier plans (sequential runner, comm modelled)", "", "| tables | devices | bytes/HBM | planner | tiers | measured ms | sim (defaults) | err | sim (fitted here) | err |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in mp:
             lines.append(f"| {r['tables']} | {r['devices']} | {r['bytes_over_hbm']} | {r['planner']} | {r['tiers']} | {r['measured_ms']:.3f} | {r.get('sim_ms_default', float('nan')):.3f} | "
                          f"{100 * r.get('sim_err_default', float('nan')):+.1f}% | {r.get('sim_ms_measured', float('nan')):.3f} | {100 * r.get('sim_err_measured', float('nan')):+.1f}% |")
@@ -301,12 +370,21 @@ def main() -> None:
         link = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     run.save("host_link", link)
     sims = {"default": SimBackend()}
-    if "suggested_link_GBps" in link:
+    speed_rows = speed(kernel, args.device, args.quick, sims["default"])
+    run.save("speed", speed_rows)
+    if "random_rows" in link:
+        fit = fit_host(speed_rows, link, run.summary["device"])
+        run.save("host_fit", fit)
         cal = Calibration.load()
-        cal.host = {**HostLink().to_json(), "link_GBps": link["suggested_link_GBps"], "source": f"measured by benchmarks/gpu_tiers.py on {run.summary['device']}"}
+        cal.host = fit["host"]
         sims["measured"] = SimBackend(cal)
+        # the calibration snippet: a calibration file's `host` entry (dreamshard calibrate's output takes it as is)
         atomic_write(Path(args.out) / "host_link.json", json.dumps(cal.host, indent=1))
-    run.save("speed", speed(kernel, args.device, args.quick, sims["default"]))
+        for r in speed_rows:
+            if "fwd_ms" in r:
+                s = sims["measured"].evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), speed_table(args.quick), r["batch"]))
+                r["sim_fwd_ms_fitted"], r["sim_bwd_ms_fitted"] = s.devices[0].fwd_comp_ms, s.devices[0].bwd_comp_ms
+        run.save("speed", speed_rows)
     run.save("hit_rates", hit_rates(args.device, args.quick, run))
     mixed_plans(kernel, args.device, args.quick, run, sims)
     atomic_write(Path(args.out) / "report.md", report(run.summary))

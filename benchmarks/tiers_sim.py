@@ -2,8 +2,8 @@
 stage) and by TorchRec's planner with UVM caching allowed, all priced by the simulator (issue 38's
 second target, in simulator numbers until benchmarks/gpu_tiers.py measures such plans).
 
-    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 2   # ~1.5 min on 2 CPU cores
-    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 4   # ~1 min; adds its rows
+    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 2   # ~25 s on 2 CPU cores
+    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 4   # ~40 s; adds its rows
 
 Tasks: `--tables` tables drawn from a `dlrm` pool (seed 12), B = 65,536, fp16, SGD, on 2 and 4
 devices whose HBM is total bytes / ratio / devices, with 4× the table bytes of host memory per

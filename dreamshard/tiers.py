@@ -20,8 +20,9 @@ fewer than C distinct rows were touched since the row's previous access (its reu
 Under the independent reference model, with rows of per-batch rates λ, the rows touched in the
 last T batches number D(T) = Σ (1 - e^{-λT}) (Che's approximation: the cache holds the rows of the
 last T_C batches, D(T_C) = C). The reuse bins give the rates: bin i ≥ 1 holds rows read about
-BIN_MEAN[i] times a batch; the rows read once (bin 0) and the rows not read at all share the rest
-of the table at one low rate. This module imports no planner, task or backend.
+BIN_MEAN[i] times a batch (a fit of a Poisson mixture, `_groups`); the rows read less than about
+twice a batch, which the bins do not resolve, continue the popularity curve as a power law over
+their ranks (`_power_tail`). This module imports no planner, task or backend.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ FILLS = (0.95, 0.9, 0.8, 0.65, 0.5)
 # a cache must hold a batch's distinct rows (the prefetch loads all of them before the kernel runs),
 # with this margin over the expected number
 CACHE_MARGIN = 1.25
+# the row cache's prefetch keeps its slots in LRU order, GPU work per slot every step: the tier stage
+# counts it as the host-link bytes that take as long (costs/host.py HostLink's defaults: 0.05 ms per
+# million slots, ~40 GB/s: 2 bytes a slot)
+SLOT_LINK_BYTES = 2.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,55 @@ def _groups(rows: int, pooling_factor: float, bins: tuple[float, ...]) -> tuple[
         mean = np.where(P @ w > 0, (K @ w) / np.maximum(P @ w, 1e-300), BIN_MEAN)
         U = L / max(float(b @ mean), 1e-12)
     keep = w > 1e-9 * max(rows, 1)
-    return _GRID[keep], w[keep]
+    return _power_tail(_GRID[keep], w[keep], float(rows), L)
+
+
+TAIL_RATE = 2.0  # rows below this many reads a reference batch: their rates are not resolved by the bins
+TAIL_GROUPS = 64
+
+
+def _power_tail(lam: np.ndarray, w: np.ndarray, rows: float, L: float) -> tuple[np.ndarray, np.ndarray]:
+    """The fit's rows of rate < TAIL_RATE replaced by a power law over their ranks.
+
+    A batch's bins tell a row read 0, 1 or 2 times from one read 1/100th as often only through
+    their totals: the fit meets those (the tail's rows, lookups and distinct rows) with a few
+    rates, most often one group of rows read about once a batch and the rest at ~0, which
+    overstates how often a row is read again a few batches later (hit rates of caches that hold
+    many batches' rows by up to 30 points on zipf tables). The tail is taken instead as the rest
+    of the popularity curve: rates λ(j) = c·(1 + j/s)^-a over its ranks j (s: the rows above it),
+    c and a meeting the tail's lookups and distinct rows as the fit has them. Tables of power-law
+    popularity (the synthetic zipf streams) are then predicted within ~2 points of an LRU replay;
+    a tail flatter than a power law can spread (a uniform table: a = 0, every rate the same)."""
+    res = lam >= TAIL_RATE
+    K0, L0 = float(w[res].sum()), float(w[res] @ lam[res])
+    Nt, Lt = rows - K0, L - L0
+    Ut = float(w[~res] @ -np.expm1(-lam[~res]))
+    if Nt < 2 or Lt <= 0 or Ut <= 0:
+        return lam, w
+    edges = np.unique(np.concatenate([[0.0], np.geomspace(1.0, Nt, TAIL_GROUPS)]))
+    lo_j, hi_j = edges[:-1], edges[1:]
+    count = hi_j - lo_j
+    s = K0 + 1.0
+
+    def rates(a: float) -> np.ndarray:  # each group's mean of (1 + j/s)^-a, scaled to the tail's lookups
+        if abs(a - 1) < 1e-9:
+            shape = np.log((s + hi_j) / (s + lo_j))
+        else:
+            shape = ((1 + hi_j / s) ** (1 - a) - (1 + lo_j / s) ** (1 - a)) / (1 - a)
+        shape = shape / count
+        return shape * (Lt / float(count @ shape))
+
+    def distinct(a: float) -> float:  # falls as a rises: the lookups crowd into fewer rows
+        return float(count @ -np.expm1(-rates(a)))
+
+    a = 0.0
+    if distinct(0.0) > Ut:
+        lo, hi = 0.0, 6.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if distinct(mid) > Ut else (lo, mid)
+        a = (lo + hi) / 2
+    return np.concatenate([lam[res], rates(a)]), np.concatenate([w[res], count])
 
 
 def rate_groups(table: TableSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -258,14 +311,16 @@ def link_bytes(table: TableSpec, kind: str, ratio: float, batch_size: int, elt: 
     """Bytes a step moves over the host link for a table in a tier (the tier stage's measure; the
     simulator prices them, costs/sim.py): uvm reads a row per lookup and reads and writes each
     distinct row in the backward; uvm_caching loads each missed row and writes back the row it
-    evicts; hbm nothing."""
+    evicts, and its prefetch's work per slot counts as SLOT_LINK_BYTES a slot (so a cache grows
+    only while its hits pay for its slots); hbm nothing."""
     if kind == "hbm":
         return 0.0
     row = table.dim * elt
     lookups = batch_size * table.pooling_factor
     if kind == "uvm":
         return lookups * row + 2 * expected_unique(table, batch_size) * row
-    return 2 * lookups * (1 - hit_rate(table, cache_rows(table.rows, ratio), batch_size)) * row
+    slots = cache_rows(table.rows, ratio)
+    return 2 * lookups * (1 - hit_rate(table, slots, batch_size)) * row + SLOT_LINK_BYTES * slots
 
 
 def _options(table: TableSpec, cap: int, batch_size: int, precision: str, optimizer: str) -> list[tuple[int, float, Tier]]:

@@ -176,6 +176,59 @@ def test_row_cache_is_the_simulated_lru():
     assert abs(cache.hit_rate - simulate_lru([b.numpy() for b in batches], C, t.rows, warmup=2)) < 0.01
 
 
+def test_row_cache_reports_a_batch_it_cannot_hold():
+    """The prefetch does not read the GPU, so a batch of more distinct rows than slots is found
+    out when the counters are read: they raise, saying the cache is too small."""
+    cache = RowCache(torch.zeros(100, 2), torch.zeros(8, 2))
+    cache.prefetch(torch.arange(6))
+    assert cache.misses == 6 and cache.evictions == 0
+    cache.prefetch(torch.arange(10, 22))
+    with pytest.raises(RuntimeError, match="larger cache ratio"):
+        cache.hit_rate
+
+
+def test_row_cache_moves_rows_and_state():
+    """Evicted rows (and their Adagrad state) are written back, missing ones loaded, repeats in a
+    batch share one slot: the cache's view of the table is the table after every prefetch."""
+    g = torch.Generator().manual_seed(5)
+    host, state = torch.rand(64, 3, generator=g), torch.rand(64, generator=g)
+    want, want_state = host.clone(), state.clone()
+    cache = RowCache(host, torch.zeros(10, 3), state, torch.zeros(10))
+    for step in range(12):
+        b = torch.randint(0, 64, (14,), generator=g) % (7 + step % 3) + (step * 5) % 50
+        slots = cache.prefetch(b)
+        assert torch.equal(cache.slot_row[slots], b)
+        cache.cache[slots] += 1.0  # what a backward does to the cached rows (once a row: repeated slots write once)
+        cache.cache_state[slots] += 0.5
+        u = torch.unique(b)
+        want[u] += 1.0
+        want_state[u] += 0.5
+        assert torch.equal(cache.table(), want) and torch.equal(cache.state(), want_state)
+    assert cache.evictions > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_prefetch_and_forward_never_wait_for_the_gpu():
+    """The tiered forward, given its lookup ranges (as the runners give them), queues its work
+    without a host sync: torch's sync debug mode raises at any sync."""
+    from dreamshard.streams import shard_batch
+
+    tables = [stream_table(200_000, 4.0, "zipf:1.0"), stream_table(50_000, 2.0, "uniform"), stream_table(80_000, 1.0, "zipf:0.8")]
+    tbe = TieredTBE("triton", [t.rows for t in tables], [t.dim for t in tables], [Tier("uvm_caching", 0.3), Tier("hbm"), Tier("uvm")], device="cuda")
+    batches = [shard_batch(tables, 2048, step=s, device="cuda") for s in range(4)]
+    for i, (ix, off) in enumerate(batches):
+        bounds = off[::2048].tolist()
+        if i == 1:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            tbe.forward(ix, off, bounds)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        tbe.backward(torch.zeros(2048, tbe.total_dim, dtype=tbe.dtype, device="cuda"))
+    assert 0 < tbe.cache_stats()[0]["misses"] <= tbe.cache_stats()[0]["lookups"]
+
+
 def test_hit_rate_edges():
     t = stream_table(10_000, 2.0, "zipf:1.0")
     assert hit_rate(t, t.rows, 4096) == 1.0  # every row fits
@@ -324,7 +377,12 @@ def test_simulator_prices_host_tiers():
     uvm, small, large = moved("uvm"), moved("uvm_caching", 0.3), moved("uvm_caching", 0.9)
     d = base.shards[big].device
     h, lg, sm, u = (r.devices[d].total_ms for r in (hbm, large, small, uvm))
-    assert h < min(lg, sm, u) and lg <= sm, (h, lg, sm, u)  # a larger cache misses less
+    assert h < min(lg, sm, u), (h, lg, sm, u)
+    # a larger cache misses less: fewer bytes over the link (its prefetch's work per slot may still cost more)
+    assert large.details["tiers"]["host_link_bytes"][d] <= small.details["tiers"]["host_link_bytes"][d]
+    free = SimBackend()
+    free.host_link = replace(free.host_link, prefetch_ms_per_mslot=0.0)
+    assert free.evaluate_plan(Plan(roomy, [replace(s, tier="uvm_caching", cache_ratio=0.9) if s.table == big else s for s in base.shards], "test")).devices[d].total_ms <= sm
     assert uvm.details["tiers"]["host_link_bytes"][d] > 0 and large.details["tiers"]["cached_shards"][0]["predicted_hit_rate"] > 0.5
     assert hbm.details.get("tiers") is None
 
@@ -337,6 +395,11 @@ def test_calibration_host_entry_is_checked(tmp_path):
     cal.host = {"link_GBps": 50.0, "source": "measured"}
     cal.save(tmp_path / "c.json")
     assert SimBackend(tmp_path / "c.json").host_link.link_GBps == 50.0
+    cal.host = {"row_GBps": {"64": 40.0, "256": 20.0}, "prefetch_fixed_ms": 0.02, "cache_ms_per_mlookup": 0.4}  # the first entries' name kept
+    cal.save(tmp_path / "r.json")
+    link = SimBackend(tmp_path / "r.json").host_link
+    assert (link.rate_GBps(64), link.rate_GBps(128), link.rate_GBps(512), link.rate_GBps(32)) == (40.0, 30.0, 20.0, 40.0)
+    assert link.prefetch_fixed_ms == 0.02 and link.prefetch_ms_per_mlookup == 0.4 and type(link).from_json(link.to_json()) == link
     cal.host = {"link_GBps": "fast"}
     cal.save(tmp_path / "d.json")
     with pytest.raises(DataError, match="host.link_GBps"):
@@ -424,7 +487,7 @@ def test_caches_grow_into_the_hbm_a_device_has_left():
     from dreamshard.planners import get_planner
     from dreamshard.tiers import grow_caches
 
-    plan = get_planner("size_lookup").plan(tight_task())
+    plan = get_planner("size_lookup").plan(tight_task(batch=8192))  # a batch whose misses pay for more slots (tiers.SLOT_LINK_BYTES)
     roomier = Plan(replace(plan.task, max_memory_bytes=int(plan.task.max_memory_bytes * 1.3)), plan.shards, plan.planner)
     grown, changed = grow_caches(roomier)
     assert changed > 0

@@ -1,24 +1,33 @@
 """The price of memory tiers (tiers.py): host-link bytes and the HBM row cache's work, added to a
 shard's compute by the simulator (costs/sim.py `SimBackend.evaluate_plan`; docs/tiers.md).
 
-Per step, for a shard of L lookups, U distinct rows (expected, from its reuse bins) and rows of
-r bytes (r rounded up to the link's sector):
-  - ``uvm``: the forward reads a row over the host link per lookup (L·r); the backward reads and
-    writes back each distinct row (2·U·r) — the kernel's gathers and updates go to host memory;
-  - ``uvm_caching``: the prefetch before the forward loads the rows the cache misses and writes
-    back the rows it evicts (2·L·(1 - h)·r, h the hit rate predicted from the bins,
-    tiers.hit_rate: every missed row is loaded, and once the cache is full every load evicts a
-    row the backward updated), plus its own work (a fixed part and a part per lookup: unique,
-    map look-up, victim selection); the kernel then reads and updates the cache in HBM;
-  - row-wise Adagrad's state stays in host memory in both: 2·U·4 bytes in the backward.
-The link's time is bytes / bandwidth, added to the compute (no overlap is modelled: the prefetch
-and the kernel run one after the other on one stream, as the runners time them).
+Per step, for a shard of L lookups, U distinct rows (expected, from its reuse bins), C cache slots
+and rows of r bytes (r rounded up to the link's 32-byte sector), the link moving rows of that size
+at `row_GBps(r)` (GPU gathers and scatters of random rows of host-mapped memory, measured by
+benchmarks/gpu_tiers.py per row size):
+  - ``uvm``: the forward reads a row over the host link per lookup (L·r at the kernel's share
+    `uvm_efficiency` of the gather rate); the backward reads and writes back each distinct row
+    (2·U·r) — the kernel's gathers and updates go to host memory;
+  - ``uvm_caching``: the prefetch before the forward (kernels/tiered.py `RowCache.prefetch`) costs
+    its GPU work — `prefetch_fixed_ms` (its ~30 small launches), `prefetch_ms_per_mlookup` per
+    million lookups (sorting them, the map look-up, the slot rewrite) and `prefetch_ms_per_mslot`
+    per million slots (keeping the slots in LRU order: a few elementwise passes over them) — and the rows
+    it moves: it loads the rows the cache misses and writes back the rows it evicts
+    (2·L·(1 - h)·r, h the hit rate predicted from the bins, tiers.hit_rate: every missed row is
+    loaded, and once the cache is full every load evicts a row the backward updated); the kernel
+    then reads and updates the cache in HBM;
+  - row-wise Adagrad's state stays in host memory in both: 2·U·4 bytes in the backward (a cached
+    shard's moves it with its rows: 2·L·(1 - h) sectors more).
+The link's time is bytes / rate, added to the compute (no overlap is modelled: the prefetch and
+the kernel run one after the other on one stream, as the runners time them).
 
-`HostLink`'s defaults: `link_GBps` is PCIe Gen5 x16's 64 GB/s per direction — NVIDIA's H100 SXM
-and H200 SXM datasheets give "PCIe Gen5: 128 GB/s" (both directions together) — a peak that
-real reads of scattered rows do not reach; `benchmarks/gpu_tiers.py` measures the link and the
-cache's costs on a GPU, and a calibration's `host` entry replaces the defaults with measured values.
-The cache's two work terms are estimates until then (docs/tiers.md says so).
+`HostLink`'s defaults are the committed H100 run's (benchmarks/results/gpu_tiers/, NVIDIA H100
+80GB HBM3, PCIe Gen5): the row rates measured there (reads; writes measured within 10% of them);
+the prefetch's three work terms and `uvm_efficiency` are estimates for the sync-free prefetch of
+kernels/tiered.py until a GPU run of benchmarks/gpu_tiers.py fits them (it writes a calibration
+`host` entry with every field: docs/tiers.md). `link_GBps` prices a row size outside the table's
+range only through its nearest entry; it is kept as the single-number link (PCIe Gen5 x16's
+64 GB/s per direction) for a calibration that gives no row rates.
 """
 
 from __future__ import annotations
@@ -32,32 +41,77 @@ from dreamshard.tiers import expected_unique, hit_rate
 from dreamshard.validation import DataError, parse_float
 
 
+# the committed H100 run's GPU gathers of random rows from host-mapped memory, GB/s by row bytes
+# (benchmarks/results/gpu_tiers/host_link.json: NVIDIA H100 80GB HBM3, PCIe Gen5)
+H100_ROW_GBPS = ((32, 23.6), (64, 40.4), (128, 49.8), (256, 31.0), (512, 27.4))
+
+
+_RENAMED = {"cache_fixed_ms": "prefetch_fixed_ms", "cache_ms_per_mlookup": "prefetch_ms_per_mlookup"}  # the first host entries' names
+
+
 @dataclass(frozen=True)
 class HostLink:
-    """How host-tier shards are priced (see the module doc)."""
+    """How host-tier shards are priced (see the module doc); a calibration's `host` entry sets any
+    field, benchmarks/gpu_tiers.py fits them all."""
 
-    link_GBps: float = 64.0  # host link, per direction: PCIe Gen5 x16 peak (H100/H200 SXM datasheets: 128 GB/s both ways)
+    link_GBps: float = 64.0  # host link, per direction: PCIe Gen5 x16 peak; used only where row_GBps is empty
     sector_bytes: float = 32.0  # a row read over the link moves whole 32-byte sectors (as the simulator's gathers)
-    cache_fixed_ms: float = 0.05  # the cache prefetch's fixed cost per cached shard (estimate, not yet measured)
-    cache_ms_per_mlookup: float = 0.3  # its cost per million lookups: unique, slot look-up, victims (estimate, not yet measured)
-    source: str = "defaults: PCIe Gen5 x16 peak per direction; cache work estimated, not measured"
+    row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
+    uvm_efficiency: float = 1.0  # the uvm kernel's share of the gather rate (estimate until fitted)
+    prefetch_fixed_ms: float = 0.08  # the prefetch's fixed cost per cached shard (~30 launches; estimate until fitted)
+    prefetch_ms_per_mlookup: float = 0.5  # per million lookups: their sort, the map look-up, the rewrite (estimate until fitted)
+    prefetch_ms_per_mslot: float = 0.05  # per million cache slots: their LRU order, a few elementwise passes (estimate until fitted)
+    source: str = "defaults: row rates of the committed H100 run (benchmarks/results/gpu_tiers); prefetch terms estimated"
+
+    def rate_GBps(self, row_bytes: float) -> float:
+        """GB/s of a random-row gather or scatter of rows of `row_bytes` (sector-rounded): the row
+        table interpolated in log2(row bytes), its end values beyond it; link_GBps without a table."""
+        if not self.row_GBps:
+            return self.link_GBps
+        pts = sorted(self.row_GBps)
+        xs = np.log2([max(float(b), 1.0) for b, _ in pts])
+        return float(np.interp(math.log2(max(row_bytes, 1.0)), xs, [float(g) for _, g in pts]))
+
+    def prefetch_ms(self, lookups: float, slots: float) -> float:
+        """The prefetch's GPU work for a cached shard (rows moved not included)."""
+        return self.prefetch_fixed_ms + lookups / 1e6 * self.prefetch_ms_per_mlookup + slots / 1e6 * self.prefetch_ms_per_mslot
 
     @staticmethod
     def from_json(d: dict | None, where: str = "calibration") -> "HostLink":
-        """From a calibration's `host` entry (missing keys keep their defaults)."""
+        """From a calibration's `host` entry (missing keys keep their defaults). `row_GBps`: an
+        object of row bytes → GB/s (or a list of pairs)."""
         if not d:
             return HostLink()
+        d = {_RENAMED.get(k, k): v for k, v in d.items()}
         known = {f.name for f in fields(HostLink)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise DataError(f"{where}, host: unknown key {unknown[0]!r}; keys: {', '.join(sorted(known))}")
-        values = {k: parse_float(v, where, f"host.{k}", 0.0, error=DataError, text=False) for k, v in d.items() if k != "source"}
+        values: dict = {k: parse_float(v, where, f"host.{k}", 0.0, error=DataError, text=False) for k, v in d.items() if k not in ("source", "row_GBps")}
         if "link_GBps" in values and values["link_GBps"] <= 0:
             raise DataError(f"{where}, host.link_GBps: must be > 0")
+        if "row_GBps" in d:
+            rows = d["row_GBps"]
+            pairs = list(rows.items()) if isinstance(rows, dict) else rows
+            if not isinstance(pairs, list) or any(not isinstance(p, (list, tuple)) or len(p) != 2 for p in pairs):
+                raise DataError(f"{where}, host.row_GBps: an object of row bytes → GB/s")
+            out = []
+            for b, g in pairs:
+                try:
+                    b = float(b)
+                except (TypeError, ValueError):
+                    raise DataError(f"{where}, host.row_GBps: row bytes {b!r} is not a number") from None
+                g = parse_float(g, where, f"host.row_GBps[{b:g}]", 0.0, error=DataError, text=False)
+                if b <= 0 or g <= 0:
+                    raise DataError(f"{where}, host.row_GBps: row bytes and GB/s must be > 0")
+                out.append((b, g))
+            values["row_GBps"] = tuple(sorted(out))
         return HostLink(**values, **({"source": str(d["source"])} if "source" in d else {}))
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["row_GBps"] = {f"{b:g}": g for b, g in self.row_GBps}
+        return d
 
 
 def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), precision: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -70,26 +124,28 @@ def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), pr
     fwd, bwd = np.zeros(D), np.zeros(D)
     link_bytes = np.zeros(D)
     cached = []
-    per_ms = 1.0 / (link.link_GBps * 1e6)  # bytes → ms
     specs = plan.shard_specs()
     for s, spec in zip(plan.shards, specs):
         if s.tier == "hbm":
             continue
         row = spec.dim * elt
         sector_row = math.ceil(row / link.sector_bytes) * link.sector_bytes
+        per_ms = 1.0 / (link.rate_GBps(sector_row) * 1e6)  # bytes of rows this wide → ms
+        state_ms = 1.0 / (link.rate_GBps(link.sector_bytes) * 1e6)  # Adagrad's 4 bytes a row: a sector each
         lookups = B * spec.pooling_factor
         unique = expected_unique(spec, B)
-        state = 2 * unique * 4 if w.optimizer == "rowwise_adagrad" else 0.0
+        adagrad = w.optimizer == "rowwise_adagrad"
         if s.tier == "uvm":
-            f, b = lookups * sector_row, 2 * unique * sector_row + state
-            fwd[s.device] += f * per_ms
-            bwd[s.device] += b * per_ms
+            f, b = lookups * sector_row, 2 * unique * sector_row
+            fwd[s.device] += f * per_ms / max(link.uvm_efficiency, 1e-6)
+            bwd[s.device] += b * per_ms + (2 * unique * link.sector_bytes * state_ms if adagrad else 0.0)
+            b += 2 * unique * 4 if adagrad else 0.0
         else:
             rows = s.cache_rows(plan.task.tables[s.table])
             h = hit_rate(spec, rows, B)
-            f, b = 2 * lookups * (1 - h) * sector_row, state
-            fwd[s.device] += link.cache_fixed_ms + lookups / 1e6 * link.cache_ms_per_mlookup + f * per_ms
-            bwd[s.device] += b * per_ms
+            moved = 2 * lookups * (1 - h)  # rows loaded and written back
+            f, b = moved * sector_row + (moved * 4 if adagrad else 0.0), 0.0
+            fwd[s.device] += link.prefetch_ms(lookups, rows) + moved * sector_row * per_ms + (moved * link.sector_bytes * state_ms if adagrad else 0.0)
             cached.append({"table": spec.name, "device": s.device, "cache_rows": rows, "predicted_hit_rate": round(h, 4)})
         link_bytes[s.device] += f + b
     details = {"host_link": link.to_json(), "host_link_bytes": [int(x) for x in link_bytes], "cached_shards": cached}

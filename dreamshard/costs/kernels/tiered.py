@@ -17,15 +17,22 @@ The tiers of one device run as at most two kernels:
   - one over the uvm tables, whose weights (and Adagrad state) were allocated in host memory.
 
 The row cache (`RowCache`, LRU as FBGEMM's default, write-back): before the forward, the
-prefetch takes the batch's distinct rows, looks each up in a row → slot map (in HBM), marks the
-hits as used now, picks for the misses the least recently used slots (``topk`` of the slots'
-last-use steps), writes the rows it evicts back to host memory (every cached row may have been
+prefetch sorts the batch's lookups of the table, looks each row up in a row → slot map (int32 in
+HBM, a direct map: CACHE_INDEX_BYTES a row), marks the hits as used now, gives the k missing
+rows the k least recently used slots it does not hit (the slots are kept in LRU order: the j-th
+missing row takes the j-th, and the slots used now move to the end of the order by a stable
+partition, elementwise work over the slots, no sort), writes the rows it evicts back to host memory (every cached row may have been
 updated by a backward), loads the missing rows (and their Adagrad state) from host memory, and
 rewrites the batch's indices as slot numbers. The kernel then runs unchanged on the cache, and its
-backward updates the cached rows in place. The prefetch holds a whole batch, so a cache must have
-at least a batch's distinct rows (tiers.min_cache_rows sizes it so). It syncs with the host once
-per forward (the batch's distinct rows and misses), as do the group bounds: the tiered path
-measures that, the all-HBM path is untouched.
+backward updates the cached rows in place. All of it is GPU work whose shapes the host knows (the
+batch's lookups, the slots): the host never waits for the GPU, and the rows moved — as many as the
+GPU found missing — are moved by a small Triton kernel that reads their count from GPU memory,
+gathering the missing rows straight from the host-mapped table (no staging copy). FBGEMM's
+LRU cache (`lru_cache_populate`, `lxu_cache_lookup`) keeps its bookkeeping on the GPU too, but in
+a 32-way set-associative map: less HBM than this direct map, victims chosen within a set. The prefetch holds a whole batch, so a cache must have at least a batch's distinct rows
+(tiers.min_cache_rows sizes it so); a batch with more is found when the counters are read (they
+raise). Each table's lookup range (offsets[::B]) is given by the caller where it knows it, as a
+TorchRec input carries it (the runners do); otherwise the forward reads it first, one host sync.
 """
 
 from __future__ import annotations
@@ -85,95 +92,197 @@ def host_mapped(numel: int, dtype: torch.dtype, device: str | torch.device) -> t
     return torch.as_tensor(_HostArray(host, device_pointer(host.data_ptr())), device=device)[:numel]
 
 
+def _move_rows_torch(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor, count: torch.Tensor) -> None:
+    """dst[dst_idx[i]] = src[src_idx[i]] for i < count where both indices are >= 0 (reads `count`:
+    a host sync on a GPU, nothing on a CPU)."""
+    k = int(count)
+    s, d = src_idx[:k], dst_idx[:k]
+    keep = (s >= 0) & (d >= 0)
+    if not bool(keep.all()):
+        s, d = s[keep], d[keep]
+    if s.numel():
+        dst.index_copy_(0, d, src[s])
+
+
+def _move_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor, count: torch.Tensor) -> None:
+    """`_move_rows_torch`'s copy without a host sync on a GPU: a Triton kernel over as many rows as
+    the index lists hold, each program reading the count from GPU memory and moving only rows
+    below it (the rest of the grid does nothing). src and dst: 2-D, rows of unit column stride;
+    either may be host memory mapped into the GPU (`host_mapped`)."""
+    if src.device.type != "cuda" or triton is None or src.stride(1) != 1 or dst.stride(1) != 1:
+        _move_rows_torch(src, src_idx, dst, dst_idx, count)
+        return
+    n, dim = src_idx.numel(), src.shape[1]
+    if n == 0:
+        return
+    block_d = max(16, min(256, 1 << (dim - 1).bit_length()))
+    block_r = max(1, 2048 // block_d)
+    _move_kernel[(triton.cdiv(n, block_r),)](src, src_idx, dst, dst_idx, count, dim, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU path needs no Triton
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _move_kernel(src, src_idx, dst, dst_idx, count_ptr, dim, src_stride, dst_stride, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        """dst[dst_idx[i]] = src[src_idx[i]] for i < *count_ptr, both indices >= 0."""
+        r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        count = tl.load(count_ptr)
+        live = r < count
+        s = tl.load(src_idx + r, mask=live, other=-1)
+        d = tl.load(dst_idx + r, mask=live, other=-1)
+        live = live & (s >= 0) & (d >= 0)
+        for c0 in range(0, dim, BLOCK_D):
+            c = c0 + tl.arange(0, BLOCK_D)
+            mask = live[:, None] & (c[None, :] < dim)
+            v = tl.load(src + s[:, None] * src_stride + c[None, :], mask=mask)
+            tl.store(dst + d[:, None] * dst_stride + c[None, :], v, mask=mask)
+
+
 class RowCache:
     """An LRU, write-back HBM cache of one table's rows held in host memory (see the module doc).
     `cache` (and `cache_state`) are the kernel's own views of the slots; `host` (and `host_state`)
-    the table in host memory."""
+    the table in host memory.
+
+    All of the bookkeeping is tensors on the cache's device and every op has a shape the host knows
+    (the batch's lookups, the slots), so a prefetch never waits for the GPU: the row → slot map
+    (`row_slot`, one int32 per row and a spare entry), each slot's row and last-use step
+    (`slot_row`, `slot_time`, and a spare slot that masked-out writes go to), the slots in LRU
+    order (`order`) and the counters.
+    The rows moved (misses loaded, victims written back) are as many as the GPU found: their
+    lists are compacted to the front and moved by a kernel that reads their count from GPU memory
+    (`_move_rows`)."""
 
     def __init__(self, host: torch.Tensor, cache: torch.Tensor, host_state: torch.Tensor | None = None, cache_state: torch.Tensor | None = None):
         self.host, self.cache, self.host_state, self.cache_state = host, cache, host_state, cache_state
         self.rows, self.slots = host.shape[0], cache.shape[0]
-        device = cache.device
-        self.slot_row = torch.full((self.slots,), -1, dtype=torch.int64, device=device)
-        self.slot_time = torch.full((self.slots,), -1, dtype=torch.int64, device=device)
-        self.row_slot = torch.full((self.rows,), -1, dtype=torch.int32, device=device)  # the index: CACHE_INDEX_BYTES a row
+        device = self.device = cache.device
+        self.slot_row = torch.full((self.slots + 1,), -1, dtype=torch.int64, device=device)  # + the spare slot
+        self.slot_time = torch.full((self.slots + 1,), -1, dtype=torch.int32, device=device)
+        self.order = torch.arange(self.slots, dtype=torch.int64, device=device)  # the slots, least recently used first
+        self.row_slot = torch.full((self.rows + 1,), -1, dtype=torch.int32, device=device)  # the index: CACHE_INDEX_BYTES a row (+ a spare entry)
         self.step = 0
-        self.lookups = self.misses = self.evictions = 0  # since the last reset_stats
+        self._lookups = 0
+        self._counts = torch.zeros(3, dtype=torch.int64, device=device)  # misses, evictions, batches that overflowed the cache
+        self._minus1 = torch.tensor(-1, dtype=torch.int32, device=device)
 
+    # ------------------------------------------------------------ counters (read the GPU: not in a timed step)
     def reset_stats(self) -> None:
-        self.lookups = self.misses = self.evictions = 0
+        self._lookups = 0
+        self._counts.zero_()
+
+    def _check(self) -> torch.Tensor:
+        counts = self._counts.cpu()
+        if int(counts[2]):
+            raise RuntimeError(f"{int(counts[2])} batches read more distinct rows of a table than its cache holds ({self.slots:,} rows): "
+                               "the cache must hold a batch's rows (give it a larger cache ratio); the rows computed since are wrong")
+        return counts
+
+    @property
+    def lookups(self) -> int:
+        return self._lookups
+
+    @property
+    def misses(self) -> int:
+        return int(self._check()[0])
+
+    @property
+    def evictions(self) -> int:
+        return int(self._check()[1])
 
     @property
     def hit_rate(self) -> float:
-        return 1.0 - self.misses / self.lookups if self.lookups else 1.0
+        return 1.0 - self.misses / self._lookups if self._lookups else 1.0
 
+    # ------------------------------------------------------------ the prefetch
     def prefetch(self, indices: torch.Tensor) -> torch.Tensor:
-        """The batch's indices of this table as cache slots, the missing rows loaded first."""
+        """The batch's indices of this table as cache slots, the missing rows loaded first (no host sync)."""
         self.step += 1
-        if indices.numel() == 0:
+        n = indices.numel()
+        if n == 0:
             return indices
-        rows, inverse = torch.unique(indices, return_inverse=True)
-        if rows.numel() > self.slots:
-            raise RuntimeError(f"a batch reads {rows.numel():,} distinct rows of a table whose cache holds {self.slots:,}: "
-                               "the cache must hold a batch's rows (give it a larger cache ratio)")
-        slots = self.row_slot[rows].to(torch.int64)
-        hit = slots >= 0
-        self.slot_time[slots[hit]] = self.step
-        miss = ~hit
-        missing = rows[miss]
-        k = missing.numel()
-        if k:
-            # the least recently used slots (never used: -1); this batch's hits are the newest, so
-            # none of them is taken while a batch fits
-            victims = torch.topk(self.slot_time, k, largest=False, sorted=False).indices
-            old = self.slot_row[victims]
-            held = old >= 0
-            old_rows, old_slots = old[held], victims[held]
-            self.evictions += old_rows.numel()
-            if old_rows.numel():  # write back: a cached row may have been updated by any backward since it was loaded
-                self.host.index_copy_(0, old_rows, self.cache[old_slots])
-                if self.host_state is not None:
-                    self.host_state.index_copy_(0, old_rows, self.cache_state[old_slots])
-                self.row_slot[old_rows] = -1
-            self.cache.index_copy_(0, victims, self.host[missing])
-            if self.host_state is not None:
-                self.cache_state.index_copy_(0, victims, self.host_state[missing])
-            self.slot_row[victims] = missing
-            self.row_slot[missing] = victims.to(torch.int32)
-            self.slot_time[victims] = self.step
-            slots[miss] = victims
-        self.lookups += indices.numel()
-        self.misses += k
-        return slots[inverse]
+        step, S, dev = self.step, self.slots, self.device
+        rows, order = torch.sort(indices.long())
+        first = torch.ones(n, dtype=torch.bool, device=dev)
+        torch.ne(rows[1:], rows[:-1], out=first[1:])  # a row's first lookup in sorted order
+        slot = self.row_slot[rows].long()  # -1: not cached
+        hit = slot >= 0
+        spare = torch.full_like(slot, S)
+        self.slot_time.index_fill_(0, torch.where(hit, slot, spare), step)  # the hits are used now (the spare slot takes the rest)
+        miss = first & ~hit  # one per missing row
+        rank = torch.cumsum(miss, 0) - 1  # a missing row's rank among the misses, the same at its every lookup
+        k = rank[-1:] + 1  # misses (a 1-element tensor: never read by the host here)
+        # the victims: the k least recently used slots (`order`: the slots, least recently used first)
+        # that this batch does not hit; then `order` again, the slots used now moved to its end in a
+        # stable partition (no sort)
+        used = self.slot_time[self.order] == step
+        older = torch.cumsum(~used, 0) - 1  # rank of each slot not used now, in LRU order
+        self._counts[2:].add_(k > older[-1:] + 1)  # fewer free slots than misses: the batch does not fit
+        take = ~used & (older < k)
+        m = min(n, S)
+        victims = torch.full((m + 1,), S, dtype=torch.int64, device=dev).index_put_((torch.where(take, older, torch.full_like(older, m)),), self.order)[:m]
+        moved = used | take
+        stay = torch.cumsum(~moved, 0) - 1
+        pos = torch.where(moved, stay[-1:] + torch.cumsum(moved, 0), stay)
+        self.order = torch.empty_like(self.order).index_put_((pos,), self.order)
+        new = torch.where(hit, slot, victims[rank.clamp(0, m - 1)])
+        # the missing rows in rank order (positions past the misses: -1)
+        at = torch.where(miss & (rank < m), rank, torch.full_like(rank, m))
+        load_rows = torch.full((m + 1,), -1, dtype=torch.int64, device=dev).index_put_((at,), rows)[:m]
+        old = self.slot_row[victims]  # the rows evicted (-1: an empty slot, or past the misses)
+        evicted = old >= 0
+        self._counts[:2].add_(torch.stack([k[0], evicted.sum()]))
+        # write back what is evicted (a cached row may have been updated by any backward since it was loaded), then load
+        _move_rows(self.cache, victims, self.host, old, k)
+        _move_rows(self.host, load_rows, self.cache, victims, k)
+        if self.host_state is not None:
+            _move_rows(self.cache_state.view(-1, 1), victims, self.host_state.view(-1, 1), old, k)
+            _move_rows(self.host_state.view(-1, 1), load_rows, self.cache_state.view(-1, 1), victims, k)
+        spare_row = torch.full_like(old, self.rows)
+        self.row_slot.index_put_((torch.where(evicted, old, spare_row),), self._minus1)
+        self.row_slot.index_put_((torch.where(load_rows >= 0, load_rows, spare_row),), victims.to(torch.int32))
+        self.slot_row.index_put_((victims,), load_rows)  # past the misses: -1 into the spare slot
+        self.slot_time.index_fill_(0, victims, step)
+        self.row_slot[-1] = -1
+        self._lookups += n
+        out = torch.empty_like(new)
+        out[order] = new
+        return out
 
     def flush(self) -> None:
         """Write every cached row back to host memory (the host copy is then the table)."""
-        held = self.slot_row >= 0
+        held = self.slot_row[:self.slots] >= 0
         if held.any():
-            self.host.index_copy_(0, self.slot_row[held], self.cache[held])
+            self.host.index_copy_(0, self.slot_row[:self.slots][held], self.cache[held])
             if self.host_state is not None:
-                self.host_state.index_copy_(0, self.slot_row[held], self.cache_state[held])
+                self.host_state.index_copy_(0, self.slot_row[:self.slots][held], self.cache_state[held])
 
     def table(self) -> torch.Tensor:
         """The table's current rows (a copy): host rows with the cached ones over them."""
+        self._check()
         out = self.host.clone()
-        held = self.slot_row >= 0
-        out[self.slot_row[held]] = self.cache[held]
+        held = self.slot_row[:self.slots] >= 0
+        out[self.slot_row[:self.slots][held]] = self.cache[held]
         return out
 
     def state(self) -> torch.Tensor | None:
         if self.host_state is None:
             return None
         out = self.host_state.clone()
-        held = self.slot_row >= 0
-        out[self.slot_row[held]] = self.cache_state[held]
+        held = self.slot_row[:self.slots] >= 0
+        out[self.slot_row[:self.slots][held]] = self.cache_state[held]
         return out
 
     def load(self, w: torch.Tensor) -> None:
         """Overwrite the table (host rows and the cached copies)."""
         self.host.copy_(w)
-        held = self.slot_row >= 0
-        self.cache[held] = self.host[self.slot_row[held]]
+        held = self.slot_row[:self.slots] >= 0
+        self.cache[held] = self.host[self.slot_row[:self.slots][held]]
 
 
 def _kernel_class(kernel: str):
@@ -266,14 +375,20 @@ class TieredTBE(TBE):
             c.reset_stats()
 
     # ---------------------------------------------------------------- forward / backward
-    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor, bounds: Sequence[int] | None = None) -> torch.Tensor:
+        """`bounds`: each table's first lookup and the end (offsets[::B], T+1 host ints) where the
+        caller knows them, as a TorchRec input does (its lengths per key); else read from the GPU
+        here (one host sync, before any of this forward's work is queued)."""
         batch = self._check_inputs(indices, offsets)
         out = self._new_output(batch)
         self._saved_batch = batch
         if batch == 0:
             return out
         offsets = offsets.long()
-        bounds = offsets[::batch].tolist()  # each table's lookup range (one sync: the groups' inputs follow from it)
+        if bounds is None:
+            bounds = offsets[::batch].tolist()  # the groups' inputs follow from it
+        elif len(bounds) != self.num_tables + 1:
+            raise ValueError(f"bounds: {self.num_tables + 1} entries (offsets[::B]), got {len(bounds)}")
         for g, members in enumerate(self.members):
             if not members:
                 continue
@@ -282,12 +397,12 @@ class TieredTBE(TBE):
                 a, b = bounds[t], bounds[t + 1]
                 ix = indices[a:b]
                 if t in self.caches:
-                    ix = self.caches[t].prefetch(ix.long())
+                    ix = self.caches[t].prefetch(ix)
                 parts.append(ix.long())
                 offs.append(offsets[t * batch:(t + 1) * batch] - a + base)
                 base += b - a
-            offs.append(torch.tensor([base], dtype=torch.int64, device=self.device))
-            y = self.inner[g].forward(torch.cat(parts), torch.cat(offs))
+            offs.append(torch.full((1,), base, dtype=torch.int64, device=self.device))
+            y = self.inner[g].forward(torch.cat(parts) if len(parts) > 1 else parts[0], torch.cat(offs))
             out.index_copy_(1, self._cols[g], y)
         return out
 

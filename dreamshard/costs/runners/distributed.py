@@ -83,6 +83,8 @@ def measure_placement(job: dict, shards: list[list[TableSpec]], rank: int, world
     dtype = {"fp16": torch.float16, "fp32": torch.float32}[job["precision"]]
     tbe = build_checked_tbe(job["kernel"], tables, job["precision"], job["optimizer"], device, job.get("seed", 0)) if tables else None
     inputs = [shard_batch(tables, B, step=i, device=device) for i in range(job["input_sets"])] if tables else []
+    if hasattr(tbe, "caches"):  # a tiered TBE is given each table's lookup range, as a TorchRec input carries it (no host sync in its forward)
+        inputs = [(ix, off, off[::B].tolist()) for ix, off in inputs]
     chunk = B // world
     fwd_in = [chunk * mine] * world  # rank d sends its [B/D, dimsum_d] row block to every rank
     fwd_out = [chunk * s for s in dim_sums]  # and gets every rank's block for its own samples
@@ -113,8 +115,7 @@ def measure_placement(job: dict, shards: list[list[TableSpec]], rank: int, world
     def fwd_comp() -> torch.Tensor:
         if tbe is None:
             return empty_out
-        ix, off = inputs[step[0] % len(inputs)]
-        return tbe.forward(ix, off)
+        return tbe.forward(*inputs[step[0] % len(inputs)])
 
     def fwd_comm(out: torch.Tensor) -> None:
         send = relayout_forward(out, mine, cols, rs_in) if rows_mine and rw_comm else out.view(-1)
