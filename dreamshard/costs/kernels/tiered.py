@@ -248,7 +248,7 @@ class RowCache:
         self.row_slot.index_put_((torch.where(load_rows >= 0, load_rows, spare_row),), victims.to(torch.int32))
         self.slot_row.index_put_((victims,), load_rows)  # past the misses: -1 into the spare slot
         self.slot_time.index_fill_(0, victims, step)
-        self.row_slot[-1] = -1
+        self.row_slot[-1:].fill_(-1)  # a kernel, not a host write (which would wait for the GPU)
         self._lookups += n
         out = torch.empty_like(new)
         out[order] = new
