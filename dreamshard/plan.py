@@ -175,7 +175,7 @@ class Plan:
                               for s in self.shards), key=lambda s: (s.table, s.start, s.row_start))
         if self.task.tiers is not None:  # planned under the tier stage's choice: every shard in its table's tier
             def tiered(s: Shard) -> Shard:
-                t = tier_of(self.task, tables[s.table].name) if 0 <= s.table < len(tables) else HBM
+                t = tier_of(self.task.tiers, tables[s.table].name) if 0 <= s.table < len(tables) else HBM
                 return replace(s, tier=t.kind, cache_ratio=t.cache_ratio)
 
             self.shards = [tiered(s) for s in self.shards]

@@ -101,7 +101,7 @@ class Task:
     meta: dict = field(default_factory=dict)
     # per-device host memory for tables that leave HBM (tiers.py); 0: every shard in HBM
     host_memory_bytes: int = 0
-    # the tier stage's choice (table name → tier), set by tiers.plan_with_tiers before a planner
+    # the tier stage's choice (table name → tier), set by tier_stage.plan_with_tiers before a planner
     # places the task; None: every table in HBM. The sizes a planner packs follow it (table_bytes).
     tiers: dict[str, Tier] | None = None
     # the machine (topology.py); None: one host of `devices` GPUs

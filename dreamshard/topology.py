@@ -126,7 +126,7 @@ class Topology:
         else this topology's HBM) and the two bandwidths in TorchRec's unit, bytes per ms."""
         from torchrec.distributed.planner import Topology as TRTopology
 
-        from dreamshard.torchrec_io import quiet
+        from dreamshard.torchrec_quiet import quiet
 
         cap = hbm_cap if hbm_cap is not None else self.hbm_bytes
         with quiet():  # TorchRec warns of every Topology not built by its factory

@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
-import warnings
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,6 +38,7 @@ from dreamshard.plan import Plan, Shard, load_plans
 from dreamshard.tables import TableSpec, load_tables, table_from_record
 from dreamshard.tasks import Task, Workload
 from dreamshard.tiers import COMPUTE_KERNELS, TIER_OF_KERNEL, Tier
+from dreamshard.torchrec_quiet import quiet  # noqa: F401  (tio.quiet(): the integration's callers use it from here)
 from dreamshard.validation import DataError, NoPlanError, OptionError, PlanError, TableError, one_line
 
 FORMAT = "dreamshard.torchrec/1"  # `export torchrec`'s JSON
@@ -116,25 +114,6 @@ def import_torchrec(who: str = "the TorchRec integration") -> SimpleNamespace:
         raise TorchRecUnavailable(
             f"{who} needs torchrec 1.8 on the CPU (the .venv of `make test` has it), which cannot be imported here: {one_line(e)[:200]}"
         ) from None
-
-
-@contextmanager
-def quiet():
-    """TorchRec warns about a directly built Topology and its heuristic reservation on every plan,
-    and logs its stats and every method call (its "...-NullHandler" loggers): keep all of it off
-    the user's terminal while it plans."""
-    names = ["torchrec"] + [n for n in list(logging.root.manager.loggerDict) if n.endswith("-NullHandler")]
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for log, level in zip(loggers, levels):
-            log.setLevel(level)
 
 
 # --------------------------------------------------------------------------------------------

@@ -479,13 +479,13 @@ def test_cli_plan_and_measure_with_host_memory(tmp_path):
 
 
 def test_caches_grow_into_the_hbm_a_device_has_left():
-    """After placement each device's free HBM goes to its host-tier shards (tiers.grow_caches)."""
+    """After placement each device's free HBM goes to its host-tier shards (tier_stage.grow_caches)."""
     from dataclasses import replace
 
     from dreamshard.costs.sim import SimBackend
     from dreamshard.plan import Plan
     from dreamshard.planners import get_planner
-    from dreamshard.tiers import grow_caches
+    from dreamshard.tier_stage import grow_caches
 
     plan = get_planner("size_lookup").plan(tight_task(batch=8192))  # a batch whose misses pay for more slots (tiers.SLOT_LINK_BYTES)
     roomier = Plan(replace(plan.task, max_memory_bytes=int(plan.task.max_memory_bytes * 1.3)), plan.shards, plan.planner)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
-from dreamshard.tiers import plan_with_tiers
+from dreamshard.tier_stage import plan_with_tiers
 from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Planner(ABC):
     chooses_tiers = False
 
     def __init_subclass__(cls, **kwargs) -> None:
-        """Every planner's `plan` runs inside the tier stage (tiers.plan_with_tiers): a task whose
+        """Every planner's `plan` runs inside the tier stage (tier_stage.plan_with_tiers): a task whose
         tables do not fit in HBM, with host memory, is given tiers before the planner places it —
         one place for all planners, none of which needs to know."""
         super().__init_subclass__(**kwargs)

@@ -21,7 +21,8 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from dreamshard.tiers import tier_of, with_task_tier
+from dreamshard.tier_stage import with_task_tier
+from dreamshard.tiers import tier_of
 from dreamshard.packing import InfeasibleError, format_bytes, infeasible_error
 from dreamshard.plan import Plan, Shard, column_cuts
 from dreamshard.tables import TableSpec
@@ -180,7 +181,7 @@ def as_task(task: Task, pieces: Sequence[Shard]) -> Task:
     """The task whose tables are the pieces (what a table-wise placer or the cost net sees), each
     piece in its table's tier where the task has tiers."""
     piece_specs = specs(task, pieces)
-    tiers = None if task.tiers is None else {spec.name: tier_of(task, task.tables[p.table].name) for p, spec in zip(pieces, piece_specs)}
+    tiers = None if task.tiers is None else {spec.name: tier_of(task.tiers, task.tables[p.table].name) for p, spec in zip(pieces, piece_specs)}
     return Task(piece_specs, task.devices, task.max_memory_bytes, task.workload, task.pool, host_memory_bytes=task.host_memory_bytes, tiers=tiers,
                 topology=task.topology)
 
