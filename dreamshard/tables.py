@@ -22,7 +22,7 @@ import numpy as np
 from dreamshard.bins import BIN_LABELS, NUM_BINS, REFERENCE_BATCH, reuse_bins, reuse_bins_many  # noqa: F401
 from dreamshard.files import atomic_write
 from dreamshard.validation import (
-    loads_unique,
+    load_json_document,
     DIM_MULTIPLE,
     MAX_DIM,
     MAX_POOLING_FACTOR,
@@ -275,12 +275,7 @@ def load_tables(path: str | Path) -> list[TableSpec]:
     except (OSError, UnicodeDecodeError) as e:
         raise TableError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
     if path.suffix.lower() == ".json":
-        try:
-            data = loads_unique(text, str(path), TableError)
-        except json.JSONDecodeError as e:
-            raise TableError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-        except RecursionError:
-            raise TableError(f"{path}: JSON nested too deeply") from None
+        data = load_json_document(text, str(path), TableError)
         records = data["tables"] if isinstance(data, dict) and "tables" in data else data
         if not isinstance(records, list):
             raise TableError(f"{path}: expected a list of tables or {{\"tables\": [...]}}")

@@ -30,12 +30,11 @@ user's JSON (or YAML, where PyYAML is installed) file, or TorchRec's `Topology`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dreamshard.validation import MAX_DEVICES, MAX_MEMORY_BYTES, InputError, OptionError, TaskError, loads_unique, one_line, parse_float, parse_int, parse_str, require_dict
+from dreamshard.validation import MAX_DEVICES, MAX_MEMORY_BYTES, InputError, OptionError, TaskError, load_json_document, one_line, parse_float, parse_int, parse_str, require_dict
 
 MAX_BANDWIDTH_GBPS = 1e6  # per GPU: past any interconnect (NVLink 5: 900 GB/s per direction)
 MAX_LATENCY_US = 1e6  # one second: a typo, not a network
@@ -199,10 +198,5 @@ def load_topology(path: str | Path, error: type[InputError] = OptionError) -> To
         except yaml.YAMLError as e:
             raise error(f"{path}: invalid YAML ({one_line(e)[:200]})") from None
     else:
-        try:
-            d = loads_unique(text, str(path), error)
-        except json.JSONDecodeError as e:
-            raise error(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-        except RecursionError:
-            raise error(f"{path}: JSON nested too deeply") from None
+        d = load_json_document(text, str(path), error)
     return Topology.from_json(d, str(path), error)

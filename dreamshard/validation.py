@@ -120,6 +120,17 @@ def loads_unique(text: str, where: str, error: type[InputError], lines: bool = T
         raise error(f"{where}: {f'line {line}: ' if line else ''}key {_show(e.key)} is given twice in one object") from None
 
 
+def load_json_document(text: str, where: str, error: type[InputError]) -> Any:
+    """`loads_unique` of a file holding one JSON document: invalid or too deeply nested JSON is
+    `error` naming `where` (and the line), in one line."""
+    try:
+        return loads_unique(text, where, error)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise error(f"{where}: JSON nested too deeply") from None
+
+
 # The line of a duplicate key is found by parsing again in pure Python, about 3 s per 10 MB on a
 # slow CPU: a larger file is refused without it rather than kept waiting.
 LINE_SEARCH_CHARS = 4_000_000

@@ -170,22 +170,8 @@ def launch_here(worker: str, job: dict, world: int, device_type: str, timeout_s:
     kwargs = {"device_id": device} if device_type == "cuda" else {}
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method="env://", rank=rank, world_size=world, timeout=timeout, **kwargs)
     try:
-        clock = _Clock(device, distributed=True)
-
-        def barrier() -> None:
-            clock.sync()
-            if device_type == "cuda":
-                dist.barrier(device_ids=[local])
-            else:
-                dist.barrier()
-            clock.sync()
-
         job = {**job, "worker": worker, "world": world, "device_type": device_type, "timeout_s": float(timeout_s)}
-        barrier()
-        out = resolve_worker(worker)(job, rank, world, device, clock, barrier)
-        barrier()
-        out["threads"] = torch.get_num_threads() if device_type == "cpu" else None
-        out["device"] = str(device)
+        out = _run_worker(job, rank, device, local)
         out["host"] = os.uname().nodename
         results: list = [None] * world
         dist.all_gather_object(results, out)
@@ -386,20 +372,32 @@ def _run_rank(job: dict, rank: int) -> dict:
     store = dist.TCPStore("127.0.0.1", job["store_port"], None, False, timeout=timeout)
     kwargs = {"device_id": device} if device_type == "cuda" else {}
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
+    return _run_worker(job, rank, device, rank, before=lambda: _inject_fault(rank))
+
+
+def _run_worker(job: dict, rank: int, device, gpu: int, before=None) -> dict:
+    """The job's worker run as `rank` of the process group joined (launched or under torchrun):
+    between two barriers of all ranks (each between syncs of the ranks' clocks; on CUDA on this
+    rank's GPU index `gpu`), `before` run after the first; its result with the CPU threads and
+    the device it ran on."""
+    import torch
+    import torch.distributed as dist
+
     clock = _Clock(device, distributed=True)
 
     def barrier() -> None:
         clock.sync()
-        if device_type == "cuda":
-            dist.barrier(device_ids=[rank])
+        if job["device_type"] == "cuda":
+            dist.barrier(device_ids=[gpu])
         else:
             dist.barrier()
         clock.sync()
 
     barrier()
-    _inject_fault(rank)
-    out = resolve_worker(job["worker"])(job, rank, world, device, clock, barrier)
+    if before is not None:
+        before()
+    out = resolve_worker(job["worker"])(job, rank, job["world"], device, clock, barrier)
     barrier()
-    out["threads"] = torch.get_num_threads() if device_type == "cpu" else None
+    out["threads"] = torch.get_num_threads() if job["device_type"] == "cpu" else None
     out["device"] = str(device)
     return out
