@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dreamshard measure` under torchrun with NCCL: two "nodes" of one GPU each on one 2-GPU host
 # (CUDA_VISIBLE_DEVICES gives each node its own GPU), beside the one-command launch of the same
-# plan; both reports under OUT. Usage: PYTHONPATH=. bash benchmarks/gpu_torchrun.sh OUT
+# plan and the sequential runner's compute of it (the referee: each device's shard alone on one
+# GPU); the reports under OUT. Usage: PYTHONPATH=. bash benchmarks/gpu_torchrun.sh OUT
 set -euo pipefail
 out=${1:?OUT}
 mkdir -p "$out"
@@ -16,6 +17,7 @@ save_plans([Plan.table_wise(Task(tables, 2, 10**10, Workload(16_384)), [0, 1, 1,
 PY
 args=(measure "$out/plan.json" --backend triton --runner distributed --json)
 python3 -m dreamshard.cli "${args[@]}" --out "$out/one_command.json" > /dev/null
+python3 -m dreamshard.cli measure "$out/plan.json" --backend triton --runner sequential --json --out "$out/sequential.json" > /dev/null
 port=29511
 for n in 0 1; do
   CUDA_VISIBLE_DEVICES=$n torchrun --nnodes 2 --nproc-per-node 1 --node-rank $n --master-addr 127.0.0.1 --master-port $port \
@@ -24,6 +26,8 @@ done
 wait
 python3 - "$out" <<'PY'
 import json, sys
-a, b = (json.load(open(f"{sys.argv[1]}/{n}.json")) for n in ("one_command", "torchrun"))
-print("one command:", round(a["overall_ms"], 4), "ms; torchrun (2 nodes, NCCL):", round(b["overall_ms"], 4), "ms;", b["details"].get("launcher"), b["details"].get("process_group"))
+for name in ("sequential", "one_command", "torchrun"):
+    r = json.load(open(f"{sys.argv[1]}/{name}.json"))
+    print(f"{name:12s} step {r['overall_ms']:.4f} ms; per device fwd comp, bwd comp:",
+          [(round(d["fwd_comp_ms"], 4), round(d["bwd_comp_ms"], 4)) for d in r["devices"]])
 PY
