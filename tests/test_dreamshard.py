@@ -478,11 +478,16 @@ def test_short_training_beats_every_heuristic_on_held_out_tasks(pool, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def options_model(sees_table: bool, tasks, seed: int = 7) -> DreamShardModel:
-    """A fresh model with both options, as `train` makes one against the simulator."""
+def options_model(sees_table: bool, tasks, seed: int = 7, cost_linear: bool = False) -> DreamShardModel:
+    """A fresh model with both options (and the cost net's linear part, its weights drawn so that
+    they matter), as `train` makes one against the simulator."""
     from dreamshard.learned.dreamshard import create_model
 
-    return create_model(small_config(policy_sees_table=sees_table, kernel_features=True, comm="model", seed=seed), tasks, SimBackend())
+    model = create_model(small_config(policy_sees_table=sees_table, kernel_features=True, comm="model", seed=seed, cost_linear=cost_linear), tasks, SimBackend())
+    if cost_linear:
+        with torch.no_grad():
+            model.cost_net.linear_raw.copy_(torch.randn(model.cost_net.linear_raw.shape, generator=torch.Generator().manual_seed(seed)))
+    return model
 
 
 def test_options_default_off_and_the_shipped_model_has_both(pool):
@@ -563,7 +568,10 @@ def test_kernel_features_count_the_cache_of_the_backend():
 
 
 def test_options_are_checked(pool, tmp_path):
-    for bad, msg in ((dict(comm="nccl"), "comm 'nccl': use one of head, model"), (dict(kernel_features="yes"), "kernel_features must be true or false")):
+    for bad, msg in ((dict(comm="nccl"), "comm 'nccl': use one of head, model"), (dict(kernel_features="yes"), "kernel_features must be true or false"),
+                     (dict(cost_linear=True), "cost_linear weighs the kernel features"), (dict(prior_singles=True), "prior_singles needs a prior"),
+                     (dict(prior_singles=True, prior_plans=4, normalization="task"), "normalization 'fixed'"),
+                     (dict(search_plans=2), "search_plans needs a prior"), (dict(search_plans=-1), "search_plans must be >= 0")):
         with pytest.raises(ValueError, match=msg) as e:
             small_config(**bad)
         assert "\n" not in str(e.value)
@@ -576,14 +584,20 @@ def test_options_are_checked(pool, tmp_path):
     with pytest.raises(ValueError, match="has no comm model") as e:
         train(small_config(comm="model"), tasks, Measuring(), tmp_path / "m.pt", progress=False)
     assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="no search plans them") as e:  # the planner's fit gives the search; `train` alone needs it
+        train(small_config(prior_plans=4, search_plans=2), tasks, SimBackend(), tmp_path / "m.pt", progress=False, prior=SimBackend())
+    state = options_model(False, tasks, cost_linear=True).state()
+    del state["kernel_features"]  # a linear part without the features it weighs
+    with pytest.raises(ModelError, match="needs kernel features"):
+        DreamShardModel.from_state(state)
 
 
-@pytest.mark.parametrize("sees_table,keep_room", [(False, False), (True, True)])
-def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, keep_room):
-    """The torch MDP (training) and the NumPy player (planning) see the same kernel features and
-    the same modelled all-to-all: same greedy placements, same predicted costs."""
+@pytest.mark.parametrize("sees_table,keep_room,cost_linear", [(False, False, False), (True, True, False), (False, True, True)])
+def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, keep_room, cost_linear):
+    """The torch MDP (training) and the NumPy player (planning) see the same kernel features, the
+    same modelled all-to-all and the same linear part: same greedy placements, same predicted costs."""
     tasks = [Task(pool[:40], 8, 10**12), Task(pool[100:103], 2, 10**12), Task(pool[40:90], 4, 2 * 10**9), Task(pool[120:121], 1, 10**12)]
-    model = options_model(sees_table, tasks)
+    model = options_model(sees_table, tasks, cost_linear=cost_linear)
     model.cost_net.scale.fill_(0.7)  # units of ms that are not 1: the comm model's ms are scaled like the heads'
     player = FastPlayer(model.cost_net, model.policy, keep_room, model.comm)
     for task in tasks:
@@ -657,14 +671,21 @@ def test_options_train_save_load_plan(pool, tmp_path):
 
     train_half, test_half = split_pool(pool, 0)
     tasks = sample_tasks(train_half, 4, (6, 10), 3, 10**12, seed=1)
-    cfg = small_config(iterations=2, kernel_features=True, comm="model", prior_plans=30, prior_epochs=2)
-    model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"))
+    cfg = small_config(iterations=2, kernel_features=True, comm="model", prior_plans=30, prior_epochs=2, cost_linear=True, prior_singles=True, search_plans=2)
+    model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"),
+                  search=lambda m, task: DreamShardPlanner(m).plan(task))
     loaded = DreamShardModel.load(tmp_path / "m.pt")
+    assert loaded.cost_net.linear == model.kernel.width and torch.equal(loaded.cost_net.linear_raw, model.cost_net.linear_raw)
     assert loaded.kernel == model.kernel and loaded.comm == model.comm and loaded.comm.batch_size == cfg.batch_size
     assert model.kernel.cache_bytes == SimBackend().cache_bytes() == 60 * 2**20  # the cache of the backend trained against
     assert loaded.meta["config"]["kernel_features"] is True and loaded.meta["config"]["comm"] == "model"
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert all(np.isfinite(r["cost/mape_device"]) for r in rows)
+    assert all(np.isfinite(r["cost/mape_device"]) and np.isfinite(r["search/mape_device"]) for r in rows)
+    # the prior: its plans, each distinct training table alone, then the search's plans of every iteration
+    singles = len({t for task in tasks for t in task.tables})
+    assert rows[0]["prior/plans"] == 30 + singles
+    ck = torch.load(tmp_path / "m.pt.ckpt", weights_only=False)
+    assert len(ck["prior_buffer"]["placement"]) == 30 + singles + 2 * cfg.iterations
     for split in (False, True):
         a, b = DreamShardPlanner(model, split=split), DreamShardPlanner(str(tmp_path / "m.pt"), split=split)
         for task in sample_tasks(test_half, 3, (8, 12), 3, 10**12, seed=2):

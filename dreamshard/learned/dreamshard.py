@@ -32,6 +32,8 @@ Logged numbers (one JSON line per iteration in the log):
   collect/stuck                      — fraction of sampled episodes that ran out of memory (packed instead)
   cost/mape_overall, cost/spearman_overall  — cost-net accuracy on these freshly measured plans,
   cost/mape_device, cost/spearman_device      which it has not been trained on yet: held-out data
+  search/mape_overall, ...           — with search_plans: the same four on the search's plans (priced by
+                                       the prior, before the net is fitted on them)
   cost/loss                          — mean cost-net MSE (units of `scale` ms, squared) over the fit steps
   rl/loss, rl/policy_loss, rl/entropy — REINFORCE objective, its policy-gradient part, mean entropy per step
   rl/predicted_ms                    — mean predicted overall cost of the RL episodes (what RL lowers)
@@ -46,7 +48,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
@@ -59,6 +61,7 @@ from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend, CostReport
+    from dreamshard.plan import Plan
 
 CHECKPOINT_FORMAT = "dreamshard.checkpoint/1"
 
@@ -80,6 +83,18 @@ class Config(BudgetConfig):
     prior_plans: int = 0
     prior_epochs: int = 80
     prior_share: float = 0.5
+    # the search's plans (with a prior): each iteration the planner's search at plan time
+    # (`train(search=)`) plans this many random training tasks with the current model, and the
+    # prior prices its plans into the prior's buffer (not measurements). The search picks the plans
+    # the cost net predicts cheapest, where the net's errors are largest: sampled plans alone never
+    # show it those (docs/dreamshard.md, "The shipped model")
+    search_plans: int = 0
+    # with a prior: also every distinct table of the training tasks alone on a device, priced by the
+    # prior (its compute; no exchange, no overall). Plans price sums of 5–30 tables, where one
+    # table's error hides among the others; a search that moves one large table is ranked by it
+    # (docs/dreamshard.md, "The shipped model"). Needs the "fixed" normalization (a table's features
+    # then do not depend on the tables beside it)
+    prior_singles: bool = False
     # REINFORCE on the estimated MDP
     rl_batches: int = 10
     rl_tasks_per_batch: int = 1  # the reference draws one task per batch
@@ -101,6 +116,9 @@ class Config(BudgetConfig):
     # that path's modelled time (nets.KernelFeatures; false: the features of models trained before it)
     kernel_product_path: bool = True
     comm: str = "head"
+    # with kernel_features: the cost net's linear part on them (nets.CostNet `linear`): non-negative
+    # weights of the kernel terms, as the simulator prices a fused kernel, beside the ReLU layers
+    cost_linear: bool = False
     keep_room: bool = False  # MDP: a device is legal only if the largest table to come still fits somewhere
     # the split action (nets.CutNet, mdp.choose_cuts): each episode first chooses per table whole,
     # column halves or quarters, then places the pieces; measured plans are plans of those pieces
@@ -119,7 +137,9 @@ class Config(BudgetConfig):
             raise OptionError(f"score {self.score!r}: use one of {', '.join(SCORES)}")
         if self.comm not in COMM_SOURCES:
             raise OptionError(f"comm {self.comm!r}: use one of {', '.join(COMM_SOURCES)}")
-        for f in ("kernel_features", "kernel_product_path"):
+        if self.cost_linear and not self.kernel_features:
+            raise OptionError("cost_linear weighs the kernel features: set kernel_features true too")
+        for f in ("kernel_features", "kernel_product_path", "cost_linear"):
             if not isinstance(getattr(self, f), bool):
                 raise OptionError(f"{f} must be true or false, got {getattr(self, f)!r:.40}")
         if self.advantage not in ("batch", "task"):
@@ -127,11 +147,15 @@ class Config(BudgetConfig):
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        for f in ("prior_plans", "prior_epochs"):
+        for f in ("prior_plans", "prior_epochs", "search_plans"):
             if getattr(self, f) < 0:
                 raise OptionError(f"{f} must be >= 0, got {getattr(self, f)}")
         if not 0 <= self.prior_share < 1:
             raise OptionError(f"prior_share must be in [0, 1) (a share of every cost batch), got {self.prior_share}")
+        if self.prior_singles and not (self.prior_plans and self.normalization == "fixed"):
+            raise OptionError("prior_singles needs a prior (prior_plans >= 1) and normalization 'fixed' (a table's features the same alone as in a task)")
+        if self.search_plans and not (self.prior_plans and self.prior_share):
+            raise OptionError("search_plans needs a prior kept in the cost batches (prior_plans >= 1, prior_share > 0): the prior prices the search's plans")
         return self
 
 
@@ -188,7 +212,8 @@ def create_model(cfg: Config, tasks: Sequence[Task], backend: CostBackend) -> Dr
         comm = CommFormula.of(params, cfg.batch_size)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        return DreamShardModel.create(cfg.policy_sees_table, cfg.normalization, cfg.best_of, cfg.score, cfg.linear_features, cfg.keep_room, kernel, comm, cfg.cuts)
+        return DreamShardModel.create(cfg.policy_sees_table, cfg.normalization, cfg.best_of, cfg.score, cfg.linear_features, cfg.keep_room, kernel, comm, cfg.cuts,
+                                      cfg.cost_linear)
 
 
 def to_measured(p: Prepared, placement: np.ndarray, report: CostReport) -> Measured:
@@ -276,8 +301,19 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
         reports = measure(prior, got.tasks, got.placements, cfg.batch_size)
         for p, placement, r in zip(got.prepared, got.placements, reports):
             buffer.add(to_measured(p, placement, r))
+    if cfg.prior_singles:
+        bar.stage("pricing the training tables alone")
+        singles = [Task([t], 1, task.max_memory_bytes, task.workload, task.pool) for task in tasks for t in dict.fromkeys(task.tables)]
+        singles = list({(s.tables[0], s.workload): s for s in singles}.values())
+        reports = measure(prior, singles, [np.zeros(1, np.int64)] * len(singles), cfg.batch_size)
+        for t, r in zip(singles, reports):
+            m = to_measured(prepare(t, cfg.normalization, cfg.linear_features, model.kernel), np.zeros(1, np.int64), r)
+            m.device_costs[:, 2] = np.nan  # a table alone has no exchange: nothing to fit the comm head to
+            buffer.add(Measured(m.x, m.placement, m.device_costs, math.nan))
     cost_net = model.cost_net
-    cost_net.scale.fill_(float(np.mean([m.overall for m in buffer.items])))
+    cost_net.scale.fill_(float(np.nanmean([m.overall for m in buffer.items])))
+    if cost_net.linear:
+        fit_linear(cost_net, buffer.items)
     optimizer = adam(cost_net.parameters(), cfg.lr)
     bar.stage("fitting the cost net on the prior")
     losses, steps = [], prior_steps(cfg)
@@ -289,6 +325,64 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
         optimizer.step()
         losses.append(loss.item())
     return buffer, float(np.mean(losses)) if losses else math.nan
+
+
+def search_prior(model: DreamShardModel, tasks: Sequence[Task], idx: Sequence[int], search: Callable[[DreamShardModel, Task], Plan], cfg: Config) -> Sampled:
+    """The plans of `search` with the current model on the tasks `idx[k]`, each plan's shards as
+    tables (a column or row piece a table of its own shape, as the planners' scorer features it):
+    for the prior to price."""
+    for net in model.nets():
+        net.eval()
+    ptasks, placements = [], []
+    for i in idx:
+        task = tasks[i]
+        plan = search(model, task)
+        ptasks.append(Task([sh.spec(task.tables[sh.table]) for sh in plan.shards], task.devices, task.max_memory_bytes, task.workload, task.pool,
+                           topology=task.topology))
+        placements.append(np.array([sh.device for sh in plan.shards], np.int64))
+    for net in model.nets():
+        net.train()
+    return Sampled(ptasks, [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in ptasks], placements, 0.0)
+
+
+def fresh_accuracy(model: DreamShardModel, got: Sampled, new: Sequence[Measured]) -> dict[str, float]:
+    """The cost net's accuracy on plans it has not been fitted on yet (`new`, the plans of `got`
+    priced): cost/ numbers of the log."""
+    fresh = collate(list(new))
+    dev_pred, ov_pred = predict(model.cost_net, EpisodeBatch.of(got.prepared), fresh["placement"], model.comm)
+    scale = float(model.cost_net.scale)
+    ov_pred, ov_true = ov_pred.numpy() * scale, fresh["overall"].numpy()
+    mask = fresh["device_mask"].numpy()
+    dv_pred, dv_true = dev_pred.sum(-1).numpy()[mask] * scale, fresh["device_costs"].sum(-1).numpy()[mask]
+    return {"mape_overall": mape(ov_pred, ov_true), "spearman_overall": spearman(ov_pred, ov_true),
+            "mape_device": mape(dv_pred, dv_true), "spearman_device": spearman(dv_pred, dv_true)}
+
+
+def fit_linear(cost_net, items: Sequence[Measured]) -> None:
+    """The cost net's linear part (`CostNet.linear`) started where the prior puts it: per
+    component, the non-negative least squares of every device's measured cost (units) on the sum of
+    its tables' kernel features, as `dreamshard calibrate` fits the simulator's terms; the ReLU
+    layers then fit what it leaves. From near 0 instead, it takes most of the prior's steps to
+    grow, and the layers learn the terms' sums meanwhile."""
+    from scipy.optimize import nnls
+
+    scale = float(cost_net.scale)
+    X, Y = [], []
+    for m in items:
+        with torch.no_grad():
+            x = cost_net.linear_inputs(torch.from_numpy(m.x)).numpy()
+        for d in range(len(m.device_costs)):
+            X.append(x[m.placement == d].sum(0))
+            Y.append(m.device_costs[d] / scale)
+    X, Y = np.array(X, np.float64), np.array(Y, np.float64)
+    w = np.zeros((X.shape[1], Y.shape[1]))
+    for c in range(Y.shape[1]):
+        known = np.isfinite(Y[:, c])
+        if known.any():
+            w[:, c] = nnls(X[known], Y[known, c])[0]
+    w = np.maximum(w, 1e-6)  # softplus⁻¹ of 0 is −∞
+    with torch.no_grad():
+        cost_net.linear_raw.copy_(torch.from_numpy(np.log(np.expm1(w))).float())
 
 
 def advantages(returns: torch.Tensor, groups: torch.Tensor, ok: torch.Tensor, mode: str) -> torch.Tensor:
@@ -434,6 +528,7 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     prior: CostBackend | None = None,
+    search: Callable[[DreamShardModel, Task], Plan] | None = None,
 ) -> DreamShardModel:
     """Train DreamShard on `tasks` against `backend`; write the model to `out`.
 
@@ -441,7 +536,9 @@ def train(
     continues from it exactly (same numbers as an uninterrupted run). `stop_after` ends the run
     after that many iterations of this call (to test resuming). `prior` prices the
     `cfg.prior_plans` prior plans: a backend other than `backend`, the calibrated simulator
-    (`SimBackend()`, as `dreamshard train --prior-plans` gives it) for training on real hardware.
+    (`SimBackend()`, as `dreamshard train --prior-plans` gives it) for training on real hardware,
+    and with `cfg.search_plans` the plans of `search` (the planner's search at plan time with a
+    model: `DreamShardPlanner.fit` gives it; a learned module imports no planner).
     """
     cfg.validate()
     check_training_tasks(tasks, eval_tasks)
@@ -449,6 +546,8 @@ def train(
         raise OptionError("a prior backend is given but prior_plans is 0; set prior_plans >= 1")
     if cfg.prior_plans and prior is None:
         raise OptionError(f"prior_plans is {cfg.prior_plans} but no prior backend prices them; pass prior= (the calibrated simulator, costs.sim.SimBackend())")
+    if cfg.search_plans and search is None:
+        raise OptionError(f"search_plans is {cfg.search_plans} but no search plans them; pass search= (DreamShardPlanner.fit does)")
     prior_name = prior.name if cfg.prior_plans else ""
     checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE, cfg, tasks, backend)
     ck = checkpoint.start(resume)  # before any work: nothing of another run is lost
@@ -511,25 +610,28 @@ def train(
             if len(buffer) == 0 and not cfg.prior_plans:
                 # Targets in units of the first plans' mean cost (the prior's, with one): numbers near 1 on any hardware.
                 cost_net.scale.fill_(float(np.mean([m.overall for m in new])))
+                if cost_net.linear:
+                    fit_linear(cost_net, new)
             # held-out accuracy: the cost net has not seen these plans yet
-            fresh = collate(new)
-            dev_pred, ov_pred = predict(cost_net, EpisodeBatch.of(got.prepared), fresh["placement"], model.comm)
-            scale = float(cost_net.scale)
-            ov_pred, ov_true = ov_pred.numpy() * scale, fresh["overall"].numpy()
-            mask = fresh["device_mask"].numpy()
-            dv_pred, dv_true = dev_pred.sum(-1).numpy()[mask] * scale, fresh["device_costs"].sum(-1).numpy()[mask]
+            _, ov_pred = predict(cost_net, EpisodeBatch.of(got.prepared), collate(new)["placement"], model.comm)
             row.update({
-                "collect/measured_ms": float(ov_true.mean()),
-                "collect/predicted_ms": float(ov_pred.mean()),
+                "collect/measured_ms": float(np.mean([m.overall for m in new])),
+                "collect/predicted_ms": float(ov_pred.mean()) * float(cost_net.scale),
                 "collect/stuck": got.stuck,
-                "cost/mape_overall": mape(ov_pred, ov_true),
-                "cost/spearman_overall": spearman(ov_pred, ov_true),
-                "cost/mape_device": mape(dv_pred, dv_true),
-                "cost/spearman_device": spearman(dv_pred, dv_true),
+                **{f"cost/{k}": v for k, v in fresh_accuracy(model, got, new).items()},
             })
             for m in new:
                 buffer.add(m)
         row["measurements"] = measurer.used
+
+        # --- 1b. the search's plans, priced by the prior, into the prior's buffer -----------------
+        if cfg.search_plans:
+            bar.phase(it, "pricing the search's plans")
+            got = search_prior(model, tasks, rng.integers(len(tasks), size=cfg.search_plans), search, cfg)
+            found = [to_measured(p, placement, r) for p, placement, r in zip(got.prepared, got.placements, measure(prior, got.tasks, got.placements, cfg.batch_size))]
+            row.update({f"search/{k}": v for k, v in fresh_accuracy(model, got, found).items()})  # before fitting on them
+            for m in found:
+                prior_buffer.add(m)
 
         # --- 2. fit the cost net on every measurement so far (MSE), beside the prior's plans -------
         bar.phase(it, "fitting the cost net")

@@ -445,12 +445,25 @@ class NumpyCostNet:
         self.cost_net = cost_net
         heads = cost_net.heads
         # three heads fused: first layers side by side [H, 3·64], second layers one einsum
-        self.W1 = np.concatenate([_np(h[0].weight).T for h in heads], axis=1)
-        self.b1 = np.concatenate([_np(h[0].bias) for h in heads])
-        self.W2blk = np.stack([_np(h[2].weight)[0] for h in heads])  # [3, 64]
-        self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
+        W1 = [_np(h[0].weight).T for h in heads]
+        b1 = [_np(h[0].bias) for h in heads]
+        W2 = [_np(h[2].weight)[0] for h in heads]
         ov = cost_net.overall_head
-        self.Wo1, self.bo1, self.wo2, self.bo2 = _np(ov[0].weight).T, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
+        Wo1 = _np(ov[0].weight).T
+        if cost_net.linear:
+            # the linear part (CostNet `linear`): shard vectors carry its 3 outputs after the latent
+            # ones, each >= 0; as one more first-layer unit per head that passes its output through
+            # (a ReLU of a value >= 0 is the value) with second-layer weight 1, `costs` adds it
+            # unchanged, and the overall head reads only the latent part
+            n = len(heads)
+            for k in range(n):
+                W1[k] = np.concatenate([np.concatenate([W1[k], np.zeros((n, W1[k].shape[1]), np.float32)]), np.eye(cost_net.latent + n, dtype=np.float32)[:, [cost_net.latent + k]]], axis=1)
+                b1[k] = np.append(b1[k], np.float32(0.0))
+                W2[k] = np.append(W2[k], np.float32(1.0))
+            Wo1 = np.concatenate([Wo1, np.zeros((n, Wo1.shape[1]), np.float32)])
+        self.W1, self.b1, self.W2blk = np.concatenate(W1, axis=1), np.concatenate(b1), np.stack(W2)  # [H, 3·64], [3·64], [3, 64]
+        self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
+        self.Wo1, self.bo1, self.wo2, self.bo2 = Wo1, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
         self.nP = self.W1.shape[1]
         self.scale = float(cost_net.scale)
 

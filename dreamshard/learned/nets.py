@@ -248,27 +248,61 @@ class CostNet(nn.Module):
 
     The table encoder ends in a ReLU, so every shard vector is >= 0 and a device with no tables
     (vector 0) or a padding device never wins the element-wise max over devices.
+
+    `linear` > 0 (our change, Config.cost_linear): the last `linear` features (the kernel terms,
+    `KernelFeatures`, all >= 0) also enter each component through non-negative weights, summed
+    over a device's tables: the simulator prices a fused kernel as a non-negative linear
+    combination of these terms, so the net learns those weights and, in its ReLU layers, what is
+    not linear (launches shared by a shard, the product path). A ReLU net alone fits the sums of
+    the plans it is trained on and misprices a table of more work than it saw by up to 2× (a
+    hot table of 8,767 rows: 4.2 ms for 8.5 ms); the linear part prices it by its terms. The
+    three linear outputs follow the latent vector in each shard vector (`encode`), so every path
+    that sums shard vectors sums them too. `gate` (the column, among those `linear`, of the
+    product-path flag): the terms enter twice, as they are and zeroed for the tables that take the
+    product path, whose backward the simulator prices by the path's time instead of its terms —
+    without the gated copy one weight per term has to price both kinds of table, and in the hot
+    family it priced the sorted-path backward of an 8,767-row table at half its time.
     """
 
-    def __init__(self, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, head: int = 64):
+    def __init__(self, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, head: int = 64, linear: int = 0, gate: int | None = None):
         super().__init__()
         self.encoder = mlp([features, hidden, latent], last_relu=True)
         self.heads = nn.ModuleList([mlp([latent, head, 1], last_relu=False) for _ in COST_COMPONENTS])
         self.overall_head = mlp([latent, head, 1], last_relu=False)
         self.register_buffer("scale", torch.tensor(1.0))  # ms per unit of the targets
+        self.latent, self.linear, self.gate = latent, linear, gate
+        if linear:
+            # softplus(raw) >= 0: a term can only add work; training starts it at its least squares
+            # on the first plans (learned.dreamshard.fit_linear), here near 0
+            self.linear_raw = nn.Parameter(torch.full((linear * (1 if gate is None else 2), len(COST_COMPONENTS)), -10.0))
+
+    def linear_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., F] → what the linear part weighs: the last `linear` features (and, with `gate`,
+        them again zeroed where the gate column is 1)."""
+        k = x[..., -self.linear :].clamp(min=0.0)
+        return k if self.gate is None else torch.cat([k, k * (1.0 - k[..., self.gate : self.gate + 1])], dim=-1)
+
+    def linear_weight(self) -> torch.Tensor:
+        """[linear, 3] the non-negative weights of the linear part."""
+        return F.softplus(self.linear_raw)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x)
+        """[..., F] → [..., latent (+ 3 with `linear`)] shard vectors of single tables."""
+        z = self.encoder(x)
+        if not self.linear:
+            return z
+        return torch.cat([z, self.linear_inputs(x) @ self.linear_weight()], dim=-1)
 
     def shard_costs(self, z: torch.Tensor) -> torch.Tensor:
         """[..., H] shard vectors → [..., 3] (fwd_comp, bwd_comp, comm) in units."""
-        return torch.cat([h(z) for h in self.heads], dim=-1)
+        out = torch.cat([h(z[..., : self.latent]) for h in self.heads], dim=-1)
+        return out + z[..., self.latent :] if self.linear else out
 
     def overall(self, z: torch.Tensor, device_mask: torch.Tensor | None = None) -> torch.Tensor:
         """[E, D, H] shard vectors → [E] overall cost in units (max over the real devices)."""
         if device_mask is not None:
             z = z.masked_fill(~device_mask.unsqueeze(-1), 0.0)
-        return self.overall_head(z.max(dim=1).values).squeeze(-1)
+        return self.overall_head(z[..., : self.latent].max(dim=1).values).squeeze(-1)
 
     def shards(self, x: torch.Tensor, placement: torch.Tensor, devices: int) -> torch.Tensor:
         return shard_sum(self.encode(x), placement, devices)
@@ -463,9 +497,13 @@ class DreamShardModel:
 
     @staticmethod
     def create(sees_table: bool, normalization: str, best_of: int = 1, score: str = "overall", linear_features: bool = False, keep_room: bool = False,
-               kernel: KernelFeatures | None = None, comm: CommFormula | None = None, cuts: bool = False) -> "DreamShardModel":
+               kernel: KernelFeatures | None = None, comm: CommFormula | None = None, cuts: bool = False, cost_linear: bool = False) -> "DreamShardModel":
+        """`cost_linear`: the cost net's linear part on the kernel features (CostNet `linear`; needs `kernel`)."""
+        if cost_linear and kernel is None:
+            raise ModelError("a cost net's linear part prices the kernel features: it needs kernel features")
         f = feature_count(linear_features, kernel)
-        return DreamShardModel(CostNet(features=f), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {}, kernel, comm,
+        linear = dict(linear=kernel.width, gate=kernel.width - 2 if kernel.product_scale else None) if cost_linear else {}  # the flag: KernelFeatures.__call__
+        return DreamShardModel(CostNet(features=f, **linear), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {}, kernel, comm,
                                CutNet(features=f) if cuts else None)
 
     def nets(self) -> list[nn.Module]:
@@ -530,6 +568,7 @@ class DreamShardModel:
             _kernel_from_state(state.get("kernel_features"), where),
             _comm_from_state(state.get("comm"), where),
             "cut" in state,
+            isinstance(state["cost_net"], dict) and "linear_raw" in state["cost_net"],
         )
         for key, net in (("cost_net", model.cost_net), ("policy", model.policy), ("cut", model.cut)):
             if net is None:
