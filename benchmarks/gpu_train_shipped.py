@@ -76,9 +76,10 @@ def training_tasks(per_family: int, pool_tables: int, workload: Workload, famili
 ORDER = ("dreamshard", "autoshard", "rnn")  # trained in this order; the peers share one budget
 PEERS = ("autoshard", "rnn")
 # The shipped DreamShard model's cost-net options on top of the default config (docs/dreamshard.md,
-# "The shipped model"): kernel-term features and the comm model's all-to-all. Its budget and prior
-# are the flags' defaults.
-DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model"}
+# "The shipped model"): kernel-term features, weighed by the cost net's linear part too, the comm
+# model's all-to-all, and every training table alone in the prior. Its budget and prior are the
+# flags' defaults.
+DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True}
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
 GUESS_PLAN_S = 1.0  # seconds per measured plan before any is timed (H200: ~0.7 s for 20–60 tables on 2–8 devices)
 # seconds a peer spends per measured plan beyond measuring it (learning; autoshard: a V-trace step
@@ -161,7 +162,9 @@ def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = F
     `quick`: its per-iteration work shrunk too (`QUICK`, the fields it has)."""
     cls = PLANNERS[name]
     default = cls.config()
-    extra = {**DREAMSHARD_OPTIONS, "prior_plans": prior_plans or None} if name == "dreamshard" else {}
+    extra = {}
+    if name == "dreamshard":  # without a prior, nothing prices the training tables alone
+        extra = {**DREAMSHARD_OPTIONS, "prior_plans": prior_plans} if prior_plans else {k: v for k, v in DREAMSHARD_OPTIONS.items() if k != "prior_singles"}
     if quick:
         extra |= {k: v for k, v in QUICK.items() if hasattr(default, k)}
     return cls.config(budget=budget, iterations=max(1, budget // default.measurements_per_iteration), batch_size=batch, **extra)

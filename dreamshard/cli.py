@@ -707,11 +707,15 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--kernel-features/--no-kernel-features", default=None,
               help="dreamshard: also give the cost net each table's kernel terms (the work counts the simulator prices), scaled by their mean over the training tables  [config's: no; docs/costs.md]")
 @click.option("--comm", "comm_source", help="dreamshard: a device's all-to-all from the cost net's comm head ('head') or from the comm model of the backend trained against ('model'; its parameters are stored in the model)  [config's: head]")
+@click.option("--cost-linear/--no-cost-linear", default=None,
+              help="dreamshard, with --kernel-features: the cost net also weighs the kernel terms linearly (non-negative weights), as the simulator prices a kernel  [config's: no; docs/costs.md]")
+@click.option("--prior-singles/--no-prior-singles", default=None,
+              help="dreamshard, with --prior-plans: every training table alone on a device is priced by the simulator too  [config's: no]")
 @click.option("--plot", "plot_file", type=OUT_FILE, help="also draw the --log file's curves (measured cost, cost-net error, policy loss) to this .png or .svg (matplotlib)")
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for the nets  [1; $OMP_NUM_THREADS where set; torch's default with a kernel measured on the CPU]")
 @click.pass_context
 def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
-              prior_plans, kernel_features, comm_source, plot_file, threads) -> None:
+              prior_plans, kernel_features, comm_source, cost_linear, prior_singles, plot_file, threads) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.learned.dreamshard import COMM_SOURCES
     from dreamshard.learned.loop import check_training_tasks
@@ -730,7 +734,8 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
         raise OptionError(f"--prior-plans is for --planner dreamshard, not {planner_name}")
     if prior_plans is not None and prior_plans < 0:
         raise OptionError(f"--prior-plans must be >= 0, got {prior_plans}")
-    for option, value in (("--kernel-features", kernel_features), ("--comm", comm_source)):
+    dreamshard_only = (("--kernel-features", kernel_features), ("--comm", comm_source), ("--cost-linear", cost_linear), ("--prior-singles", prior_singles))
+    for option, value in dreamshard_only:
         if value is not None and planner_name != "dreamshard":
             raise OptionError(f"{option} is for --planner dreamshard, not {planner_name}")
     if comm_source is not None and comm_source not in COMM_SOURCES:
@@ -754,7 +759,8 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     if batch_size is None and backend != "sim" and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans,
-                             **({"kernel_features": kernel_features, "comm": comm_source} if planner_name == "dreamshard" else {}))
+                             **({"kernel_features": kernel_features, "comm": comm_source, "cost_linear": cost_linear, "prior_singles": prior_singles}
+                              if planner_name == "dreamshard" else {}))
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None
     check_training_tasks(tasks, evals, tasks_file, eval_tasks)  # the loop checks them too; here first, naming the files, before anything is printed

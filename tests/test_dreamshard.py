@@ -570,8 +570,7 @@ def test_kernel_features_count_the_cache_of_the_backend():
 def test_options_are_checked(pool, tmp_path):
     for bad, msg in ((dict(comm="nccl"), "comm 'nccl': use one of head, model"), (dict(kernel_features="yes"), "kernel_features must be true or false"),
                      (dict(cost_linear=True), "cost_linear weighs the kernel features"), (dict(prior_singles=True), "prior_singles needs a prior"),
-                     (dict(prior_singles=True, prior_plans=4, normalization="task"), "normalization 'fixed'"),
-                     (dict(search_plans=2), "search_plans needs a prior"), (dict(search_plans=-1), "search_plans must be >= 0")):
+                     (dict(prior_singles=True, prior_plans=4, normalization="task"), "normalization 'fixed'")):
         with pytest.raises(ValueError, match=msg) as e:
             small_config(**bad)
         assert "\n" not in str(e.value)
@@ -584,8 +583,6 @@ def test_options_are_checked(pool, tmp_path):
     with pytest.raises(ValueError, match="has no comm model") as e:
         train(small_config(comm="model"), tasks, Measuring(), tmp_path / "m.pt", progress=False)
     assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="no search plans them") as e:  # the planner's fit gives the search; `train` alone needs it
-        train(small_config(prior_plans=4, search_plans=2), tasks, SimBackend(), tmp_path / "m.pt", progress=False, prior=SimBackend())
     state = options_model(False, tasks, cost_linear=True).state()
     del state["kernel_features"]  # a linear part without the features it weighs
     with pytest.raises(ModelError, match="needs kernel features"):
@@ -665,27 +662,22 @@ def test_scorer_features_are_the_planners(pool):
 
 
 def test_options_train_save_load_plan(pool, tmp_path):
-    """Both options through the loop (with a prior, so every path that fits the cost net runs),
+    """Both options, the linear part and the tables alone through the loop (with a prior, so every path that fits the cost net runs),
     saved and loaded with their parameters; the loaded model plans the same."""
     from dreamshard.planners.dreamshard import DreamShardPlanner
 
     train_half, test_half = split_pool(pool, 0)
     tasks = sample_tasks(train_half, 4, (6, 10), 3, 10**12, seed=1)
-    cfg = small_config(iterations=2, kernel_features=True, comm="model", prior_plans=30, prior_epochs=2, cost_linear=True, prior_singles=True, search_plans=2)
-    model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"),
-                  search=lambda m, task: DreamShardPlanner(m).plan(task))
+    cfg = small_config(iterations=2, kernel_features=True, comm="model", prior_plans=30, prior_epochs=2, cost_linear=True, prior_singles=True)
+    model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"))
     loaded = DreamShardModel.load(tmp_path / "m.pt")
     assert loaded.cost_net.linear == model.kernel.width and torch.equal(loaded.cost_net.linear_raw, model.cost_net.linear_raw)
     assert loaded.kernel == model.kernel and loaded.comm == model.comm and loaded.comm.batch_size == cfg.batch_size
     assert model.kernel.cache_bytes == SimBackend().cache_bytes() == 60 * 2**20  # the cache of the backend trained against
     assert loaded.meta["config"]["kernel_features"] is True and loaded.meta["config"]["comm"] == "model"
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert all(np.isfinite(r["cost/mape_device"]) and np.isfinite(r["search/mape_device"]) for r in rows)
-    # the prior: its plans, each distinct training table alone, then the search's plans of every iteration
-    singles = len({t for task in tasks for t in task.tables})
-    assert rows[0]["prior/plans"] == 30 + singles
-    ck = torch.load(tmp_path / "m.pt.ckpt", weights_only=False)
-    assert len(ck["prior_buffer"]["placement"]) == 30 + singles + 2 * cfg.iterations
+    assert all(np.isfinite(r["cost/mape_device"]) for r in rows)
+    assert rows[0]["prior/plans"] == 30 + len({t for task in tasks for t in task.tables})  # the prior's plans, then each distinct training table alone
     for split in (False, True):
         a, b = DreamShardPlanner(model, split=split), DreamShardPlanner(str(tmp_path / "m.pt"), split=split)
         for task in sample_tasks(test_half, 3, (8, 12), 3, 10**12, seed=2):
@@ -715,13 +707,22 @@ def test_cli_train_options(pool, tmp_path):
     for extra, msg in ((["--comm", "nccl"], "--comm: 'nccl' is not 'head' or 'model'"),
                        (["--comm", "model", "--planner", "rnn"], "--comm is for --planner dreamshard, not rnn"),
                        (["--kernel-features", "--planner", "autoshard"], "--kernel-features is for --planner dreamshard, not autoshard"),
-                       (["--comm", "model", "--backend", "torch", "--runner", "distributed"], "--comm model: the distributed runner measures real all-to-alls")):
+                       (["--comm", "model", "--backend", "torch", "--runner", "distributed"], "--comm model: the distributed runner measures real all-to-alls"),
+                       (["--prior-singles", "--planner", "rnn"], "--prior-singles is for --planner dreamshard, not rnn"),
+                       (["--cost-linear"], "cost_linear weighs the kernel features: set kernel_features true too"),
+                       (["--prior-singles"], "prior_singles needs a prior")):
         r = CliRunner().invoke(cli, base + extra)
         assert r.exit_code == 2 and r.output.count("\n") == 1 and msg in r.output, r.output
     r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model"])
     assert r.exit_code == 0, r.output
     model = DreamShardModel.load(tmp_path / "m.pt")
     assert model.kernel is not None and model.comm is not None and model.meta["config"]["comm"] == "model"
+    # the shipped model's recipe: the linear part, the tables alone and the search's plans in the prior
+    r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model", "--cost-linear", "--prior-plans", "6", "--prior-singles",
+                                        "--calibration", "dreamshard/data/calibrations/cpu_fbgemm.json", "--out", str(tmp_path / "r.pt")])
+    assert r.exit_code == 0, r.output
+    model = DreamShardModel.load(tmp_path / "r.pt")
+    assert model.cost_net.linear == model.kernel.width and model.meta["config"]["prior_singles"]
 
 
 def test_no_learned_module_or_planner_imports_a_cost_backend():

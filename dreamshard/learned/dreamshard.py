@@ -32,8 +32,6 @@ Logged numbers (one JSON line per iteration in the log):
   collect/stuck                      — fraction of sampled episodes that ran out of memory (packed instead)
   cost/mape_overall, cost/spearman_overall  — cost-net accuracy on these freshly measured plans,
   cost/mape_device, cost/spearman_device      which it has not been trained on yet: held-out data
-  search/mape_overall, ...           — with search_plans: the same four on the search's plans (priced by
-                                       the prior, before the net is fitted on them)
   cost/loss                          — mean cost-net MSE (units of `scale` ms, squared) over the fit steps
   rl/loss, rl/policy_loss, rl/entropy — REINFORCE objective, its policy-gradient part, mean entropy per step
   rl/predicted_ms                    — mean predicted overall cost of the RL episodes (what RL lowers)
@@ -48,7 +46,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -61,7 +59,6 @@ from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend, CostReport
-    from dreamshard.plan import Plan
 
 CHECKPOINT_FORMAT = "dreamshard.checkpoint/1"
 
@@ -83,12 +80,6 @@ class Config(BudgetConfig):
     prior_plans: int = 0
     prior_epochs: int = 80
     prior_share: float = 0.5
-    # the search's plans (with a prior): each iteration the planner's search at plan time
-    # (`train(search=)`) plans this many random training tasks with the current model, and the
-    # prior prices its plans into the prior's buffer (not measurements). The search picks the plans
-    # the cost net predicts cheapest, where the net's errors are largest: sampled plans alone never
-    # show it those (docs/dreamshard.md, "The shipped model")
-    search_plans: int = 0
     # with a prior: also every distinct table of the training tasks alone on a device, priced by the
     # prior (its compute; no exchange, no overall). Plans price sums of 5–30 tables, where one
     # table's error hides among the others; a search that moves one large table is ranked by it
@@ -147,15 +138,13 @@ class Config(BudgetConfig):
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        for f in ("prior_plans", "prior_epochs", "search_plans"):
+        for f in ("prior_plans", "prior_epochs"):
             if getattr(self, f) < 0:
                 raise OptionError(f"{f} must be >= 0, got {getattr(self, f)}")
         if not 0 <= self.prior_share < 1:
             raise OptionError(f"prior_share must be in [0, 1) (a share of every cost batch), got {self.prior_share}")
         if self.prior_singles and not (self.prior_plans and self.normalization == "fixed"):
             raise OptionError("prior_singles needs a prior (prior_plans >= 1) and normalization 'fixed' (a table's features the same alone as in a task)")
-        if self.search_plans and not (self.prior_plans and self.prior_share):
-            raise OptionError("search_plans needs a prior kept in the cost batches (prior_plans >= 1, prior_share > 0): the prior prices the search's plans")
         return self
 
 
@@ -325,24 +314,6 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
         optimizer.step()
         losses.append(loss.item())
     return buffer, float(np.mean(losses)) if losses else math.nan
-
-
-def search_prior(model: DreamShardModel, tasks: Sequence[Task], idx: Sequence[int], search: Callable[[DreamShardModel, Task], Plan], cfg: Config) -> Sampled:
-    """The plans of `search` with the current model on the tasks `idx[k]`, each plan's shards as
-    tables (a column or row piece a table of its own shape, as the planners' scorer features it):
-    for the prior to price."""
-    for net in model.nets():
-        net.eval()
-    ptasks, placements = [], []
-    for i in idx:
-        task = tasks[i]
-        plan = search(model, task)
-        ptasks.append(Task([sh.spec(task.tables[sh.table]) for sh in plan.shards], task.devices, task.max_memory_bytes, task.workload, task.pool,
-                           topology=task.topology))
-        placements.append(np.array([sh.device for sh in plan.shards], np.int64))
-    for net in model.nets():
-        net.train()
-    return Sampled(ptasks, [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in ptasks], placements, 0.0)
 
 
 def fresh_accuracy(model: DreamShardModel, got: Sampled, new: Sequence[Measured]) -> dict[str, float]:
@@ -528,7 +499,6 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     prior: CostBackend | None = None,
-    search: Callable[[DreamShardModel, Task], Plan] | None = None,
 ) -> DreamShardModel:
     """Train DreamShard on `tasks` against `backend`; write the model to `out`.
 
@@ -536,9 +506,7 @@ def train(
     continues from it exactly (same numbers as an uninterrupted run). `stop_after` ends the run
     after that many iterations of this call (to test resuming). `prior` prices the
     `cfg.prior_plans` prior plans: a backend other than `backend`, the calibrated simulator
-    (`SimBackend()`, as `dreamshard train --prior-plans` gives it) for training on real hardware,
-    and with `cfg.search_plans` the plans of `search` (the planner's search at plan time with a
-    model: `DreamShardPlanner.fit` gives it; a learned module imports no planner).
+    (`SimBackend()`, as `dreamshard train --prior-plans` gives it) for training on real hardware.
     """
     cfg.validate()
     check_training_tasks(tasks, eval_tasks)
@@ -546,8 +514,6 @@ def train(
         raise OptionError("a prior backend is given but prior_plans is 0; set prior_plans >= 1")
     if cfg.prior_plans and prior is None:
         raise OptionError(f"prior_plans is {cfg.prior_plans} but no prior backend prices them; pass prior= (the calibrated simulator, costs.sim.SimBackend())")
-    if cfg.search_plans and search is None:
-        raise OptionError(f"search_plans is {cfg.search_plans} but no search plans them; pass search= (DreamShardPlanner.fit does)")
     prior_name = prior.name if cfg.prior_plans else ""
     checkpoint = Checkpoint(out, CHECKPOINT_FORMAT, CHECKPOINT_STATE, cfg, tasks, backend)
     ck = checkpoint.start(resume)  # before any work: nothing of another run is lost
@@ -623,15 +589,6 @@ def train(
             for m in new:
                 buffer.add(m)
         row["measurements"] = measurer.used
-
-        # --- 1b. the search's plans, priced by the prior, into the prior's buffer -----------------
-        if cfg.search_plans:
-            bar.phase(it, "pricing the search's plans")
-            got = search_prior(model, tasks, rng.integers(len(tasks), size=cfg.search_plans), search, cfg)
-            found = [to_measured(p, placement, r) for p, placement, r in zip(got.prepared, got.placements, measure(prior, got.tasks, got.placements, cfg.batch_size))]
-            row.update({f"search/{k}": v for k, v in fresh_accuracy(model, got, found).items()})  # before fitting on them
-            for m in found:
-                prior_buffer.add(m)
 
         # --- 2. fit the cost net on every measurement so far (MSE), beside the prior's plans -------
         bar.phase(it, "fitting the cost net")

@@ -224,11 +224,10 @@ class DreamShardPlanner(LearnedPlanner):
             prior: CostBackend | None = None, **options) -> "DreamShardPlanner":
         """DreamShard's training (`learned.dreamshard.train`, config `default` unless given) on
         `tasks` against `backend` (and `prior` pricing a simulator prior's plans, with the config's
-        prior_plans; with its search_plans, the plans of this planner's search, built with
-        `options`, priced by `prior` too); the model goes to `out`, its checkpoint to `out`.ckpt."""
+        prior_plans); the model goes to `out`, its checkpoint to `out`.ckpt."""
         lazy.load()
         model = train(config or cls.config(), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after,
-                      prior=prior, search=lambda m, task: cls(model=m, **options).plan(task))
+                      prior=prior)
         planner = cls(model=model, **options)
         planner.label = str(out)
         return planner
