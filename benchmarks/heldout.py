@@ -76,6 +76,9 @@ PLANNERS: dict[str, tuple[str, dict]] = {
 }
 
 
+# the simulator of the oracle's plans and of the report's simulated column: the calibration of the
+# GPU the plans are measured on (H100), so the oracle anneals against that GPU's prices
+CALIBRATION = "h100_triton.json"
 COLUMNS = ("family", "setting", "task", "planners", "plan", "kind", "measured_ms", "max_device_ms", "comm_ms", "wall_s")
 BEHIND = 0.02
 TABLE_WISE_BEST = ("lookup", "size_lookup")
@@ -119,7 +122,7 @@ def plan_cmd(args) -> None:
     planners = {}
     for label in labels:
         name, options = PLANNERS[label]
-        options = {**options, "backend": SimBackend()} if options.get("backend") == "sim" else options
+        options = {**options, "backend": SimBackend(CALIBRATION)} if options.get("backend") == "sim" else options
         try:
             planners[label] = get_planner(name, **options)
         except InputError as e:  # e.g. a learned peer with no shipped model
@@ -248,7 +251,7 @@ def report(folder: Path) -> str:
     with open(folder / "measured.csv") as fh:
         measured = {(r["family"], r["setting"], r["task"], r["planners"], r["plan"]): r for r in csv.DictReader(fh)}
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
-    sim = SimBackend()
+    sim = SimBackend(CALIBRATION)
     # (family, setting, task) → label → (measured ms, max-device ms, simulated ms, plan)
     tasks: dict[tuple, dict] = defaultdict(dict)
     complete: dict[tuple, bool] = defaultdict(lambda: True)
