@@ -16,6 +16,10 @@ tables = [TableSpec(f"t{i}", 200_000 + 50_000 * i, 64, 8.0, bins, seed=i) for i 
 save_plans([Plan.table_wise(Task(tables, 2, 10**10, Workload(16_384)), [0, 1, 1, 0, 0, 1, 1, 0], "hand")], sys.argv[1])
 PY
 args=(measure "$out/plan.json" --backend triton --runner distributed --json)
+# the first measurement on a fresh machine is thrown away: there the one-command launch, run first,
+# read the backward at 1.9–3.2× what the referee, torchrun and itself read a minute later (2 × H200;
+# 3× on 2 × H100), results/gpu_torchrun/README.md
+python3 -m dreamshard.cli "${args[@]}" --out "$out/cold.json" > /dev/null
 python3 -m dreamshard.cli "${args[@]}" --out "$out/one_command.json" > /dev/null
 python3 -m dreamshard.cli measure "$out/plan.json" --backend triton --runner sequential --json --out "$out/sequential.json" > /dev/null
 port=29511
@@ -26,7 +30,7 @@ done
 wait
 python3 - "$out" <<'PY'
 import json, sys
-for name in ("sequential", "one_command", "torchrun"):
+for name in ("cold", "sequential", "one_command", "torchrun"):
     r = json.load(open(f"{sys.argv[1]}/{name}.json"))
     print(f"{name:12s} step {r['overall_ms']:.4f} ms; per device fwd comp, bwd comp:",
           [(round(d["fwd_comp_ms"], 4), round(d["bwd_comp_ms"], 4)) for d in r["devices"]])
