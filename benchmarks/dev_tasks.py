@@ -1,0 +1,70 @@
+"""DreamShard models against `oracle` on the development tasks: the tasks a change to the planner
+or its training is chosen on, never the held-out families.
+
+    .venv/bin/python benchmarks/dev_tasks.py                                   # the shipped model: minutes on a CPU core
+    .venv/bin/python benchmarks/dev_tasks.py --model A.pt --model B.pt         # models side by side (the oracle once)
+
+Tasks: the five *training* families but `onehot` (`families.TRAINING_FAMILIES`), pools of seed 5
+(the shipped model trained on pools of seed 10), 2 tasks each of 60 tables on 4 devices and of
+120 on 8, 16 GB per device, B = 65,536. Every plan priced by the simulator with the H100
+calibration (the GPU the shipped model was trained on); `oracle` anneals on that simulator (4,000
+evaluations per task). Per model: `dreamshard`'s mean of per-task ratios to the best table-wise
+heuristic (lookup, size_lookup), per family and in all; the oracle's beside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.families import synth_family  # noqa: E402
+from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+
+FAMILIES = ("dlrm", "dlrm2022", "wide", "hot", "heavy")
+SETTINGS = ((60, 4), (120, 8))
+POOL_SEED, TASKS, MEMORY = 5, 2, 16 * 10**9
+CALIBRATION = "h100_triton.json"
+ORACLE_BUDGET = 4_000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", help="a DreamShard model file (repeat for several; default: the shipped model)")
+    ap.add_argument("--out", default="benchmarks/results/dev_tasks.md")
+    args = ap.parse_args()
+    sim = SimBackend(CALIBRATION)
+    models = args.model or [None]
+    names = [m or "shipped" for m in models]
+    planners = {name: get_planner("dreamshard", model=m) for name, m in zip(names, models)}
+    planners["oracle"] = get_planner("oracle", backend=sim, budget=ORACLE_BUDGET)
+    ratios: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for family in FAMILIES:
+        pool = synth_family(family, 300, POOL_SEED)
+        for tables, devices in SETTINGS:
+            for task in sample_tasks(pool, TASKS, (tables, tables), devices, MEMORY, seed=900 + devices, workload=Workload(65_536)):
+                best = min(sim.evaluate_plan(get_planner(h).plan(task)).overall_ms for h in ("lookup", "size_lookup"))
+                for name, planner in planners.items():
+                    ratios[name][family].append(sim.evaluate_plan(planner.plan(task)).overall_ms / best - 1)
+                print(f"{family} {tables}/{devices}: " + ", ".join(f"{n} {ratios[n][family][-1] * 100:+.1f}%" for n in planners), flush=True)
+    lines = [f"# DreamShard on the development tasks ({sim.name})", "",
+             "`.venv/bin/python benchmarks/dev_tasks.py " + " ".join(f"--model {m}" for m in models if m) + "`: mean of per-task ratios to the best "
+             f"table-wise heuristic, {TASKS} tasks of {' and '.join(f'{t} tables on {d} devices' for t, d in SETTINGS)} per family (pools of seed {POOL_SEED}).", "",
+             "| planner | " + " | ".join(FAMILIES) + " | all |", "|---|" + "---:|" * (len(FAMILIES) + 1)]
+    for name in planners:
+        cells = [f"{np.mean(ratios[name][f]) * 100:+.2f}%" for f in FAMILIES]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {np.mean([r for f in FAMILIES for r in ratios[name][f]]) * 100:+.2f}% |")
+    atomic_write(args.out, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
