@@ -4,6 +4,7 @@ its plans measured on one GPU. Three steps, one script:
     .venv/bin/python benchmarks/heldout.py plan                        # here, ~10 min: benchmarks/results/gpu_heldout/plans.jsonl
     .venv/bin/python benchmarks/heldout.py plan --again dreamshard,"dreamshard --no-split"   # a new model: its plans alone
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT      # one H100 or H200, ≤ 9.5 min: measured.csv, summary.json
+    PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --planners dreamshard,lookup   # some planners' plans (and OUT/plans.jsonl)
     .venv/bin/python benchmarks/heldout.py report benchmarks/results/gpu_heldout --write   # the tables: report.md
     # logic check here: plan --quick --out D; measure --out D --plans D/plans.jsonl --cpu --quick; report D
 
@@ -182,6 +183,16 @@ def measure_cmd(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plans = load_plans(args.plans)
+    if args.planners:  # these planners' plans only, kept beside their measurements for `report OUT`
+        labels = args.planners.split(",")
+        unknown = [label for label in labels if label not in PLANNERS]
+        if unknown:
+            raise SystemExit(f"--planners: unknown planner label {unknown[0]!r}; choose from {', '.join(PLANNERS)}")
+        missing = [h for h in TABLE_WISE_BEST if h not in labels]
+        if missing:
+            raise SystemExit(f"--planners: add {', '.join(missing)}: the report's ratios are to the best of {', '.join(TABLE_WISE_BEST)}")
+        plans = [p for p in plans if set(planners_of(p)) & set(labels)]
+        save_plans(plans, out / "plans.jsonl")
     path = out / "measured.csv"
     if args.resume and Path(args.resume, "measured.csv") != path:
         shutil.copy(Path(args.resume, "measured.csv"), path)
@@ -339,6 +350,7 @@ def main() -> None:
     m.add_argument("--plans", default=str(OUT / "plans.jsonl"))
     m.add_argument("--budget-s", type=float, default=540.0, help="no new task after this many seconds")
     m.add_argument("--resume", help="an earlier call's OUT: its measured.csv is kept and its plans are not measured again")
+    m.add_argument("--planners", metavar="LABELS", help="measure only the plans these planners made (comma-separated labels); OUT/plans.jsonl holds them, for `report OUT`")
     m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
     m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
     m.set_defaults(run=measure_cmd)

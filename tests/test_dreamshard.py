@@ -610,17 +610,19 @@ def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, 
 
 
 def test_modelled_comm_is_the_simulators_all_to_all(pool):
-    """With comm 'model' a plan's predicted all-to-all is exactly what the backend it was trained
-    against charges (here the simulator: the same parameters, the same formula), on every path:
-    the planner's plan, the split search's scorer, the torch predict."""
+    """With comm 'model' the torch MDP prices the all-to-all by the formula stored in the model (the
+    parameters of the backend it was trained against), and the planner's search (its plan's
+    prediction, the scorer) by the comm model of the task's device count: exactly what the
+    simulator of the shipped cost net's GPU charges."""
     from dreamshard.planners.dreamshard import DreamShardPlanner
     from dreamshard.planners.scoring import PieceScorer
     from dreamshard.planners import splits
 
     tasks = sample_tasks(split_pool(pool, 0)[0], 4, (10, 16), 4, 10**12, seed=3)
     model = options_model(False, tasks)
-    sim = SimBackend(comm="calibration")  # the formula of one device alone: the calibration's own all-to-all
-    assert model.comm.params() == {k: sim.calibration.comm[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction")}
+    trained = SimBackend(comm="calibration")
+    assert model.comm.params() == {k: trained.calibration.comm[k] for k in ("latency_ms", "bandwidth_GBps", "serial_fraction")}
+    sim = SimBackend("h100_triton.json")  # the shipped cost net's GPU: its comm models at each device count
     planner = DreamShardPlanner(model, split=True)
     checked = 0
     for task in tasks:

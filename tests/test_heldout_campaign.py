@@ -31,3 +31,18 @@ def test_plans_measured_and_reported(tmp_path):
         assert label in text
     assert "| dreamshard | " in text.split("The cost net's per-plan error")[1]
     assert "## DreamShard's search: the candidate chosen" in text
+
+
+def test_some_planners_measured_alone(tmp_path):
+    """`measure --planners`: only those planners' plans are measured, and OUT holds them for `report OUT`."""
+    run("plan", "--quick", "--out", str(tmp_path / "all"))
+    out = tmp_path / "some"
+    run("measure", "--out", str(out), "--plans", str(tmp_path / "all" / "plans.jsonl"), "--cpu", "--quick", "--planners", "dreamshard,lookup,size_lookup")
+    plans = (out / "plans.jsonl").read_text().splitlines()
+    assert 1 <= len(plans) < len((tmp_path / "all" / "plans.jsonl").read_text().splitlines())
+    assert len((out / "measured.csv").read_text().splitlines()) - 1 == len(plans)
+    text = run("report", str(out))
+    assert "| dreamshard |" in text and "| lookup |" in text and "| random |" not in text
+    for labels, msg in (("nope", "unknown planner label 'nope'"), ("dreamshard", "add lookup, size_lookup")):
+        bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "measure", "--out", str(out), "--planners", labels], cwd=ROOT, capture_output=True, text=True)
+        assert bad.returncode != 0 and msg in bad.stderr

@@ -21,8 +21,12 @@ exact to the simulator's rule.
 
 A model whose all-to-all is the comm model's (`nets.CommFormula`, Config.comm "model") has no
 comm head to read: a state row carries the piece's all-to-all columns (its width; a row piece's
-0), and a device's all-to-all is the formula's on its columns, in a plan as wide as the sum of
-every device's (`device_costs`). A model scored by its `overall` head cannot have the all-to-all
+0), and a device's all-to-all is the comm model's of the task's device count on its columns, in a
+plan as wide as the sum of every device's (`device_costs`) — what the runners and the simulator
+charge, not the formula stored in the model: that one was taken from the backend trained against,
+one device count's parameters for tasks of 2 to 8, without the busiest peer's wait
+(`coupling`) or the knee of the fits of 4 and more devices, and searches ranked plans by its
+errors. A model scored by its `overall` head cannot have the all-to-all
 part of a row piece taken out of the overall head, so `row_moves` is False for it: the searches
 offer no row splits, and a table larger than a device (which only a row split places) is priced
 with the collective added to the overall head.
@@ -48,7 +52,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dreamshard.costs.comm import DEFAULT_GPU, CommModel, load_comm_model, relayout_ms, rowwise_ms
+from dreamshard.costs.comm import DEFAULT_GPU, CommModel, alltoall_bytes_array, alltoall_ms, load_comm_model, relayout_ms, rowwise_ms
 from dreamshard.costs.hierarchy import alltoall_topo_ms, inter_host_ms, rowwise_topo_ms, twrw_ms, twrw_traffic
 from dreamshard.learned.mdp import NumpyCostNet
 from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
@@ -173,9 +177,10 @@ class PieceScorer:
             costs[..., COMM] = (fwd + bwd) / self.net.scale
             if extra:
                 costs[..., COMM] += (rs + ag) / self.net.scale
-        elif comm is not None:
+        elif comm is not None:  # the comm model of the task's device count, as the runners charge it (module docstring)
             cols = state[..., self._a2a]
-            costs[..., COMM] = comm.units(cols, cols.sum(-1, keepdims=True), self.task.devices, w.elt_bytes, self.net.scale)
+            send, recv = alltoall_bytes_array(cols, comm.batch_size, w.elt_bytes, cols.sum(-1, keepdims=True), self.task.devices)
+            costs[..., COMM] = 2.0 * alltoall_ms(self.comm, send, recv) / self.net.scale  # backward = forward reversed, the same cost
         if self.comm.get("relayout"):  # the copies of devices with row pieces, as the simulator prices them
             fwd, bwd = relayout_ms(self.comm, state[..., self._a2a], state[..., self._rc], w.batch_size, w.elt_bytes)
             costs[..., COMM] += (fwd + bwd) / self.net.scale
