@@ -115,8 +115,7 @@ def plan_cmd(args) -> None:
         if unknown:
             raise SystemExit(f"--again: unknown planner label {unknown[0]!r}; choose from {', '.join(PLANNERS)}")
         for plan in load_plans(out / "plans.jsonl"):
-            plan.notes = [n for n in plan.notes if not any(n.startswith(f"{key} {label}") for label in labels
-                                                           for key in ("planner", "planning_ms", "candidate", "predicted_ms", "note"))]
+            plan.notes = [n for n in plan.notes if note_owner(n) not in labels]
             if planners_of(plan):
                 plan.planner = planners_of(plan)[0]
                 kept[(note(plan, "family"), note(plan, "setting"), note(plan, "task"))].append(plan)
@@ -162,6 +161,18 @@ def plan_cmd(args) -> None:
 
 def note(plan, key: str) -> str:
     return next(n[len(key) + 1 :] for n in plan.notes if n.startswith(key + " "))
+
+
+def note_owner(n: str) -> str | None:
+    """The planner label a per-planner note is about (`planner L`, `planning_ms L V`, `candidate L
+    V`, `predicted_ms L V`, `note L: text`), else None; the longest label that fits, so that
+    `dreamshard --no-split`'s notes are not `dreamshard`'s."""
+    key, _, rest = n.partition(" ")
+    if key == "planner":
+        return rest
+    if key in ("planning_ms", "candidate", "predicted_ms", "note"):
+        return next((lb for lb in sorted(PLANNERS, key=len, reverse=True) if rest.startswith(lb + " ") or rest.startswith(lb + ":")), None)
+    return None
 
 
 def planners_of(plan) -> list[str]:

@@ -36,6 +36,9 @@ def test_plans_measured_and_reported(tmp_path):
 def test_some_planners_measured_alone(tmp_path):
     """`measure --planners`: only those planners' plans are measured, and OUT holds them for `report OUT`."""
     run("plan", "--quick", "--out", str(tmp_path / "all"))
+    before = (tmp_path / "all" / "plans.jsonl").read_text()
+    run("plan", "--quick", "--out", str(tmp_path / "all"), "--again", "dreamshard")  # its plans again; `dreamshard --no-split`'s keep their names
+    assert before.count('"planner dreamshard --no-split"') == (tmp_path / "all" / "plans.jsonl").read_text().count('"planner dreamshard --no-split"') == 1
     out = tmp_path / "some"
     run("measure", "--out", str(out), "--plans", str(tmp_path / "all" / "plans.jsonl"), "--cpu", "--quick", "--planners", "dreamshard,lookup,size_lookup")
     plans = (out / "plans.jsonl").read_text().splitlines()
