@@ -316,19 +316,6 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
     return buffer, float(np.mean(losses)) if losses else math.nan
 
 
-def fresh_accuracy(model: DreamShardModel, got: Sampled, new: Sequence[Measured]) -> dict[str, float]:
-    """The cost net's accuracy on plans it has not been fitted on yet (`new`, the plans of `got`
-    priced): cost/ numbers of the log."""
-    fresh = collate(list(new))
-    dev_pred, ov_pred = predict(model.cost_net, EpisodeBatch.of(got.prepared), fresh["placement"], model.comm)
-    scale = float(model.cost_net.scale)
-    ov_pred, ov_true = ov_pred.numpy() * scale, fresh["overall"].numpy()
-    mask = fresh["device_mask"].numpy()
-    dv_pred, dv_true = dev_pred.sum(-1).numpy()[mask] * scale, fresh["device_costs"].sum(-1).numpy()[mask]
-    return {"mape_overall": mape(ov_pred, ov_true), "spearman_overall": spearman(ov_pred, ov_true),
-            "mape_device": mape(dv_pred, dv_true), "spearman_device": spearman(dv_pred, dv_true)}
-
-
 def fit_linear(cost_net, items: Sequence[Measured]) -> None:
     """The cost net's linear part (`CostNet.linear`) started where the prior puts it: per
     component, the non-negative least squares of every device's measured cost (units) on the sum of
@@ -579,12 +566,20 @@ def train(
                 if cost_net.linear:
                     fit_linear(cost_net, new)
             # held-out accuracy: the cost net has not seen these plans yet
-            _, ov_pred = predict(cost_net, EpisodeBatch.of(got.prepared), collate(new)["placement"], model.comm)
+            fresh = collate(new)
+            dev_pred, ov_pred = predict(cost_net, EpisodeBatch.of(got.prepared), fresh["placement"], model.comm)
+            scale = float(cost_net.scale)
+            ov_pred, ov_true = ov_pred.numpy() * scale, fresh["overall"].numpy()
+            mask = fresh["device_mask"].numpy()
+            dv_pred, dv_true = dev_pred.sum(-1).numpy()[mask] * scale, fresh["device_costs"].sum(-1).numpy()[mask]
             row.update({
-                "collect/measured_ms": float(np.mean([m.overall for m in new])),
-                "collect/predicted_ms": float(ov_pred.mean()) * float(cost_net.scale),
+                "collect/measured_ms": float(ov_true.mean()),
+                "collect/predicted_ms": float(ov_pred.mean()),
                 "collect/stuck": got.stuck,
-                **{f"cost/{k}": v for k, v in fresh_accuracy(model, got, new).items()},
+                "cost/mape_overall": mape(ov_pred, ov_true),
+                "cost/spearman_overall": spearman(ov_pred, ov_true),
+                "cost/mape_device": mape(dv_pred, dv_true),
+                "cost/spearman_device": spearman(dv_pred, dv_true),
             })
             for m in new:
                 buffer.add(m)

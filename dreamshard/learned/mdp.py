@@ -461,7 +461,7 @@ class NumpyCostNet:
                 b1[k] = np.append(b1[k], np.float32(0.0))
                 W2[k] = np.append(W2[k], np.float32(1.0))
             Wo1 = np.concatenate([Wo1, np.zeros((n, Wo1.shape[1]), np.float32)])
-        self.W1, self.b1, self.W2blk = np.concatenate(W1, axis=1), np.concatenate(b1), np.stack(W2)  # [H, 3·64], [3·64], [3, 64]
+        self.W1, self.b1, self.W2blk = np.concatenate(W1, axis=1), np.concatenate(b1), np.stack(W2)  # [H, 3·64], [3·64], [3, 64] (+1 unit a head with the linear part)
         self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
         self.Wo1, self.bo1, self.wo2, self.bo2 = Wo1, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
         self.nP = self.W1.shape[1]

@@ -254,14 +254,12 @@ class CostNet(nn.Module):
     over a device's tables: the simulator prices a fused kernel as a non-negative linear
     combination of these terms, so the net learns those weights and, in its ReLU layers, what is
     not linear (launches shared by a shard, the product path). A ReLU net alone fits the sums of
-    the plans it is trained on and misprices a table of more work than it saw by up to 2× (a
-    hot table of 8,767 rows: 4.2 ms for 8.5 ms); the linear part prices it by its terms. The
-    three linear outputs follow the latent vector in each shard vector (`encode`), so every path
-    that sums shard vectors sums them too. `gate` (the column, among those `linear`, of the
+    the plans it is trained on and misprices a table of more work than it saw, by up to 2× on the
+    hot family; the linear part prices it by its terms. The three linear outputs follow the latent
+    vector in each shard vector (`encode`), so every path that sums shard vectors sums them too. `gate` (the column, among those `linear`, of the
     product-path flag): the terms enter twice, as they are and zeroed for the tables that take the
     product path, whose backward the simulator prices by the path's time instead of its terms —
-    without the gated copy one weight per term has to price both kinds of table, and in the hot
-    family it priced the sorted-path backward of an 8,767-row table at half its time.
+    without the gated copy one weight per term has to price both kinds of table.
     """
 
     def __init__(self, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, head: int = 64, linear: int = 0, gate: int | None = None):
