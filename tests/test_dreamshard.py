@@ -663,6 +663,38 @@ def test_scorer_features_are_the_planners(pool):
     assert np.array_equal(prepare(small, "fixed", True, model.kernel).x, x[:5]) and model.kernel.scale == scale
 
 
+def test_linear_part_starts_at_the_least_squares_of_its_terms(pool):
+    """`fit_linear` finds non-negative weights that price device costs which are exactly a weighted
+    sum of the devices' (gated) kernel terms."""
+    from dreamshard.learned.dreamshard import fit_linear
+    from dreamshard.learned.nets import Measured
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 6, (8, 14), 3, 10**12, seed=5)
+    model = options_model(False, tasks, cost_linear=True)
+    net = model.cost_net
+    net.scale.fill_(1.0)
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.0, 1.0, net.linear_raw.shape) * (rng.random(net.linear_raw.shape) < 0.7)  # some weights 0
+    items = []
+    for task in tasks * 4:
+        x = model.features(task.tables, task.workload)
+        placement = rng.integers(task.devices, size=len(task.tables))
+        with torch.no_grad():
+            terms = net.linear_inputs(torch.from_numpy(x)).numpy()
+        costs = np.stack([terms[placement == d].sum(0) @ w for d in range(task.devices)]).astype(np.float32)
+        items.append(Measured(x, placement, costs, float("nan")))
+    fit_linear(net, items)
+    got = net.linear_weight().detach().numpy()
+    assert got.min() >= 0
+    # the terms are collinear (a gated copy equals its term where no table takes the product
+    # path), so the weights are not unique: what they price is
+    for m in items:
+        with torch.no_grad():
+            terms = net.linear_inputs(torch.from_numpy(m.x)).numpy()
+        priced = np.stack([terms[m.placement == d].sum(0) @ got for d in range(len(m.device_costs))])
+        assert np.allclose(priced, m.device_costs, rtol=1e-3, atol=1e-3)
+
+
 def test_options_train_save_load_plan(pool, tmp_path):
     """Both options, the linear part and the tables alone through the loop (with a prior, so every path that fits the cost net runs),
     saved and loaded with their parameters; the loaded model plans the same."""
@@ -719,7 +751,7 @@ def test_cli_train_options(pool, tmp_path):
     assert r.exit_code == 0, r.output
     model = DreamShardModel.load(tmp_path / "m.pt")
     assert model.kernel is not None and model.comm is not None and model.meta["config"]["comm"] == "model"
-    # the shipped model's recipe: the linear part, the tables alone and the search's plans in the prior
+    # the shipped model's recipe: the linear part and the tables alone in the prior
     r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model", "--cost-linear", "--prior-plans", "6", "--prior-singles",
                                         "--calibration", "dreamshard/data/calibrations/cpu_fbgemm.json", "--out", str(tmp_path / "r.pt")])
     assert r.exit_code == 0, r.output
