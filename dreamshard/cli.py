@@ -1376,7 +1376,7 @@ def bench_paper(ctx, out, quick, suite, tasks, test_tasks, family_tasks, seeds, 
     console.print(Path(paths[0]).read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}")
     if quick:
-        console.print("the whole suite (10 paper settings, 16 family settings, MLPerf DLRM-DCNv2), measured on 4 × H100: docs/results.md")
+        console.print("the whole suite (10 paper settings, 16 family settings, MLPerf DLRM-DCNv2) and its measured runs on GPUs: docs/results.md")
 
 
 @bench.command("report")
