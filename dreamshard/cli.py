@@ -936,6 +936,7 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
             with err_console.status(f"{label}measuring {len(plan.shards)} shards of {len(plan.task.tables)} tables on {plan.devices} devices ({backend}, {runner if backend != 'sim' else 'simulator'}, B={workload.batch_size})"):
                 reports.append(cost_backend.evaluate_plan(plan, workload.batch_size, workload.precision))
     from dreamshard.costs.runners.launch import torchrun_rank
+    from dreamshard.topology import several_hosts
 
     launched = torchrun_rank()
     if launched is not None and launched[0] != 0:  # under torchrun every rank measured; rank 0 alone writes and prints
@@ -962,7 +963,7 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
         console.print(f"[dim]{r.source}[/dim]")
         if r.comm_modelled and "comm_model" in r.details:
             console.print(f"[dim]comm modelled: {r.details['comm_model']}[/dim]")
-        if plan.task.topology is not None and plan.task.topology.multi_host:
+        if several_hosts(plan.task.topology) is not None:
             console.print(f"[dim]topology: {plan.task.topology.describe()}[/dim]")
         if "topology_note" in r.details:
             console.print(f"[yellow]note:[/yellow] {r.details['topology_note']}")

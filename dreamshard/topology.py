@@ -133,6 +133,12 @@ class Topology:
                               intra_host_bw=self.intra_host_GBps * 1e6, inter_host_bw=self.inter_host_GBps * 1e6, **({"ddr_cap": ddr_cap} if ddr_cap else {}))
 
 
+def several_hosts(topology: Topology | None) -> Topology | None:
+    """`topology` where it spans several hosts (priced in two levels, costs/hierarchy.py), else
+    None: a task without one, or of one host, is priced as one host."""
+    return topology if topology is not None and topology.multi_host else None
+
+
 def one_host(devices: int) -> Topology:
     """What a task without a topology is: one host of `devices` GPUs (`--devices D`)."""
     return Topology(hosts=1, gpus_per_host=devices, name="one host")

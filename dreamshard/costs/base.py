@@ -16,6 +16,7 @@ from typing import Sequence
 from dreamshard.files import atomic_write
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
+from dreamshard.topology import several_hosts
 
 COMPONENTS = ("fwd_comp_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_comp_ms")
 
@@ -129,7 +130,7 @@ def evaluate_on(backend: CostBackend, shards: Sequence[Sequence[TableSpec]], wor
     (`supports_topology`) is given one of several hosts; one that does not (a runner whose
     collectives are real) measures what it runs on, and its report says the plan's topology was
     not what it measured (details "topology_note")."""
-    if topology is None or not topology.multi_host:
+    if several_hosts(topology) is None:
         return backend.evaluate(shards, workload)
     if backend.supports_topology:
         return backend.evaluate(shards, workload, topology=topology)

@@ -79,7 +79,7 @@ from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
 from dreamshard.tasks import Workload
-from dreamshard.topology import Topology
+from dreamshard.topology import Topology, several_hosts
 from dreamshard.validation import DataError, OptionError, one_line, parse_float, parse_int, require_dict
 
 FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes")
@@ -344,7 +344,7 @@ class SimBackend(CostBackend):
         out = np.empty((N, devices, 4))
         out[..., 0] = fwd.reshape(N, devices)
         out[..., 3] = bwd.reshape(N, devices)
-        if topology is not None and topology.multi_host:
+        if several_hosts(topology) is not None:
             if topology.devices != devices:
                 raise ValueError(f"a topology of {topology.devices} devices for a placement on {devices}")
             cols = row_cols if rw_dim else np.zeros((N, devices))
@@ -374,7 +374,7 @@ class SimBackend(CostBackend):
 
     def evaluate(self, shards: Sequence[Sequence[TableSpec]], workload: Workload = Workload(), topology: Topology | None = None) -> CostReport:
         c = self._costs_of_shards(shards, workload, topology)
-        multi = topology is not None and topology.multi_host
+        multi = several_hosts(topology) is not None
         comm = self.calibration.comm.get("source", "?")
         if multi:
             comm = f"inside each host: {self.comm_for(topology.gpus_per_host).get('source', '?')}; between hosts: {topology.inter_host_GBps:g} GB/s per GPU, {topology.inter_host_latency_us:g} µs"

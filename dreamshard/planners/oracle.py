@@ -42,6 +42,7 @@ from dreamshard.planners import splits
 from dreamshard.planners.base import Planner, register
 from dreamshard.planners.heuristics import LookupGreedyPlanner
 from dreamshard.tasks import Task
+from dreamshard.topology import several_hosts
 from dreamshard.validation import DIM_MULTIPLE, OptionError
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class Pricer:
         if self.progress is not None:
             self.progress(self.used, self.budget)
         # a task on several hosts, priced on them where the backend can (costs/hierarchy.py)
-        topo = self.task.topology if self.task.topology is not None and self.task.topology.multi_host and getattr(self.backend, "supports_topology", False) else None
+        topo = several_hosts(self.task.topology) if getattr(self.backend, "supports_topology", False) else None
         on = {"topology": topo} if topo is not None else {}
         if self.batched:
             return np.asarray(self.backend.costs_batch(specs, placements, D, workload=self.task.workload, **on)).sum(axis=-1)

@@ -59,6 +59,7 @@ from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
 from dreamshard.planners import splits
 from dreamshard.tasks import Task
+from dreamshard.topology import several_hosts
 
 COMM = COST_COMPONENTS.index("comm_ms")
 
@@ -84,7 +85,7 @@ class PieceScorer:
     def __init__(self, model: DreamShardModel, task: Task, comm: dict | None = None):
         self.model, self.task = model, task
         self.net = NumpyCostNet(model.cost_net)
-        self.topology = task.topology if task.topology is not None and task.topology.multi_host else None
+        self.topology = several_hosts(task.topology)
         # several hosts: the collectives' inside-a-host part is the comm model of one host's GPUs
         self.comm = comm if comm is not None else comm_params(None, self.topology.gpus_per_host if self.topology else task.devices)
         self.row_moves = model.score == "max_device" and task.devices > 1

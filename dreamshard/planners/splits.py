@@ -27,6 +27,7 @@ from dreamshard.packing import InfeasibleError, format_bytes, infeasible_error
 from dreamshard.plan import Plan, Shard, column_cuts
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task
+from dreamshard.topology import several_hosts
 from dreamshard.torchrec_io import row_wise_cuts
 from dreamshard.validation import DIM_MULTIPLE
 
@@ -65,8 +66,8 @@ def row_parts(devices: int, gpus_per_host: int | None = None) -> list[int]:
 
 def host_gpus(task: Task) -> int | None:
     """The GPUs of one host of a task on several hosts (its topology), else None."""
-    t = task.topology
-    return t.gpus_per_host if t is not None and t.multi_host else None
+    t = several_hosts(task.topology)
+    return t.gpus_per_host if t is not None else None
 
 
 def task_row_parts(task: Task) -> list[int]:

@@ -28,7 +28,7 @@ from dreamshard.costs.comm import CommModel, describe_choice, load_comm_model, l
 from dreamshard.rowshard import exchange_dims, exchange_order, row_dims
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
-from dreamshard.topology import Topology
+from dreamshard.topology import Topology, several_hosts
 from dreamshard.validation import OptionError
 
 # devices whose first measurement in this process is done: the first shard a process times on a GPU
@@ -131,7 +131,7 @@ class SequentialRunner(CostBackend):
             raise ValueError("a placement needs at least one device")
         workload.validate("workload", OptionError)
         batch_size, precision, optimizer = workload.batch_size, workload.precision, workload.optimizer
-        multi = topology is not None and topology.multi_host
+        multi = several_hosts(topology) is not None
         if multi and topology.devices != D:
             raise OptionError(f"a topology of {topology.devices} devices for a placement on {D}")
         if D > 1:
@@ -179,7 +179,7 @@ def modelled_comm(model: CommModel, shards: Sequence[Sequence[TableSpec]], workl
     comm, and what a campaign re-prices measured compute with. On a `topology` of several hosts,
     the same collectives in two levels (costs/hierarchy.py), `model` being that of one host's GPUs."""
     D = len(shards)
-    if topology is not None and topology.multi_host:
+    if several_hosts(topology) is not None:
         return _topology_comm(model, shards, workload, topology)
     dim_sums, rw_dim = exchange_dims(shards)
     B, elt = workload.batch_size, workload.elt_bytes
