@@ -82,11 +82,11 @@ def row_trials(scorer: PieceScorer, pieces: list[Shard], slots: np.ndarray, mine
     else on `slow` and the k − 1 first of `order` (fastest first), blocks in device order. The
     row pieces are not measured here (the caller measures a step's new pieces together)."""
     task = scorer.task
+    G = splits.host_gpus(task)
     out = []
     for i in scorer.row_candidates(pieces, mine, candidates):
         if not scorer.bound_without(state, slow, pieces[i]) < cost * (1 - 1e-3):
             continue
-        G = splits.host_gpus(task)
         for parts in splits.task_row_parts(task):
             rows = splits.row_split(task, pieces[i].table, parts)
             if rows is None:
