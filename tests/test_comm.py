@@ -12,7 +12,6 @@ import pytest
 
 from dreamshard.costs.comm import (
     DATA_DIR,
-    DEFAULT_GPU,
     CommModel,
     bytes_ms,
     default_model_path,
@@ -33,7 +32,7 @@ def test_the_shipped_model_of_the_plans_device_count():
     """The GPU's model of the plan's device count; else the nearest count (the larger on a tie);
     else another GPU's; and the note says which."""
     models = shipped_models()
-    assert {("h100", 2), ("h100", 4)} <= set(models)
+    assert {("h100", 2), ("h100", 4), ("h200", 2), ("h200", 4)} <= set(models)
     assert default_model_path("cuda", 2, "h100").name == "h100_nccl_2gpu.json"
     assert default_model_path("cuda", 4, "h100").name == "h100_nccl_4gpu.json"
     assert default_model_path("cuda", 3, "h100").name == "h100_nccl_4gpu.json"  # a tie: the larger
@@ -46,12 +45,12 @@ def test_the_shipped_model_of_the_plans_device_count():
 
 
 def test_the_simulator_prices_comm_with_the_shipped_model_of_each_device_count():
-    sim = SimBackend()  # an H200 calibration: no H200 model shipped, so the H100 ones, said so
+    sim = SimBackend()  # an H200 calibration: the H200 models; 8 devices: the 4-device one, said so
     for devices in (2, 4, 8):
-        path = default_model_path("cuda", devices, DEFAULT_GPU)
+        path = default_model_path("cuda", devices, "h200")
         comm = sim.comm_for(devices)
-        assert {k: comm[k] for k in ("latency_ms", "bandwidth_GBps", "coupling")} == {k: getattr(CommModel.load(path), k) for k in ("latency_ms", "bandwidth_GBps", "coupling")}
-        assert comm["source"].startswith(path.name) and "none shipped for H200" in comm["source"]
+        assert path.name.startswith("h200_") and {k: comm[k] for k in ("latency_ms", "bandwidth_GBps", "coupling")} == {k: getattr(CommModel.load(path), k) for k in ("latency_ms", "bandwidth_GBps", "coupling")}
+        assert comm["source"] == path.name + (" (fitted on 4 devices, the nearest count shipped to 8)" if devices == 8 else "")
     t = [TableSpec(f"t{i}", 10_000, 64, 5.0, seed=i) for i in range(4)]
     two, four = sim.evaluate([t[:2], t[2:]]), sim.evaluate([[x] for x in t])
     assert two.devices[0].fwd_comm_ms != pytest.approx(four.devices[0].fwd_comm_ms)
@@ -90,11 +89,13 @@ def test_the_campaign_report_reprints_the_committed_tables():
         sys.path.pop(0)
     text = comm_report.report([RESULTS / "h100_x4", RESULTS / "h100_x2"], RESULTS / "h100_x1_rows", ROOT / "dreamshard/data/calibrations/h100_triton.json")
     assert text == (RESULTS / "report.md").read_text()
-    for D, call in ((2, "h100_x2"), (4, "h100_x4")):
-        shipped = CommModel.load(DATA_DIR / f"h100_nccl_{D}gpu.json")
-        raw = CommModel.load(RESULTS / call / f"h100_nccl_{D}gpu.json")
+    text = comm_report.report([RESULTS / "h200_x4"], None, ROOT / "dreamshard/data/calibrations/h200_triton_tiles2.json")
+    assert text == (RESULTS / "report_h200.md").read_text()
+    for gpu, D, call, coupling in (("h100", 2, "h100_x2", 0.3), ("h100", 4, "h100_x4", 0.9), ("h200", 2, "h200_x4", 0.05), ("h200", 4, "h200_x4", 0.9)):
+        shipped = CommModel.load(DATA_DIR / f"{gpu}_nccl_{D}gpu.json")
+        raw = CommModel.load(RESULTS / call / f"{gpu}_nccl_{D}gpu.json")
         assert shipped.measurements == raw.measurements and shipped.fit_details["held_out"]["all_to_all"]["median_rel_error"] < 0.07
-        assert np.isclose(shipped.coupling, 0.9 if D == 4 else 0.3)
+        assert np.isclose(shipped.coupling, coupling)
 
 
 @pytest.mark.long

@@ -12,6 +12,7 @@ import pytest
 
 from cli_helpers import invoke, one_line_error
 from dreamshard.costs.comm import CommModel, alltoall_ms, chunks_traffic, collective_ms, default_model_path
+from dreamshard.costs.hardware import gpu_slug
 from dreamshard.costs.hierarchy import alltoall_topo_ms, rowwise_topo_ms, topology_comm_ms
 from dreamshard.costs.runners.sequential import modelled_comm
 from dreamshard.costs.sim import SimBackend
@@ -210,7 +211,7 @@ def test_sequential_runner_comm_is_the_simulators_on_several_hosts(sim, tables):
     plan = Plan.table_wise(task, [i % 16 for i in range(24)], "hand")
     shards = plan.device_tables()
     report = sim.evaluate(shards, task.workload, topology=topo)
-    model = CommModel.load(default_model_path("cuda", 8, "h100"))
+    model = CommModel.load(default_model_path("cuda", 8, gpu_slug(sim.calibration.hardware)))  # the runner on the calibration's GPU
     fwd, bwd, info = modelled_comm(model, shards, task.workload, topo)
     assert fwd == pytest.approx([d.fwd_comm_ms for d in report.devices]) and bwd == pytest.approx([d.bwd_comm_ms for d in report.devices])
     assert info["topology"]["hosts"] == 2 and "between hosts" in info["comm_model_note"]
