@@ -2,7 +2,7 @@
 bandwidth, speed per tier, the row cache's hit rate measured against the one predicted from the
 reuse bins, and mixed-tier plans measured by the sequential runner beside the simulator's price.
 
-    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT                          # one H100/H200, < 5 min
+    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --budget-s 520           # one H100/H200, < 5 min
     PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out /tmp/t --device cpu --quick   # logic check on a CPU
 
 Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten, report.md at the end):
@@ -21,7 +21,10 @@ Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten
      tiers.hit_rate's prediction for the same cache, on the tables of a `dlrm` pool with lookups;
   5. mixed-tier plans: tasks of pool tables at 1.5–3× the devices' HBM, planned with the tier stage
      (size_lookup and dreamshard), measured by the sequential runner (Triton, comm modelled) and priced by the
-     simulator with HostLink's defaults and with the host entry fitted in part 3.
+     simulator with HostLink's defaults and with the host entry fitted in part 3; each plan again
+     with every shard in HBM (measured and priced), so that the report splits the error into the
+     compute of the placement and the tiers' own cost, device by device, beside each cache's
+     predicted and measured hit rate.
 `--budget-s` (default 270) stops parts 4 and 5 early; a run cut short keeps what it measured.
 """
 
@@ -301,6 +304,16 @@ def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str,
                     s = sim.evaluate_plan(plan)
                     row[f"sim_ms_{label}"] = s.overall_ms
                     row[f"sim_err_{label}"] = (s.overall_ms - m.overall_ms) / m.overall_ms
+                # where the error lies: each device's phases, each cache's hit rate, and the same
+                # placement with every shard in HBM (the GPU's 80 GB hold any one device's shards)
+                s = sims[max(sims)].evaluate_plan(plan)  # "measured" where fitted, else "default"
+                hbm = replace(plan, shards=[replace(x, tier="hbm", cache_ratio=0.0) for x in plan.shards])
+                mh, sh = runner.evaluate_plan(hbm), sims[max(sims)].evaluate_plan(hbm)
+                phases = lambda r: [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in r.devices]  # noqa: E731
+                row.update({"sim_used": max(sims), "measured_devices": phases(m), "sim_devices": phases(s), "hbm_measured_devices": phases(mh),
+                            "hbm_sim_devices": phases(sh), "hbm_measured_ms": mh.overall_ms, "hbm_sim_ms": sh.overall_ms,
+                            "measured_caches": m.details.get("tiers", {}).get("cached_tables", []), "sim_caches": s.details.get("tiers", {}).get("cached_shards", []),
+                            "host_link_bytes": s.details.get("tiers", {}).get("host_link_bytes", [])})
             except Exception as e:  # noqa: BLE001
                 row = {"tables": k, "devices": devices, "planner": name, "error": f"{type(e).__name__}: {str(e)[:300]}", "trace": traceback.format_exc()[-800:]}
             out.append(row)
@@ -348,6 +361,25 @@ def report(summary: dict) -> str:
         for r in mp:
             lines.append(f"| {r['tables']} | {r['devices']} | {r['bytes_over_hbm']} | {r['planner']} | {r['tiers']} | {r['measured_ms']:.3f} | {r.get('sim_ms_default', float('nan')):.3f} | "
                          f"{100 * r.get('sim_err_default', float('nan')):+.1f}% | {r.get('sim_ms_measured', float('nan')):.3f} | {100 * r.get('sim_err_measured', float('nan')):+.1f}% |")
+        lines += ["", "Where the error lies (the simulator of the last column above): each device's forward and backward compute, measured / simulated "
+                  "(ms), with its shards in their tiers and again all in HBM; the tiers' own cost is the difference.", "",
+                  "| plan | device | fwd | bwd | all-HBM fwd | all-HBM bwd | tiers' cost measured | simulated | host-link MB |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in mp:
+            if "measured_devices" not in r:
+                continue
+            for d, (m, s, mh, sh) in enumerate(zip(r["measured_devices"], r["sim_devices"], r["hbm_measured_devices"], r["hbm_sim_devices"])):
+                extra_m, extra_s = m[0] + m[1] - mh[0] - mh[1], s[0] + s[1] - sh[0] - sh[1]
+                link = r["host_link_bytes"][d] / 1e6 if d < len(r["host_link_bytes"]) else 0.0
+                lines.append(f"| {r['tables']}/{r['devices']}/{r['bytes_over_hbm']} {r['planner']} | {d} | {m[0]:.3f} / {s[0]:.3f} | {m[1]:.3f} / {s[1]:.3f} | "
+                             f"{mh[0]:.3f} / {sh[0]:.3f} | {mh[1]:.3f} / {sh[1]:.3f} | {extra_m:.3f} | {extra_s:.3f} | {link:.0f} |")
+        caches = [(r, c) for r in mp for c in r.get("sim_caches", [])]
+        if caches:
+            lines += ["", "Each cached shard: predicted hit rate (reuse bins) and measured (the runner, same table name)", "",
+                      "| plan | table | device | cache rows | predicted | measured |", "|---|---|---|---|---|---|"]
+            for r, c in caches:
+                got = [x["hit_rate"] for x in r.get("measured_caches", []) if x.get("table") == c["table"]]
+                lines.append(f"| {r['tables']}/{r['devices']}/{r['bytes_over_hbm']} {r['planner']} | {c['table']} | {c['device']} | {c['cache_rows']} | "
+                             f"{c['predicted_hit_rate']:.3f} | {', '.join(f'{g:.3f}' for g in got) or 'n/a'} |")
     return "\n".join(lines) + "\n"
 
 
