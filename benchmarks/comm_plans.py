@@ -1,9 +1,13 @@
 """The plans of the multi-GPU comm campaign (benchmarks/gpu_comm.py), made here on the CPU.
 
-    .venv/bin/python benchmarks/comm_plans.py            # ~2 min; writes benchmarks/results/gpu_comm/plans_<D>.jsonl
+    .venv/bin/python benchmarks/comm_plans.py --devices 2,4   # ~2 min; writes benchmarks/results/gpu_comm/plans_<D>.jsonl
+    .venv/bin/python benchmarks/comm_plans.py --devices 8     # the 8-GPU campaign's plans (80 tables)
+
+A count's file is written anew: the campaigns' results refer to its plans by index, so make only
+the counts whose plans are to be measured again.
 
 One task per table family (every family of dreamshard.families, tables from pool seed 11: tables no
-calibration or training saw; `mixed` is the held-out family) on 2 and 4 devices (20 and 40 tables,
+calibration or training saw; `mixed` is the held-out family) on 2, 4 and 8 devices (20, 40 and 80 tables,
 32 GB per device, B = 65,536, fp16), planned by planners that make every plan kind: table-wise
 (`lookup`), column splits (`size_lookup --split`), DreamShard's split search, NeuroShard (column
 halvings) and TorchRec's planner with every sharding type (row-wise and table-row-wise among them).
@@ -13,6 +17,7 @@ measures these files. A placement two planners share is kept once.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -26,7 +31,7 @@ from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
 from dreamshard.validation import InputError  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "gpu_comm"
-SETTINGS = {2: 20, 4: 40}  # devices → tables per task
+SETTINGS = {2: 20, 4: 40, 8: 80}  # devices → tables per task
 POOL_SEED = 11
 GB = 10**9
 PLANNERS = {
@@ -46,8 +51,15 @@ def plan_kind(plan) -> str:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", required=True, help="device counts, comma-separated, of " + ", ".join(map(str, SETTINGS)))
+    args = ap.parse_args()
+    counts = [int(x) for x in args.devices.split(",")]
+    if not set(counts) <= set(SETTINGS):
+        ap.error(f"--devices: counts among {sorted(SETTINGS)}")
     OUT.mkdir(parents=True, exist_ok=True)
-    for devices, n in SETTINGS.items():
+    for devices in counts:
+        n = SETTINGS[devices]
         plans, seen = [], set()
         for family in FAMILIES:
             pool = synth_family(family, 300 if family != "onehot" else None, POOL_SEED)

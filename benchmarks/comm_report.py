@@ -11,6 +11,8 @@ kind; and the end-to-end step beside the phased overall. ``--sequential DIR``: a
 `gpu_comm.py --sequential-only` whose compute replaces the campaign's for the plans it measured.
 ``--calibration FILE``: also price every plan with the simulator of that calibration (fitted on
 the campaign's GPU; comm from the shipped models) beside the distributed runner, by table family.
+``--comm-model FILE``: price the sequential runner of that file's device count with it (a shipped
+model, fitted on another call) instead of the call's own fit.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def table(headers, rows) -> list[str]:
     return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
 
 
-def report(dirs: list[Path], sequential: Path | None = None, calibration: Path | None = None) -> str:
+def report(dirs: list[Path], sequential: Path | None = None, calibration: Path | None = None, comm_model: Path | None = None) -> str:
     lines = []
     sim = SimBackend(calibration) if calibration else None
     again = {}
@@ -75,10 +77,14 @@ def report(dirs: list[Path], sequential: Path | None = None, calibration: Path |
                   f"command: `{campaign['command']}`", ""]
         models = {}
         rows = []
+        given = CommModel.load(comm_model) if comm_model else None
         for D, entry in sorted(campaign["models"].items(), key=lambda kv: int(kv[0])):
             raw = CommModel.load(d / entry["file"])
             m = fit_comm(raw.measurements, hardware=raw.hardware, date=raw.date, versions=raw.versions, process_group=raw.process_group, devices=raw.devices)
             models[int(D)] = m
+            if given is not None and given.devices == int(D) and given.measurements != raw.measurements:
+                models[int(D)] = given
+                lines += [f"The sequential runner's comm on {D} devices: `{Path(comm_model).name}` ({given.hardware}, {given.date}), not this call's own fit.", ""]
             held = m.fit_details.get("held_out", {})
             for op in ("all_to_all", "reduce_scatter", "all_gather", "relayout"):
                 e = held.get(op)
@@ -135,8 +141,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--sequential", type=Path, help="a --sequential-only call whose compute replaces the campaign's where it measured")
     ap.add_argument("--calibration", type=Path, help="also price every plan with the simulator of this calibration")
+    ap.add_argument("--comm-model", type=Path, help="the sequential runner's comm model for its device count, in place of the call's own fit")
     args = ap.parse_args()
-    text = report(args.dirs, args.sequential, args.calibration)
+    text = report(args.dirs, args.sequential, args.calibration, args.comm_model)
     if args.out:
         args.out.write_text(text)
     print(text)

@@ -78,7 +78,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     device_type = "cpu" if args.cpu else "cuda"
     kernel = "torch" if args.cpu else "triton"
-    visible = torch.cuda.device_count() if device_type == "cuda" else 4
+    visible = torch.cuda.device_count() if device_type == "cuda" else 8  # gloo processes on this host: any count
     gpu = gpu_slug() if device_type == "cuda" else "cpu"
     # the sequential runner needs one device whatever the plan's count; the collectives need them all
     counts = [d for d in map(int, args.devices.split(",")) if d <= visible or args.sequential_only]

@@ -21,7 +21,7 @@ costs); TorchRec's planner given the same `Topology` (local_world_size 8, both b
 `torchrec` (table_wise) and `torchrec all` (every sharding type, its search cut at --timeout s;
 left out of tasks above --torchrec-all-max-tables tables, where it plans for minutes).
 
-Prices: `sim` our simulator (shipped H200 calibration for compute; collectives in two levels,
+Prices: `sim` our simulator (shipped H100 calibration for compute; collectives in two levels,
 inside a host the shipped 4 × H100 NCCL model, between hosts 50 GB/s per GPU and 5 µs per remote
 host), `sim 1-host` the same plan priced as if all D GPUs were one NVLink island (what a flat model
 says), `torchrec est` TorchRec's own estimate of the plan on the same Topology (its perf estimators
@@ -46,7 +46,7 @@ from dataclasses import replace
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.hardware import describe_hardware  # noqa: E402
-from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.costs.sim import SHIPPED_CALIBRATIONS, SimBackend  # noqa: E402
 from dreamshard.families import synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/topology_scale")
     args = ap.parse_args()
     sets = args.sets.split(",")
-    sim = SimBackend()
+    sim = SimBackend(SHIPPED_CALIBRATIONS["h100"])  # the machine simulated is of H100s: their compute and NVLink models
     trp = None
     planners = {name: get_planner(name.split(" ")[0], **opts) for name, opts in OURS.items()}
     if not args.no_torchrec:
@@ -191,7 +191,7 @@ def write(rows: list[dict], args, total: float) -> None:
         "# Planning past one host (simulated)",
         "",
         f"`{cmd}` on {machine} (one process, OMP_NUM_THREADS={threads}), {total:.0f} s in all. Machine simulated: "
-        f"hosts of the `{args.preset}` preset ({PRESETS[args.preset].name}). Prices are our simulator's (shipped H200 compute calibration, "
+        f"hosts of the `{args.preset}` preset ({PRESETS[args.preset].name}). Prices are our simulator's (shipped H100 compute calibration, "
         "collectives in two levels: inside a host the shipped 4 × H100 NCCL model, between hosts 50 GB/s per GPU and 5 µs per remote host) "
         "and TorchRec 1.8's own estimator on the same Topology; nothing here was measured on GPUs. `sim 1-host`: the same plan priced as "
         "one NVLink island of all its GPUs. `split`: tables cut (rows: by rows).",

@@ -367,3 +367,26 @@ def test_planners_import_no_cost_backend():
             "print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))")  # with the nets the planners bind when built
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.hierarchy', 'dreamshard.costs.paths', 'dreamshard.costs.terms']"
+
+
+def test_the_beam_goes_past_its_depth_only_while_each_step_gains(planners):
+    """beam_search(depth=1, extend=k) takes step j > 1 only where step j − 1 lowered the cheapest
+    plan: its steps and result are those of the plain beams of depth 1, 2, ... up to the first
+    step that gained nothing."""
+    from dreamshard.planners.scoring import beam_search
+
+    rng = np.random.default_rng(12)
+    warm = [TableSpec(f"h{i}", int(rng.integers(50_000, 300_000)), int(rng.choice([32, 64, 128])), float(rng.uniform(20, 120)), distribution="zipf:1.05", seed=30 + i)
+            for i in range(12)]
+    task = Task([HOT] + SMALL + warm, 4, 10**10)
+    scorer = PieceScorer(planners["neuroshard"].model, task)
+    start = splits.whole(task)
+    caps = np.linspace(1.0, 1.5, 3)
+    plain = [beam_search(scorer, [start], caps, 2, depth, 4)[0] for depth in range(1, 7)]
+    steps = []
+    cost = beam_search(scorer, [start], caps, 2, 1, 4, progress=lambda step, _: steps.append(step), extend=5)[0]
+    taken = len(steps)
+    assert taken > 2  # this task gains past the first step
+    assert all(plain[j] < plain[j - 1] for j in range(1, taken - 1))  # every step past the first that ran had gained
+    assert taken == 6 or plain[taken - 1] == plain[taken - 2]  # it stopped after a step that gained nothing
+    assert cost == plain[taken - 1]

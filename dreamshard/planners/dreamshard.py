@@ -24,7 +24,8 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
 - a beam from those (" + beam", `_beam`): NeuroShard's beam search (`scoring.beam_search`:
   halvings and row splits, each candidate placed by the greedy under swept dim caps), started
   from the cheapest plan so far and the cut sets the cut net proposed instead of from whole
-  tables, BEAM_DEPTH steps (up to BEAM_MAX_TABLES tables);
+  tables, BEAM_DEPTH steps (on a task of several hosts up to BEAM_EXTEND more while each lowers
+  the plan; up to BEAM_MAX_TABLES tables);
 - the split descent from the cheapest of those (" + descent", `split_descent`): the cost net
   repeatedly halves a piece on the device it predicts slowest and moves one half, or splits a
   whole table there by rows over k devices, while that lowers the prediction (at most
@@ -56,6 +57,7 @@ from dreamshard.planners import splits
 from dreamshard.planners.base import LazyImports, LearnedPlanner, lazy_attr, register
 from dreamshard.planners.heuristics import GREEDY_PLANNERS, greedy, task_infeasible
 from dreamshard.tasks import Task
+from dreamshard.topology import several_hosts
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
@@ -182,6 +184,10 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
 # 10: on the development tasks (benchmarks/dev_tasks.py) depth 4, 6 and 10 made plans within 0.02
 # points of each other, and 200 tables on 8 devices plan in under a second at 4 (1.8 s at 10)
 BEAM_DEPTH, BEAM_WIDTH, BEAM_TOP = 4, 3, 10
+# on a task of several hosts, more beam steps while each lowers the plan (`beam_search`'s extend):
+# there row splits inside a host keep paying (4 hosts of 8: plans 4.5-5.5% lower on development
+# pools); on one host the later steps gained under 0.1% for up to twice the time
+BEAM_EXTEND = 6
 BEAM_MAX_TABLES = 1_000  # each step places ~60 candidates by the greedy: seconds a step above this
 
 
@@ -386,10 +392,11 @@ class DreamShardPlanner(LearnedPlanner):
         """NeuroShard's beam search (`scoring.beam_search`: halvings and row splits, each candidate
         placed by the greedy under the dim caps) started from the learned search's plans — the
         cheapest so far and the cut sets the cut net proposed — rather than from whole tables:
-        `beam_depth` steps whatever `budget_ms` (the budget buys rounds after it); `best` where it
-        finds nothing cheaper."""
+        `beam_depth` steps (several hosts: up to BEAM_EXTEND more while each lowers the plan), whatever
+        `budget_ms` (the budget buys rounds after it); `best` where it finds nothing cheaper."""
         starts = [best.pieces] + [c for c in proposed if set(c) != set(best.pieces)]
-        cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices))
+        cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices),
+                                            extend=BEAM_EXTEND if self.beam_depth and several_hosts(scorer.task.topology) else 0)
         return Candidate(cost, pieces, [int(d) for d in devices], best.source + " + beam") if cost < best.cost else best
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":

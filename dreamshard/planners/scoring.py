@@ -379,16 +379,19 @@ def split_moves(scorer: PieceScorer, pieces: list[Shard], top: int) -> list[tupl
 
 
 def beam_search(scorer: PieceScorer, starts: list[list[Shard]], caps: np.ndarray, width: int, depth: int, top: int,
-                best: tuple[float, list[Shard], np.ndarray] | None = None, progress=None) -> tuple[float, list[Shard], np.ndarray]:
+                best: tuple[float, list[Shard], np.ndarray] | None = None, progress=None, extend: int = 0) -> tuple[float, list[Shard], np.ndarray]:
     """NeuroShard's outer search from the plans `starts` (the first beam): each step replaces one
     piece of a beam plan by a `split_moves` move, places every new candidate by the greedy under
     the dim caps `caps` (`greedy_groups`) and keeps the `width` cheapest — and the cheapest with
     more row pieces than the beams have, lest the first halving of a hot table rule its row split
     out. `depth` steps: a step that finds nothing cheaper may lead to one that does (a hot table
-    halved several times). → (cost, pieces, devices) of the cheapest plan seen, `best` (a plan
-    already priced) included."""
-    beams = list(starts)
-    for step in range(depth):
+    halved several times). Past `depth`, up to `extend` more steps while each step lowers the
+    cheapest plan: a task where many splits pay gets them, one where they stop paying stops.
+    → (cost, pieces, devices) of the cheapest plan seen, `best` (a plan already priced) included."""
+    beams, gained = list(starts), True
+    for step in range(depth + extend):
+        if step >= depth and not gained:
+            break
         if progress is not None:
             progress(step, depth)
         seen, candidates = set(), []
@@ -403,7 +406,8 @@ def beam_search(scorer: PieceScorer, starts: list[list[Shard]], caps: np.ndarray
             break
         costs, devs = greedy_groups(scorer, candidates, caps)
         ranked = np.argsort(costs, kind="stable")
-        if best is None or costs[ranked[0]] < best[0]:
+        gained = best is None or costs[ranked[0]] < best[0]
+        if gained:
             best = (float(costs[ranked[0]]), candidates[ranked[0]], devs[ranked[0]])
         keep = list(ranked[:width])
         rows = max(sum(p.is_row_shard for p in b) for b in beams)
