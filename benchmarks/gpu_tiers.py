@@ -2,7 +2,7 @@
 bandwidth, speed per tier, the row cache's hit rate measured against the one predicted from the
 reuse bins, and mixed-tier plans measured by the sequential runner beside the simulator's price.
 
-    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --budget-s 520           # one H100/H200, < 5 min
+    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --budget-s 400           # one H100/H200, < 5 min
     PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out /tmp/t --device cpu --quick   # logic check on a CPU
 
 Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten, report.md at the end):
@@ -151,33 +151,36 @@ def one_table_plan(tier: Tier, table: TableSpec, batch: int, devices: int = 1):
     return Plan(task, [Shard(0, 0, 0, table.dim, tier=tier.kind, cache_ratio=tier.cache_ratio)], "gpu_tiers")
 
 
-def speed_table(quick: bool) -> TableSpec:
+def speed_table(quick: bool, dist: str = "zipf:1.0", name: str = "one") -> TableSpec:
     from dreamshard.bins import reuse_bins
 
-    rows, dim, pf, dist = (2_000_000, 64, 4.0, "zipf:1.0") if not quick else (50_000, 32, 2.0, "zipf:1.0")
-    return TableSpec("one", rows, dim, pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=1)
+    rows, dim, pf = (2_000_000, 64, 4.0) if not quick else (50_000, 32, 2.0)
+    return TableSpec(name, rows, dim, pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=1)
 
 
 def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
     """One table in each tier at B (and, for the fit of the prefetch's terms, in HBM and cached at
-    two ratios at B/4: another number of lookups)."""
+    two ratios at B/4: another number of lookups); and a cold table (uniform lookups) in HBM and
+    cached at the smallest caches that hold a batch, at B and B/4: hit rates of ~10–35%, where
+    most lookups miss (the fit's per-miss term)."""
     from dreamshard.costs.runners import SequentialRunner
 
-    table = speed_table(quick)
-    rows, dim, pf = table.rows, table.dim, table.pooling_factor
     big = 65_536 if not quick else 512
     runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 10, iters=3 if quick else 20, input_sets=3)
     out = []
-    for batch in (big, big // 4):
+    cases = [(speed_table(quick), big, (0.05, 0.1, 0.25, 0.5), True), (speed_table(quick), big // 4, (0.1, 0.5), False),
+             (speed_table(quick, "uniform", "cold"), big, (0.0, 2.0), False), (speed_table(quick, "uniform", "cold"), big // 4, (0.0,), False)]
+    for table, batch, ratios, with_uvm in cases:
+        rows, dim, pf = table.rows, table.dim, table.pooling_factor
         need = expected_unique(table, batch) * 1.3 / rows
-        ratios = (0.05, 0.1, 0.25, 0.5) if batch == big else (0.1, 0.5)
-        tiers = [Tier("hbm")] + ([Tier("uvm")] if batch == big else []) + [Tier("uvm_caching", r) for r in sorted({max(need, x) for x in ratios})]
+        # a ratio above 1 is a multiple of the least cache that holds a batch
+        tiers = [Tier("hbm")] + ([Tier("uvm")] if with_uvm else []) + [Tier("uvm_caching", min(1.0, r)) for r in sorted({max(need, x) if x <= 1 else need * x for x in ratios})]
         for tier in tiers:
             plan = one_table_plan(tier, table, batch)
             try:
                 m = runner.evaluate_plan(plan)
                 s = sim.evaluate_plan(plan)
-                row = {"tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf, "row_bytes": dim * 2,
+                row = {"table": table.name, "tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf, "row_bytes": dim * 2,
                        "fwd_ms": m.devices[0].fwd_comp_ms, "bwd_ms": m.devices[0].bwd_comp_ms, "sim_fwd_ms": s.devices[0].fwd_comp_ms, "sim_bwd_ms": s.devices[0].bwd_comp_ms}
                 cached = m.details.get("tiers", {}).get("cached_tables", [])
                 if cached:
@@ -187,7 +190,7 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
                     # the runner's steps: `warmup` untimed, then `iters` timed, each a new batch, the cache empty at first
                     row["predicted_hit_rate"] = hit_rate(table, cache_rows(rows, tier.cache_ratio), batch, batches=runner.warmup + runner.iters, warmup=runner.warmup)
             except Exception as e:  # noqa: BLE001
-                row = {"tier": tier.kind, "cache_ratio": tier.cache_ratio, "batch": batch, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                row = {"table": table.name, "tier": tier.kind, "cache_ratio": tier.cache_ratio, "batch": batch, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             out.append(row)
     return out
 
@@ -196,35 +199,37 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     """The calibration's `host` entry from parts 2 and 3: the row rates measured in part 2, the uvm
     kernel's share of them, and the prefetch's three work terms fitted (non-negative least squares)
     to each cached run's forward less the HBM forward at its batch and the rows it moved at the
-    measured rates: fixed + per million lookups + per million slots."""
+    measured rates: fixed + per million lookups + per million slots + per million missed lookups."""
     from scipy.optimize import nnls
 
     base = HostLink()
     rates = {int(b): v["read_GBps"] for b, v in link.get("random_rows", {}).items()}
     host = HostLink(row_GBps=tuple(sorted((float(b), float(g)) for b, g in rates.items())) or base.row_GBps)
-    hbm = {r["batch"]: r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
+    key = lambda r: (r.get("table", "one"), r["batch"])  # noqa: E731
+    hbm = {key(r): r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
     out: dict = {}
-    uvm = [r for r in speed_rows if r.get("tier") == "uvm" and "fwd_ms" in r and r["batch"] in hbm]
+    uvm = [r for r in speed_rows if r.get("tier") == "uvm" and "fwd_ms" in r and key(r) in hbm]
     eff = base.uvm_efficiency
     if uvm:
         r = uvm[0]
         sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
         ideal = r["lookups"] * sector / (host.rate_GBps(sector) * 1e6)
-        eff = min(1.0, ideal / max(r["fwd_ms"] - hbm[r["batch"]], 1e-6))
+        eff = min(1.0, ideal / max(r["fwd_ms"] - hbm[key(r)], 1e-6))
     A, y, pts = [], [], []
     for r in speed_rows:
-        if r.get("tier") != "uvm_caching" or "fwd_ms" not in r or r["batch"] not in hbm:
+        if r.get("tier") != "uvm_caching" or "fwd_ms" not in r or key(r) not in hbm:
             continue
         sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
         moved_ms = (r["misses_per_step"] + r["evictions_per_step"]) * sector / (host.rate_GBps(sector) * 1e6)
-        rest = r["fwd_ms"] - hbm[r["batch"]] - moved_ms
-        A.append([1.0, r["lookups"] / 1e6, r["slots"] / 1e6])
+        rest = r["fwd_ms"] - hbm[key(r)] - moved_ms
+        misses = r["lookups"] * (1 - r["measured_hit_rate"])  # as the simulator counts them: L·(1 − h)
+        A.append([1.0, r["lookups"] / 1e6, r["slots"] / 1e6, misses / 1e6])
         y.append(rest)
-        pts.append({"batch": r["batch"], "slots": r["slots"], "prefetch_work_ms": rest, "moved_ms": moved_ms})
+        pts.append({"table": r.get("table", "one"), "batch": r["batch"], "slots": r["slots"], "hit_rate": r["measured_hit_rate"], "prefetch_work_ms": rest, "moved_ms": moved_ms})
     terms = {}
-    if len(A) >= 3:
+    if len(A) >= 4:
         x, _ = nnls(np.array(A), np.array(y))
-        terms = {"prefetch_fixed_ms": float(x[0]), "prefetch_ms_per_mlookup": float(x[1]), "prefetch_ms_per_mslot": float(x[2])}
+        terms = {"prefetch_fixed_ms": float(x[0]), "prefetch_ms_per_mlookup": float(x[1]), "prefetch_ms_per_mslot": float(x[2]), "prefetch_ms_per_mmiss": float(x[3])}
         for p, a in zip(pts, A):
             p["fitted_ms"] = float(np.dot(a, x))
     fitted = replace(host, uvm_efficiency=eff, **terms, source=f"fitted by benchmarks/gpu_tiers.py on {device_name}")
@@ -334,13 +339,13 @@ def report(summary: dict) -> str:
         lines += [f"- random rows of {b} B from host-mapped memory: read {v['read_GBps']:.1f} GB/s, write {v['write_GBps']:.1f} GB/s" for b, v in link.get("random_rows", {}).items()]
         lines += [""]
     lines += ["## One table per tier (measured vs simulated, ms)", "", "sim: HostLink's defaults; fitted: with the host entry fitted below", "",
-              "| tier | cache ratio | batch | fwd | bwd | sim fwd | sim bwd | fitted fwd | fitted bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| table | tier | cache ratio | batch | fwd | bwd | sim fwd | sim bwd | fitted fwd | fitted bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     for r in summary.get("speed", []):
         if "error" in r:
-            lines.append(f"| {r['tier']} | {r['cache_ratio']} | {r.get('batch')} | error: {r['error'][:80]} ||||||||")
+            lines.append(f"| {r.get('table', 'one')} | {r['tier']} | {r['cache_ratio']} | {r.get('batch')} | error: {r['error'][:80]} ||||||||")
         else:
-            lines.append(f"| {r['tier']} | {r['cache_ratio']} | {r.get('batch')} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['sim_fwd_ms']:.3f} | {r['sim_bwd_ms']:.3f} | "
+            lines.append(f"| {r.get('table', 'one')} | {r['tier']} | {r['cache_ratio']} | {r.get('batch')} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['sim_fwd_ms']:.3f} | {r['sim_bwd_ms']:.3f} | "
                          f"{r.get('sim_fwd_ms_fitted', nan):.3f} | {r.get('sim_bwd_ms_fitted', nan):.3f} | {r.get('measured_hit_rate', nan):.3f} | {r.get('predicted_hit_rate', nan):.3f} |")
     fit = summary.get("host_fit")
     if fit:
@@ -348,8 +353,10 @@ def report(summary: dict) -> str:
         lines += ["", "## Fitted host terms (calibration `host` entry: host_link.json)", "",
                   f"- fitted: {', '.join(fit['fitted']) or 'nothing'}; row rates (GB/s by row bytes): {h['row_GBps']}",
                   f"- uvm_efficiency {h['uvm_efficiency']:.3f}; prefetch: {h['prefetch_fixed_ms']:.4f} ms + {h['prefetch_ms_per_mlookup']:.4f} ms per M lookups + "
-                  f"{h['prefetch_ms_per_mslot']:.4f} ms per M slots", "", "| batch | slots | prefetch work ms (measured) | fitted | rows moved ms |", "|---|---|---|---|---|"]
-        lines += [f"| {p['batch']} | {p['slots']} | {p['prefetch_work_ms']:.3f} | {p.get('fitted_ms', nan):.3f} | {p['moved_ms']:.3f} |" for p in fit.get("points", [])]
+                  f"{h['prefetch_ms_per_mslot']:.4f} ms per M slots + {h.get('prefetch_ms_per_mmiss', 0.0):.4f} ms per M missed lookups", "",
+                  "| table | batch | slots | hit rate | prefetch work ms (measured) | fitted | rows moved ms |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {p.get('table', 'one')} | {p['batch']} | {p['slots']} | {p.get('hit_rate', nan):.3f} | {p['prefetch_work_ms']:.3f} | {p.get('fitted_ms', nan):.3f} | {p['moved_ms']:.3f} |"
+                  for p in fit.get("points", [])]
     hr = [r for r in summary.get("hit_rates", []) if "measured" in r]
     if hr:
         d = np.abs([r["diff_points"] for r in hr])
@@ -414,7 +421,8 @@ def main() -> None:
         atomic_write(Path(args.out) / "host_link.json", json.dumps(cal.host, indent=1))
         for r in speed_rows:
             if "fwd_ms" in r:
-                s = sims["measured"].evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), speed_table(args.quick), r["batch"]))
+                table = speed_table(args.quick, "uniform", "cold") if r.get("table") == "cold" else speed_table(args.quick)
+                s = sims["measured"].evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), table, r["batch"]))
                 r["sim_fwd_ms_fitted"], r["sim_bwd_ms_fitted"] = s.devices[0].fwd_comp_ms, s.devices[0].bwd_comp_ms
         run.save("speed", speed_rows)
     run.save("hit_rates", hit_rates(args.device, args.quick, run))

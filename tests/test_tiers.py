@@ -378,6 +378,14 @@ def test_simulator_prices_host_tiers():
     free.host_link = replace(free.host_link, prefetch_ms_per_mslot=0.0)
     assert free.evaluate_plan(Plan(roomy, [replace(s, tier="uvm_caching", cache_ratio=0.9) if s.table == big else s for s in base.shards], "test")).devices[d].total_ms <= sm
     assert uvm.details["tiers"]["host_link_bytes"][d] > 0 and large.details["tiers"]["cached_shards"][0]["predicted_hit_rate"] > 0.5
+    # a per-miss term prices the smaller cache's extra misses: L·(1 − h) more of them, at its rate
+    missy = SimBackend()
+    missy.host_link = replace(missy.host_link, prefetch_ms_per_mmiss=1.0)
+    cached = [replace(s, tier="uvm_caching", cache_ratio=0.3) if s.table == big else s for s in base.shards]
+    t = task.tables[big]
+    h_small = small.details["tiers"]["cached_shards"][0]["predicted_hit_rate"]
+    extra = missy.evaluate_plan(Plan(roomy, cached, "test")).devices[d].fwd_comp_ms - small.devices[d].fwd_comp_ms
+    assert extra == pytest.approx(task.workload.batch_size * t.pooling_factor * (1 - h_small) / 1e6, rel=1e-2)  # h as rounded in the details
     assert hbm.details.get("tiers") is None
 
 

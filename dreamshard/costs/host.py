@@ -10,8 +10,10 @@ benchmarks/gpu_tiers.py per row size):
     (2·U·r) — the kernel's gathers and updates go to host memory;
   - ``uvm_caching``: the prefetch before the forward (kernels/tiered.py `RowCache.prefetch`) costs
     its GPU work — `prefetch_fixed_ms` (its ~30 small launches), `prefetch_ms_per_mlookup` per
-    million lookups (sorting them, the map look-up, the slot rewrite) and `prefetch_ms_per_mslot`
-    per million slots (keeping the slots in LRU order: a few elementwise passes over them) — and the rows
+    million lookups (sorting them, the map look-up, the slot rewrite), `prefetch_ms_per_mslot`
+    per million slots (keeping the slots in LRU order: a few elementwise passes over them) and
+    `prefetch_ms_per_mmiss` per million missed lookups (L·(1 − h): giving them slots, the map's
+    updates for the rows loaded and evicted; 0 unless fitted) — and the rows
     it moves: it loads the rows the cache misses and writes back the rows it evicts
     (2·L·(1 - h)·r, h the hit rate predicted from the bins, tiers.hit_rate: every missed row is
     loaded, and once the cache is full every load evicts a row the backward updated); the kernel
@@ -62,6 +64,7 @@ class HostLink:
     prefetch_fixed_ms: float = 0.833  # the prefetch's fixed cost per cached shard (its ~30 launches and their gaps)
     prefetch_ms_per_mlookup: float = 0.154  # per million lookups: their sort, the map look-up, the rewrite
     prefetch_ms_per_mslot: float = 0.106  # per million cache slots: their LRU order, a few elementwise passes
+    prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted where low hit rates were measured)
     source: str = "defaults: row rates of the committed H100 run (benchmarks/results/gpu_tiers); prefetch terms estimated"
 
     def rate_GBps(self, row_bytes: float) -> float:
@@ -73,9 +76,10 @@ class HostLink:
         xs = np.log2([max(float(b), 1.0) for b, _ in pts])
         return float(np.interp(math.log2(max(row_bytes, 1.0)), xs, [float(g) for _, g in pts]))
 
-    def prefetch_ms(self, lookups: float, slots: float) -> float:
+    def prefetch_ms(self, lookups: float, slots: float, misses: float = 0.0) -> float:
         """The prefetch's GPU work for a cached shard (rows moved not included)."""
-        return self.prefetch_fixed_ms + lookups / 1e6 * self.prefetch_ms_per_mlookup + slots / 1e6 * self.prefetch_ms_per_mslot
+        return (self.prefetch_fixed_ms + lookups / 1e6 * self.prefetch_ms_per_mlookup + slots / 1e6 * self.prefetch_ms_per_mslot
+                + misses / 1e6 * self.prefetch_ms_per_mmiss)
 
     @staticmethod
     def from_json(d: dict | None, where: str = "calibration") -> "HostLink":
@@ -146,7 +150,7 @@ def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), pr
             h = hit_rate(spec, rows, B)
             moved = 2 * lookups * (1 - h)  # rows loaded and written back
             f, b = moved * sector_row + (moved * 4 if adagrad else 0.0), 0.0
-            fwd[s.device] += link.prefetch_ms(lookups, rows) + moved * sector_row * per_ms + (moved * link.sector_bytes * state_ms if adagrad else 0.0)
+            fwd[s.device] += link.prefetch_ms(lookups, rows, lookups * (1 - h)) + moved * sector_row * per_ms + (moved * link.sector_bytes * state_ms if adagrad else 0.0)
             cached.append({"table": spec.name, "device": s.device, "cache_rows": rows, "predicted_hit_rate": round(h, 4)})
         link_bytes[s.device] += f + b
     details = {"host_link": link.to_json(), "host_link_bytes": [int(x) for x in link_bytes], "cached_shards": cached}
