@@ -23,9 +23,11 @@ benchmarks/gpu_tiers.py per row size):
 The link's time is bytes / rate, added to the compute (no overlap is modelled: the prefetch and
 the kernel run one after the other on one stream, as the runners time them).
 
-`HostLink`'s defaults are the committed H100 run's (benchmarks/results/gpu_tiers/, NVIDIA H100
+`HostLink`'s defaults are an H100 run's (benchmarks/gpu_tiers.py at commit cedbe20, NVIDIA H100
 80GB HBM3, PCIe Gen5): the row rates measured there (reads; writes measured within 10% of them)
-and the prefetch's three work terms fitted there (benchmarks/gpu_tiers.py writes a calibration
+and the prefetch's three work terms fitted there; the committed run (benchmarks/results/gpu_tiers/,
+another H100 host) fitted a fixed part of 0.32 ms against 0.83, the prefetch's launches following
+the host's speed, and no work per missed lookup (benchmarks/gpu_tiers.py writes a calibration
 `host` entry with every field: docs/tiers.md). `link_GBps` prices a row size outside the table's
 range only through its nearest entry; it is kept as the single-number link (PCIe Gen5 x16's
 64 GB/s per direction) for a calibration that gives no row rates.
@@ -58,13 +60,13 @@ class HostLink:
     link_GBps: float = 64.0  # host link, per direction: PCIe Gen5 x16 peak; used only where row_GBps is empty
     sector_bytes: float = 32.0  # a row read over the link moves whole 32-byte sectors (as the simulator's gathers)
     row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
-    # the prefetch's work and the uvm kernel's rate as fitted on 1 × H100 (benchmarks/gpu_tiers.py,
-    # benchmarks/results/gpu_tiers/host_link.json)
+    # the prefetch's work and the uvm kernel's rate as fitted on 1 × H100 (benchmarks/gpu_tiers.py;
+    # the module doc says which run)
     uvm_efficiency: float = 1.0  # the uvm kernel's share of the gather rate
     prefetch_fixed_ms: float = 0.833  # the prefetch's fixed cost per cached shard (its ~30 launches and their gaps)
     prefetch_ms_per_mlookup: float = 0.154  # per million lookups: their sort, the map look-up, the rewrite
     prefetch_ms_per_mslot: float = 0.106  # per million cache slots: their LRU order, a few elementwise passes
-    prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted where low hit rates were measured)
+    prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0 on 1 × H100, hit rates 6-36%)
     source: str = "defaults: row rates of the committed H100 run (benchmarks/results/gpu_tiers); prefetch terms estimated"
 
     def rate_GBps(self, row_bytes: float) -> float:
