@@ -318,6 +318,34 @@ def test_row_splits_on_several_hosts_are_table_row_wise():
     assert seen, "no planner split the hot table over one host"
 
 
+def test_every_table_table_row_wise_by_host():
+    """A table of fewer rows than a host's GPUs splits table-row-wise into as many blocks as rows
+    (TorchRec leaves the host's last ranks empty), never row-wise over all GPUs so; the candidate
+    of every table table-row-wise puts each table's block r on GPU r of one host, fits memory,
+    and exports as table_row_wise."""
+    from dreamshard.planners import get_planner, splits
+    from dreamshard.planners.dreamshard import table_row_wise_by_host
+    from dreamshard.planners.scoring import PieceScorer
+
+    topo = replace(H100, hosts=3, gpus_per_host=4)
+    tables = [table("hot", 2_000_000, 64, 40.0), table("tiny", 3, 64, 1.0)] + [table(f"t{i}", 50_000, 32, 2.0) for i in range(4)]
+    task = Task(tables, 12, 10**10, topology=topo)
+    assert [(s.row_start, s.row_stop) for s in splits.row_split(task, 1, 4)] == [(0, 1), (1, 2), (2, 3)]
+    assert splits.row_split(task, 1, 12) is None and splits.row_split(replace(task, topology=None), 1, 4) is None
+    planner = get_planner("dreamshard")
+    scorer = PieceScorer(planner.model, task)
+    cost, pieces, devices = table_row_wise_by_host(scorer, splits.whole(task))
+    plan = splits.placed(task, pieces, devices, "test")
+    plan.check()
+    assert cost == pytest.approx(float(scorer.score(scorer.state(pieces, np.array(devices)))))
+    exported = torchrec_shardings(plan, local_world_size=4)
+    for i, t in enumerate(tables):
+        mine = sorted((s for s in plan.shards if s.table == i), key=lambda s: s.row_start)
+        host = mine[0].device // 4
+        assert [s.device for s in mine] == [host * 4 + r for r in range(len(mine))]
+        assert exported[t.name]["sharding_type"] == "table_row_wise" and exported[t.name]["ranks"][: len(mine)] == [s.device for s in mine]
+
+
 def test_oracle_searches_on_the_topology(tables, sim):
     from dreamshard.planners import get_planner
 

@@ -338,6 +338,10 @@ class DreamShardPlanner(LearnedPlanner):
             cost, devices = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
             if np.isfinite(cost[0]) and (best is None or cost[0] < best[0]):
                 best = (float(cost[0]), pieces, [int(d) for d in devices[0]])
+        if splits.host_gpus(scorer.task) and len(whole) <= ROW_LADDER_HOSTS:
+            hosted = table_row_wise_by_host(scorer, whole)
+            if hosted is not None and (best is None or hosted[0] < best[0]):
+                best = hosted
         return best
 
     def _split(self, task: Task, table_wise: Plan, source: str, deadline: float | None, bounded: list[str]) -> Plan:
@@ -525,6 +529,39 @@ def row_ladder(scorer: PieceScorer, whole: list[Shard], placement: list[int], st
     for k in sorted({2**j for j in range(len(chosen).bit_length()) if 2**j <= len(chosen)} | ({len(chosen)} if chosen else set())):
         ladder.append([p for p in whole if p.table not in chosen[:k]] + [q for j in chosen[:k] for q in splits.row_split(task, j, parts)])
     return ladder
+
+
+def table_row_wise_by_host(scorer: PieceScorer, whole: list[Shard]) -> tuple[float, list[Shard], list[int]] | None:
+    """Every table split table-row-wise (its block r on GPU r of one host), the tables in order of
+    predicted compute each to the host where the cost net scores the plan so far lowest: TorchRec's
+    layout for few tables on many hosts, where one table kept whole puts every GPU in an
+    all-to-all across hosts that no table alone pays for (`row_ladder` offers a row split only to
+    a table whose compute beats its own exchange). → (score units, pieces, devices), or None where
+    a table cannot be split so or a host's memory would not hold it."""
+    task = scorer.task
+    G, H = splits.host_gpus(task), task.topology.hosts
+    splits_ = [splits.row_split(task, i, G) for i in range(len(whole))]
+    if any(s is None for s in splits_):
+        return None
+    state, used = scorer.empty((task.devices,)), np.zeros(task.devices)
+    pieces: list[Shard] = []
+    devices: list[int] = []
+    w = task.workload
+    for i in np.argsort(-scorer.alone(scorer.rows([whole])[0]), kind="stable"):
+        blocks = splits_[i]
+        rows = scorer.rows([blocks])[0]  # [k, R]
+        size = np.array([b.bytes(task.tables[b.table], w.precision, w.optimizer) for b in blocks])
+        trial = np.repeat(state[None], H, axis=0)  # [H, D, R]: the plan with the table on each host
+        at = np.arange(H)[:, None] * G + np.arange(len(blocks))[None, :]  # [H, k] GPU r of host h
+        trial[np.arange(H)[:, None], at] += rows[None]
+        fits = (used[at] + size[None] <= task.max_memory_bytes).all(1)
+        if not fits.any():
+            return None
+        h = int(np.where(fits, scorer.score(trial), np.inf).argmin())
+        state, used[at[h]] = trial[h], used[at[h]] + size
+        pieces += blocks
+        devices += at[h].tolist()
+    return float(scorer.score(state)), pieces, devices
 
 
 def cut_ladder(whole: list[Shard], single: np.ndarray, max_cut: int) -> list[list[Shard]]:

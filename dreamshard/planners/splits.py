@@ -96,11 +96,16 @@ def twrw_blocks(task: Task, pieces: Sequence[Shard]) -> list[int]:
 
 def row_split(task: Task, table: int, parts: int) -> list[Shard] | None:
     """Table `table`'s rows as `parts` pieces of TorchRec's row-wise layout (in row order), or
-    None where that layout leaves a block empty (fewer rows than it needs)."""
+    None where that layout leaves a block empty (fewer rows than it needs) — except a
+    table-row-wise split (`parts` the GPUs of a host, on several hosts), whose empty blocks are
+    left out as TorchRec leaves the host's last ranks without rows: a table of 3 rows is 3 blocks
+    on GPUs 0–2 of its host, so that every table of a task may keep its exchange inside a host."""
     t = task.tables[table]
     cuts = row_wise_cuts(t.rows, parts)
     if cuts[-1][0] >= cuts[-1][1]:
-        return None
+        cuts = [(a, b) for a, b in cuts if a < b]
+        if parts != host_gpus(task) or len(cuts) < 2:
+            return None
     return [Shard(table, -1, 0, t.dim, a, b) for a, b in cuts]
 
 
