@@ -1,12 +1,14 @@
 """`dreamshard` with and without its every-table table-row-wise candidate (`table_row_wise_by_host`)
-on tasks of few tables on many hosts that the candidate was not designed on, by simulation.
+on tasks of few tables on many hosts that the candidate was not designed on, beside TorchRec's
+planner with every sharding type (given the same Topology), by simulation.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/few_tables_hosts.py      # ~2 min on one core
 
 Tasks: 26 tables drawn from the `onehot`, `dlrm` and `hot` pools of seed 9 (the candidate was
 chosen on the MLPerf tables of benchmarks/topology_scale.py), on 8 and 16 hosts of the `h100-sxm`
 preset (8 × H100 each, 80 GB per GPU), B = 65,536. Prices: the simulator with the H100
-calibration, collectives in two levels (costs/hierarchy.py). Writes
+calibration, collectives in two levels (costs/hierarchy.py). TorchRec 1.8 needed (its planner's
+search cut at 5 s a task, as in topology_scale.py). Writes
 benchmarks/results/few_tables_hosts.md.
 """
 
@@ -37,7 +39,8 @@ def main() -> None:
     candidate = ds.table_row_wise_by_host
     lines = ["# Every table table-row-wise on many hosts (simulated)", "", f"`{' '.join(['.venv/bin/python', *sys.argv])}`: `dreamshard`'s simulated step "
              f"(ms, H100 calibration) without and with the candidate, {TABLES} tables of pool seed {SEED} per family.", "",
-             "| family | hosts | GPUs | without | with | change |", "|---|---:|---:|---:|---:|---:|"]
+             "| family | hosts | GPUs | without | with | change | TorchRec (all types) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    torchrec = get_planner("torchrec", sharding_types="all", timeout_s=5)
     for family in FAMILIES:
         pool = synth_family(family, None if family == "onehot" else 300, SEED)
         rng = np.random.default_rng(SEED)
@@ -52,7 +55,8 @@ def main() -> None:
                     cost.append(sim.evaluate_plan(get_planner("dreamshard").plan(task)).overall_ms)
                 finally:
                     ds.table_row_wise_by_host = candidate
-            lines.append(f"| {family} | {hosts} | {topo.devices} | {cost[0]:.3f} | {cost[1]:.3f} | {cost[1] / cost[0] - 1:+.1%} |")
+            theirs = sim.evaluate_plan(torchrec.plan(task)).overall_ms
+            lines.append(f"| {family} | {hosts} | {topo.devices} | {cost[0]:.3f} | {cost[1]:.3f} | {cost[1] / cost[0] - 1:+.1%} | {theirs:.3f} |")
             print(lines[-1], flush=True)
     atomic_write(OUT, "\n".join(lines) + "\n")
 
