@@ -151,10 +151,13 @@ def one_table_plan(tier: Tier, table: TableSpec, batch: int, devices: int = 1):
     return Plan(task, [Shard(0, 0, 0, table.dim, tier=tier.kind, cache_ratio=tier.cache_ratio)], "gpu_tiers")
 
 
-def speed_table(quick: bool, dist: str = "zipf:1.0", name: str = "one") -> TableSpec:
+SPEED_TABLES = {"one": "zipf:1.0", "cold": "uniform"}  # part 3's tables by name: their index streams
+
+
+def speed_table(quick: bool, name: str = "one") -> TableSpec:
     from dreamshard.bins import reuse_bins
 
-    rows, dim, pf = (2_000_000, 64, 4.0) if not quick else (50_000, 32, 2.0)
+    rows, dim, pf, dist = (2_000_000, 64, 4.0, SPEED_TABLES[name]) if not quick else (50_000, 32, 2.0, SPEED_TABLES[name])
     return TableSpec(name, rows, dim, pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=1)
 
 
@@ -169,7 +172,7 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
     runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 10, iters=3 if quick else 20, input_sets=3)
     out = []
     cases = [(speed_table(quick), big, (0.05, 0.1, 0.25, 0.5), True), (speed_table(quick), big // 4, (0.1, 0.5), False),
-             (speed_table(quick, "uniform", "cold"), big, (0.0, 2.0), False), (speed_table(quick, "uniform", "cold"), big // 4, (0.0,), False)]
+             (speed_table(quick, "cold"), big, (0.0, 2.0), False), (speed_table(quick, "cold"), big // 4, (0.0,), False)]
     for table, batch, ratios, with_uvm in cases:
         rows, dim, pf = table.rows, table.dim, table.pooling_factor
         need = expected_unique(table, batch) * 1.3 / rows
@@ -311,11 +314,12 @@ def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str,
                     row[f"sim_err_{label}"] = (s.overall_ms - m.overall_ms) / m.overall_ms
                 # where the error lies: each device's phases, each cache's hit rate, and the same
                 # placement with every shard in HBM (the GPU's 80 GB hold any one device's shards)
-                s = sims[max(sims)].evaluate_plan(plan)  # "measured" where fitted, else "default"
+                used = "measured" if "measured" in sims else "default"  # the fitted host terms where part 3 fitted them
+                s = sims[used].evaluate_plan(plan)
                 hbm = replace(plan, shards=[replace(x, tier="hbm", cache_ratio=0.0) for x in plan.shards])
-                mh, sh = runner.evaluate_plan(hbm), sims[max(sims)].evaluate_plan(hbm)
+                mh, sh = runner.evaluate_plan(hbm), sims[used].evaluate_plan(hbm)
                 phases = lambda r: [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in r.devices]  # noqa: E731
-                row.update({"sim_used": max(sims), "measured_devices": phases(m), "sim_devices": phases(s), "hbm_measured_devices": phases(mh),
+                row.update({"sim_used": used, "measured_devices": phases(m), "sim_devices": phases(s), "hbm_measured_devices": phases(mh),
                             "hbm_sim_devices": phases(sh), "hbm_measured_ms": mh.overall_ms, "hbm_sim_ms": sh.overall_ms,
                             "measured_caches": m.details.get("tiers", {}).get("cached_tables", []), "sim_caches": s.details.get("tiers", {}).get("cached_shards", []),
                             "host_link_bytes": s.details.get("tiers", {}).get("host_link_bytes", [])})
@@ -421,8 +425,7 @@ def main() -> None:
         atomic_write(Path(args.out) / "host_link.json", json.dumps(cal.host, indent=1))
         for r in speed_rows:
             if "fwd_ms" in r:
-                table = speed_table(args.quick, "uniform", "cold") if r.get("table") == "cold" else speed_table(args.quick)
-                s = sims["measured"].evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), table, r["batch"]))
+                s = sims["measured"].evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), speed_table(args.quick, r["table"]), r["batch"]))
                 r["sim_fwd_ms_fitted"], r["sim_bwd_ms_fitted"] = s.devices[0].fwd_comp_ms, s.devices[0].bwd_comp_ms
         run.save("speed", speed_rows)
     run.save("hit_rates", hit_rates(args.device, args.quick, run))

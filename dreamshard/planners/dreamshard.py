@@ -404,7 +404,7 @@ class DreamShardPlanner(LearnedPlanner):
         `budget_ms` (the budget buys rounds after it); `best` where it finds nothing cheaper."""
         starts = [best.pieces] + [c for c in proposed if set(c) != set(best.pieces)]
         cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices),
-                                            extend=BEAM_EXTEND if self.beam_depth and several_hosts(scorer.task.topology) else 0)
+                                            extend=BEAM_EXTEND if several_hosts(scorer.task.topology) else 0)
         return Candidate(cost, pieces, [int(d) for d in devices], best.source + " + beam") if cost < best.cost else best
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
@@ -550,11 +550,10 @@ def table_row_wise_by_host(scorer: PieceScorer, whole: list[Shard]) -> tuple[flo
     state, used = scorer.empty((task.devices,)), np.zeros(task.devices)
     pieces: list[Shard] = []
     devices: list[int] = []
-    w = task.workload
     for i in np.argsort(-scorer.alone(scorer.rows([whole])[0]), kind="stable"):
         blocks = splits_[i]
-        rows = scorer.rows([blocks])[0]  # [k, R]
-        size = np.array([b.bytes(task.tables[b.table], w.precision, w.optimizer) for b in blocks])
+        slots = scorer.slots([blocks])[0]
+        rows, size = scorer.table[slots], scorer.bytes[slots]  # [k, R], [k]
         trial = np.repeat(state[None], H, axis=0)  # [H, D, R]: the plan with the table on each host
         at = np.arange(H)[:, None] * G + np.arange(len(blocks))[None, :]  # [H, k] GPU r of host h
         trial[np.arange(H)[:, None], at] += rows[None]
