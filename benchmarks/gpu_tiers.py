@@ -111,7 +111,7 @@ def correctness(kernel: str, device: str) -> list[dict]:
 
 
 def host_link(device: str, quick: bool) -> dict:
-    from dreamshard.costs.kernels.tiered import host_mapped
+    from dreamshard.costs.kernels.host_memory import host_mapped
 
     out: dict = {}
     n = (64 << 20) if not quick else (1 << 20)  # bytes moved per test

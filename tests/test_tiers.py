@@ -52,10 +52,7 @@ def check_tiered(kernel: str, precision: str, optimizer: str, seed: int, device:
     tiers = random_tiers(rng, rows, batch)
     lr, eps = 0.05, 1e-8
     tbe = TieredTBE(kernel, rows, dims, tiers, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=device, seed=seed)
-    tbe.poison_outputs = True
-    for inner in tbe.inner:
-        if inner is not None:
-            inner.poison_outputs = True
+    tbe.inner.poison_outputs = True
     for t, (r, d) in enumerate(zip(rows, dims)):
         tbe.set_weights(t, (torch.rand(r, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed * 31 + t)) * 2 - 1).to(DTYPE[precision]).to(device))
     states = [torch.zeros(r, dtype=torch.float64) for r in rows] if optimizer == "rowwise_adagrad" else None
@@ -107,7 +104,7 @@ def test_tiered_kernel_matches_reference_cuda(kernel, precision, optimizer):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_host_mapped_memory_is_host_memory_on_the_gpu():
-    from dreamshard.costs.kernels.tiered import host_mapped
+    from dreamshard.costs.kernels.host_memory import host_mapped
 
     x = host_mapped(1 << 20, torch.float32, "cuda")
     assert x.is_cuda

@@ -1,20 +1,12 @@
 """A TBE whose tables live in memory tiers (tiers.py): HBM, host memory read directly (uvm), or host
 memory behind an HBM row cache (uvm_caching) — any kernel of this package underneath, unchanged.
 
-Host memory on a GPU: pinned host memory (``torch.empty(..., pin_memory=True)``: cudaHostAlloc) is
-mapped into every GPU's address space under unified virtual addressing, at the same address as on
-the host (CUDA programming guide, "Unified Virtual Address Space"); `host_mapped` wraps that
-memory as a CUDA tensor through ``__cuda_array_interface__`` (``torch.as_tensor(obj,
-device="cuda")`` makes a CUDA tensor of the pointer without a copy, keeping the owner alive), so
-torch ops and Triton kernels read and write it like device memory, every access crossing the host
-link (PCIe). Where libcudart can be found, the device pointer is asked of
-``cudaHostGetDevicePointer`` rather than assumed. On a CPU, host memory is the device's memory:
-the same code runs with plain tensors (the CPU path the runners and tests use).
-
-The tiers of one device run as at most two kernels:
-  - one over the HBM tables and the caches of the cached tables: a cache is a table of
-    ``slots`` rows in HBM, and a cached table's indices are mapped to cache slots first;
-  - one over the uvm tables, whose weights (and Adagrad state) were allocated in host memory.
+The tiers of one device run as the kernel's own launches over all of its tables: a uvm table's
+weights (and Adagrad state) are allocated in host memory mapped into the GPU (kernels/host_memory.py;
+the kernel's ``host_tables``), which its launches reach as they reach HBM; a cached table is, to the
+kernel, a table of ``slots`` rows in HBM (its cache), and the batch's indices of it are rewritten as
+cache slots first. Nothing else is added to the kernel's forward and backward: no copies of the
+inputs beyond the one the caches' slots are written into, none of the output or the gradient.
 
 The row cache (`RowCache`, LRU as FBGEMM's default, write-back): before the forward, the
 prefetch sorts the batch's lookups of the table, looks each row up in a row → slot map (int32 in
@@ -37,7 +29,6 @@ TorchRec input carries it (the runners do); otherwise the forward reads it first
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 from typing import Sequence
 
@@ -45,51 +36,8 @@ import torch
 
 from dreamshard.costs.kernels import KERNELS, unavailable_reason
 from dreamshard.costs.kernels.base import TBE, KernelUnavailable, init_table_
+from dreamshard.costs.kernels.host_memory import host_mapped
 from dreamshard.tiers import TIERS, Tier, cache_rows
-
-_TYPESTR = {torch.float16: "<f2", torch.float32: "<f4", torch.int64: "<i8", torch.int32: "<i4"}
-
-
-class _HostArray:
-    """A pinned host tensor seen as CUDA memory (``__cuda_array_interface__``); it keeps the host
-    tensor alive for as long as a tensor made from it lives."""
-
-    def __init__(self, host: torch.Tensor, pointer: int):
-        self.host = host
-        self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": _TYPESTR[host.dtype], "data": (pointer, False), "version": 3, "strides": None}
-
-
-def _cudart():
-    """The CUDA runtime torch loaded (ctypes), or None where it cannot be found."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libcudart" in line}
-        for path in sorted(paths):
-            return ctypes.CDLL(path)
-    except OSError:
-        pass
-    return None
-
-
-def device_pointer(host_pointer: int) -> int:
-    """The device address of pinned host memory: cudaHostGetDevicePointer where libcudart is found,
-    else the host address itself (what unified virtual addressing guarantees for pinned memory)."""
-    rt = _cudart()
-    if rt is not None:
-        out = ctypes.c_void_p()
-        if rt.cudaHostGetDevicePointer(ctypes.byref(out), ctypes.c_void_p(host_pointer), 0) == 0 and out.value:
-            return int(out.value)
-    return host_pointer
-
-
-def host_mapped(numel: int, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
-    """A flat tensor of `numel` elements in host memory that kernels on `device` address directly:
-    on CUDA pinned host memory mapped into the GPU (see the module doc), on a CPU a plain tensor."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return torch.empty(numel, dtype=dtype)
-    host = torch.empty(max(numel, 1), dtype=dtype, pin_memory=True)
-    return torch.as_tensor(_HostArray(host, device_pointer(host.data_ptr())), device=device)[:numel]
 
 
 def _move_rows_torch(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor, count: torch.Tensor) -> None:
@@ -200,12 +148,13 @@ class RowCache:
         return 1.0 - self.misses / self._lookups if self._lookups else 1.0
 
     # ------------------------------------------------------------ the prefetch
-    def prefetch(self, indices: torch.Tensor) -> torch.Tensor:
-        """The batch's indices of this table as cache slots, the missing rows loaded first (no host sync)."""
+    def prefetch(self, indices: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The batch's indices of this table as cache slots (into `out` where given), the missing rows
+        loaded first (no host sync)."""
         self.step += 1
         n = indices.numel()
         if n == 0:
-            return indices
+            return indices if out is None else out
         step, S, dev = self.step, self.slots, self.device
         rows, order = torch.sort(indices.long())
         first = torch.ones(n, dtype=torch.bool, device=dev)
@@ -250,8 +199,9 @@ class RowCache:
         self.slot_time.index_fill_(0, victims, step)
         self.row_slot[-1:].fill_(-1)  # a kernel, not a host write (which would wait for the GPU)
         self._lookups += n
-        out = torch.empty_like(new)
-        out[order] = new
+        if out is None:
+            out = torch.empty_like(new)
+        out[order] = new.to(out.dtype)
         return out
 
     def flush(self) -> None:
@@ -307,21 +257,11 @@ class TieredTBE(TBE):
         if problem:
             raise KernelUnavailable(f"{kernel}: {problem}")
         self.kernel = f"{kernel}+tiers"
-        self.base_kernel = kernel
         self.tiers = list(tiers)
-        cls = _kernel_class(kernel)
-        # group 0: HBM tables and caches; group 1: uvm tables (weights in host memory)
-        self.members = [[t for t in range(self.num_tables) if self.tiers[t].kind != "uvm"], [t for t in range(self.num_tables) if self.tiers[t].kind == "uvm"]]
         self.slots = [cache_rows(r, tr.cache_ratio) if tr.kind == "uvm_caching" else r for r, tr in zip(self.rows, self.tiers)]
-        self.inner: list[TBE | None] = []
-        for g, members in enumerate(self.members):
-            if not members:
-                self.inner.append(None)
-                continue
-            alloc = (lambda n, dtype: host_mapped(n, dtype, self.device)) if g == 1 else None
-            self.inner.append(cls([self.slots[t] for t in members], [self.dims[t] for t in members], precision=precision, optimizer=optimizer, lr=lr, eps=eps,
-                                  device=self.device, seed=seed, alloc=alloc, **kernel_options))
-        self.where = {t: (g, j) for g, members in enumerate(self.members) for j, t in enumerate(members)}
+        # one kernel over every table, seeded as this TBE (table t of the seed); a cached table is its cache to it
+        self.inner = _kernel_class(kernel)(self.slots, self.dims, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=self.device,
+                                           seed=seed, host_tables=[t for t, tr in enumerate(self.tiers) if tr.kind == "uvm"], **kernel_options)
         # the cached tables: their rows (and state) in host memory, initialised as an HBM table of the same seed would be
         self.caches: dict[int, RowCache] = {}
         for t, tier in enumerate(self.tiers):
@@ -329,42 +269,30 @@ class TieredTBE(TBE):
                 continue
             host = host_mapped(self.rows[t] * self.dims[t], self.dtype, self.device).view(self.rows[t], self.dims[t])
             init_table_(host, self.seed, t)
-            g, j = self.where[t]
-            state = host_state = None
+            host_state = None
             if self.optimizer == "rowwise_adagrad":
-                state = self.inner[g].optimizer_state(j)
                 host_state = host_mapped(self.rows[t], torch.float32, self.device).zero_()
-            self.caches[t] = RowCache(host, self.inner[g].weights(j), host_state, state)
-        for t, tier in enumerate(self.tiers):  # uvm and hbm tables: the seed's weights of table t (the inner kernels seeded them by position)
-            if tier.kind != "uvm_caching":
-                g, j = self.where[t]
-                if j != t:
-                    init_table_(self.inner[g].weights(j), self.seed, t)
-        self._cols = [torch.cat([torch.arange(self.col_offsets[t], self.col_offsets[t + 1]) for t in m]).to(self.device) if m else None for m in self.members]
-        self._saved_batch: int | None = None
+            self.caches[t] = RowCache(host, self.inner.weights(t), host_state, self.inner.optimizer_state(t))
 
     # ---------------------------------------------------------------- weights
     def weights(self, t: int) -> torch.Tensor:
         self._check_table(t)
         if t in self.caches:
             return self.caches[t].table()
-        g, j = self.where[t]
-        return self.inner[g].weights(j)
+        return self.inner.weights(t)
 
     def set_weights(self, t: int, w: torch.Tensor) -> None:
         self._check_weights(t, w)
         if t in self.caches:
             self.caches[t].load(w.to(self.device, self.dtype))
         else:
-            g, j = self.where[t]
-            self.inner[g].set_weights(j, w)
+            self.inner.set_weights(t, w)
 
     def optimizer_state(self, t: int) -> torch.Tensor | None:
         self._check_table(t)
         if t in self.caches:
             return self.caches[t].state()
-        g, j = self.where[t]
-        return self.inner[g].optimizer_state(j)
+        return self.inner.optimizer_state(t)
 
     def cache_stats(self) -> dict[int, dict]:
         """Per cached table: slots, lookups and misses since the last reset, and the hit rate."""
@@ -377,41 +305,19 @@ class TieredTBE(TBE):
     # ---------------------------------------------------------------- forward / backward
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, bounds: Sequence[int] | None = None) -> torch.Tensor:
         """`bounds`: each table's first lookup and the end (offsets[::B], T+1 host ints) where the
-        caller knows them, as a TorchRec input does (its lengths per key); else read from the GPU
-        here (one host sync, before any of this forward's work is queued)."""
+        caller knows them, as a TorchRec input does (its lengths per key); else, where there are
+        caches, read from the GPU here (one host sync, before any of this forward's work is queued)."""
         batch = self._check_inputs(indices, offsets)
-        out = self._new_output(batch)
-        self._saved_batch = batch
-        if batch == 0:
-            return out
-        offsets = offsets.long()
-        if bounds is None:
-            bounds = offsets[::batch].tolist()  # the groups' inputs follow from it
-        elif len(bounds) != self.num_tables + 1:
-            raise ValueError(f"bounds: {self.num_tables + 1} entries (offsets[::B]), got {len(bounds)}")
-        for g, members in enumerate(self.members):
-            if not members:
-                continue
-            parts, offs, base = [], [], 0
-            for t in members:
-                a, b = bounds[t], bounds[t + 1]
-                ix = indices[a:b]
-                if t in self.caches:
-                    ix = self.caches[t].prefetch(ix)
-                parts.append(ix.long())
-                offs.append(offsets[t * batch:(t + 1) * batch] - a + base)
-                base += b - a
-            offs.append(torch.full((1,), base, dtype=torch.int64, device=self.device))
-            y = self.inner[g].forward(torch.cat(parts) if len(parts) > 1 else parts[0], torch.cat(offs))
-            out.index_copy_(1, self._cols[g], y)
-        return out
+        if self.caches and batch:
+            if bounds is None:
+                bounds = offsets[::batch].tolist()
+            elif len(bounds) != self.num_tables + 1:
+                raise ValueError(f"bounds: {self.num_tables + 1} entries (offsets[::B]), got {len(bounds)}")
+            slots = indices.clone()
+            for t, cache in self.caches.items():
+                cache.prefetch(indices[bounds[t]:bounds[t + 1]], out=slots[bounds[t]:bounds[t + 1]])
+            indices = slots
+        return self.inner.forward(indices, offsets)
 
     def backward(self, grad_output: torch.Tensor) -> None:
-        if self._saved_batch is None:
-            raise RuntimeError("backward() needs a forward() first")
-        self._check_grad(grad_output, self._saved_batch)
-        if self._saved_batch == 0:
-            return
-        for g, members in enumerate(self.members):
-            if members:
-                self.inner[g].backward(grad_output.index_select(1, self._cols[g]).contiguous())
+        self.inner.backward(grad_output)

@@ -14,23 +14,28 @@ import torch
 import torch.nn.functional as F
 
 from dreamshard.costs.kernels.base import TBE, init_table_
+from dreamshard.costs.kernels.host_memory import host_mapped
 
 
 class TorchTBE(TBE):
     kernel = "torch"
 
     def __init__(self, rows: Sequence[int], dims: Sequence[int], precision: str = "fp16", optimizer: str = "sgd",
-                 lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cpu", seed: int = 0, alloc=None) -> None:
-        """`alloc(numel, dtype)`: where the weights and state live (default: the device's memory;
-        kernels/tiered.py passes host memory mapped into the GPU)."""
+                 lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cpu", seed: int = 0, host_tables: Sequence[int] = ()) -> None:
+        """`host_tables`: tables whose weights and state live in host memory mapped into the GPU
+        (kernels/host_memory.py; the uvm tier of kernels/tiered.py)."""
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
-        new = (lambda n, dtype: torch.empty(n, dtype=dtype, device=self.device)) if alloc is None else alloc
-        self._w = []
-        for t, (r, d) in enumerate(zip(self.rows, self.dims)):
-            self._w.append(init_table_(new(r * d, self.dtype).view(r, d), self.seed, t))
+        host = {int(t) for t in host_tables}
+        if any(not 0 <= t < self.num_tables for t in host):
+            raise ValueError(f"host_tables: indices of the {self.num_tables} tables, got {sorted(host)}")
+
+        def new(t: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+            return host_mapped(n, dtype, self.device) if t in host else torch.empty(n, dtype=dtype, device=self.device)
+
+        self._w = [init_table_(new(t, r * d, self.dtype).view(r, d), self.seed, t) for t, (r, d) in enumerate(zip(self.rows, self.dims))]
         self._state = None
         if self.optimizer == "rowwise_adagrad":
-            self._state = [new(r, torch.float32).zero_() for r in self.rows]
+            self._state = [new(t, r, torch.float32).zero_() for t, r in enumerate(self.rows)]
         self._saved = None
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

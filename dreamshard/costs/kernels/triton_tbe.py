@@ -2,7 +2,9 @@
 
 Layout: all tables live in one flat weight buffer (table t at element ``w_off[t]``, row-major
 ``[rows, dim]``, each table's start padded to 16 elements), with per-table metadata arrays
-(dim class, dim, weight offset, output column offset, first global row).
+(dim class, dim, weight offset, output column offset, first global row). Tables in host memory
+(``host_tables``, the uvm tier) have buffers of their own, at offsets from the flat buffer's start
+(kernels/host_memory.py): the same launches serve them.
 
 forward - ONE launch over every table of the shard. The grid is a flat list of programs, each a
 (table, block of bags) pair; a program handles ``BAGS = FWD_LANES // DP`` bags of one table as a
@@ -54,6 +56,7 @@ import triton
 import triton.language as tl
 
 from dreamshard.costs.kernels.base import TBE, init_table_
+from dreamshard.costs.kernels.host_memory import element_offset, host_mapped
 from dreamshard.costs.paths import (BWD_DENSE, BWD_DENSE_ELEMS, BWD_DENSE_ROWS, DENSE_BK, DENSE_BR, DENSE_TABLE_US, count_elems, padded_bags,
                                     product_rounds, product_tables)
 
@@ -347,7 +350,7 @@ def _ix(x, I32: tl.constexpr):
 @triton.jit(do_not_specialize=["pid_base", "seg_lo", "seg_hi", "T", "NSEG", "B", "sumD"])
 def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, w_ptr, state_ptr,
                  meta_ptr, segt_ptr, pid_base, seg_lo, seg_hi, T, NSEG, B, sumD, lr, eps,
-                 CLS: tl.constexpr, LEVEL0: tl.constexpr, P: tl.constexpr, ADAGRAD: tl.constexpr, VEC: tl.constexpr,
+                 CLS: tl.constexpr, LEVEL0: tl.constexpr, P: tl.constexpr, ADAGRAD: tl.constexpr, HOST: tl.constexpr, VEC: tl.constexpr,
                  I32: tl.constexpr, MV: tl.constexpr, GA: tl.constexpr):
     """One tile of P consecutive sorted elements of one (level, table) segment, columns
     [cb*TW, cb*TW + TW) of the table's dim. Level 0: the elements are the sorted lookups (value =
@@ -360,7 +363,8 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
     pid = tl.program_id(0) + pid_base
     cb = tl.program_id(1)
     # segment table: [table, first program, first element, end element, value base, out entry base,
-    # out value base, dim, weight offset, output column offset, first global row] x NSEG (all of a
+    # out value base, dim, weight offset, output column offset, first global row, state offset less
+    # the first global row (HOST: a shard with host tables)] x NSEG (all of a
     # program's metadata in one round trip); the program's segment: the last of the launch's segments [seg_lo, seg_hi)
     # that begins at or before it (a binary search: no program-to-segment array to build)
     sg = seg_lo
@@ -417,6 +421,10 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
         # their current values, loaded beside the gather (both wait only on the keys)
         rowkey = _ix(key, I32)
         local = rowkey - row_start
+        if HOST:  # the state is not laid out by global row (see TritonTBE.__init__)
+            skey = rowkey + tl.load(segt_ptr + 11 * NSEG + sg)
+        else:
+            skey = rowkey
         if EXACT:
             waddr = tl.multiple_of(w_off + local * D + c0, VEC)[:, None] + col[None, :]
             wmask = tl.broadcast_to(ours[:, None], (P, TW))
@@ -425,7 +433,7 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
             wmask = ours[:, None] & cmask[None, :]
         w = tl.load(w_ptr + waddr, mask=wmask, other=0.0)
         if ADAGRAD:
-            st = tl.load(state_ptr + rowkey, mask=ours, other=0.0)
+            st = tl.load(state_ptr + skey, mask=ours, other=0.0)
         else:
             st = tl.zeros((P,), dtype=tl.float32)
         if LEVEL0:
@@ -452,7 +460,7 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
             acc = tl.dot(same.to(tl.float16), g, out_dtype=tl.float32)
         else:
             acc = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision="ieee")
-        _apply_rows(w_ptr, state_ptr, rowkey, waddr, w, st, acc, wmask, ours, D, lr, eps, ADAGRAD)
+        _apply_rows(w_ptr, state_ptr, skey, waddr, w, st, acc, wmask, ours, D, lr, eps, ADAGRAD)
         # the partial sums of rows that cross the tile's ends: entry 2j (the first row) and 2j+1 (the
         # last row) of the next level; a tile of one row that crosses keeps its sum in entry 2j
         head_o = head_x | (tail_x & single)
@@ -486,7 +494,7 @@ def _dense_row(dmeta_ptr, pid, d_lo, d_hi, ND, FIRST: tl.constexpr):
 
 
 # dmeta columns, one row per dense table: table, first product program, first update program, rows,
-# dim, weight offset, output column offset, first global row, count base, partial-sum base, column
+# dim, weight offset, output column offset, state offset, count base, partial-sum base, column
 # tiles, bag parts, bags per part, first counting program, its first key block, first and end lookup
 @triton.jit(do_not_specialize=["pid_base", "d_lo", "d_hi", "ND", "BP", "B", "sumD"])
 def _dense_kernel(counts_ptr, grad_ptr, part_ptr, dmeta_ptr, pid_base, d_lo, d_hi, ND, BP, B, sumD,
@@ -556,7 +564,7 @@ def _dense_update(part_ptr, w_ptr, state_ptr, dmeta_ptr, pid_base, d_lo, d_hi, N
     R = tl.load(dmeta_ptr + 3 * ND + d)
     D = tl.load(dmeta_ptr + 4 * ND + d)
     w_off = tl.load(dmeta_ptr + 5 * ND + d)
-    row_start = tl.load(dmeta_ptr + 7 * ND + d)
+    s_off = tl.load(dmeta_ptr + 7 * ND + d)
     pbase = tl.load(dmeta_ptr + 9 * ND + d)
     S = tl.load(dmeta_ptr + 11 * ND + d)
     r = (j * RB + tl.arange(0, RB)).to(tl.int64)
@@ -570,10 +578,10 @@ def _dense_update(part_ptr, w_ptr, state_ptr, dmeta_ptr, pid_base, d_lo, d_hi, N
     waddr = w_off + addr
     w = tl.load(w_ptr + waddr, mask=mask, other=0.0)
     if ADAGRAD:
-        st = tl.load(state_ptr + row_start + r, mask=rmask, other=0.0)
+        st = tl.load(state_ptr + s_off + r, mask=rmask, other=0.0)
     else:
         st = tl.zeros((RB,), dtype=tl.float32)
-    _apply_rows(w_ptr, state_ptr, row_start + r, waddr, w, st, g, mask, rmask, D, lr, eps, ADAGRAD)
+    _apply_rows(w_ptr, state_ptr, s_off + r, waddr, w, st, g, mask, rmask, D, lr, eps, ADAGRAD)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -591,10 +599,10 @@ class TritonTBE(TBE):
                  bwd_max_tw: int = BWD_MAX_TW, bwd_up_lanes: int = BWD_UP_LANES, bwd_dense: float = BWD_DENSE,
                  bwd_dense_rows: int = BWD_DENSE_ROWS, bwd_dense_elems: int = BWD_DENSE_ELEMS, bwd_dense_min_us: float = DENSE_TABLE_US,
                  bwd_i32: bool = True, bwd_narrow_pmax: int = BWD_NARROW_PMAX, bwd_narrow_warps: int = BWD_NARROW_WARPS,
-                 alloc=None) -> None:
-        """`alloc(numel, dtype)`: where the weights and optimizer state live (a flat tensor the
-        kernels can address), by default the device's memory; kernels/tiered.py passes host memory
-        mapped into the GPU (the uvm tier)."""
+                 host_tables: Sequence[int] = ()) -> None:
+        """`host_tables`: tables whose weights and optimizer state live in host memory mapped into the
+        GPU (kernels/host_memory.py; the uvm tier of kernels/tiered.py): the same launches reach them
+        at their distance from the HBM buffer, every access crossing the host link."""
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         self.fwd_lanes, self.fwd_unroll, self.fwd_warps = int(fwd_lanes), int(fwd_unroll), int(fwd_warps)
         self.bwd_lanes, self.bwd_pmax, self.bwd_warps = int(bwd_lanes), int(bwd_pmax), int(bwd_warps)
@@ -614,22 +622,36 @@ class TritonTBE(TBE):
         if not 0 <= self.bwd_dense_elems < 2**31:
             raise ValueError(f"bwd_dense_elems must be in [0, 2^31) (int32 count addresses), got {bwd_dense_elems}")
         T = self.num_tables
-        self._w_off, self._row_start = [], [0]
-        off = 0
-        for r, d in zip(self.rows, self.dims):
-            self._w_off.append(off)
-            off += -(-r * d // ALIGN) * ALIGN
+        self.host_tables = sorted({int(t) for t in host_tables})
+        if any(not 0 <= t < T for t in self.host_tables):
+            raise ValueError(f"host_tables: indices of the {T} tables, got {self.host_tables}")
+        self._w_off, self._s_off, self._row_start = [0] * T, [0] * T, [0]
+        off = srows = 0
+        for t, (r, d) in enumerate(zip(self.rows, self.dims)):
+            if t not in self.host_tables:
+                self._w_off[t], self._s_off[t] = off, srows
+                off += -(-r * d // ALIGN) * ALIGN
+                srows += r
             self._row_start.append(self._row_start[-1] + r)
-        self._flat = torch.empty(max(off, 1), dtype=self.dtype, device=self.device) if alloc is None else alloc(max(off, 1), self.dtype)
+        self._flat = torch.empty(max(off, 1), dtype=self.dtype, device=self.device)
+        adagrad = self.optimizer == "rowwise_adagrad"
+        self._state = torch.zeros(max(srows, 1), dtype=torch.float32, device=self.device) if adagrad else None
+        # host tables: their own host buffers, addressed from the HBM buffers' starts (the state's
+        # offsets then differ from the global rows: the tile kernel's HOST variant adds the difference)
+        self._host_w: dict[int, torch.Tensor] = {}
+        self._host_s: dict[int, torch.Tensor] = {}
+        for t in self.host_tables:
+            self._host_w[t] = host_mapped(self.rows[t] * self.dims[t], self.dtype, self.device).view(self.rows[t], self.dims[t])
+            self._w_off[t] = element_offset(self._flat, self._host_w[t], ALIGN)
+            if adagrad:
+                self._host_s[t] = host_mapped(self.rows[t], torch.float32, self.device).zero_()
+                self._s_off[t] = element_offset(self._state, self._host_s[t])
         for t in range(T):
             init_table_(self._table_view(t), self.seed, t)
         total_rows = self._row_start[-1]
         # the radix sort's passes follow the key's width: 16-bit keys (shards of < 32k rows, the hot
         # tables) sort in 2 passes instead of 4
         self._key_dtype = torch.int16 if total_rows < 2**15 - 1 else torch.int32 if total_rows < 2**31 - 1 else torch.int64
-        self._state = None
-        if self.optimizer == "rowwise_adagrad":
-            self._state = torch.zeros(total_rows, dtype=torch.float32, device=self.device) if alloc is None else alloc(total_rows, torch.float32).zero_()
         self._cls = [_dim_class(d) for d in self.dims]
         # Forward branches compiled in: every power-of-two class up to 256, plus the other-dim classes if
         # the shard has any other dim, plus the classes over 256 if it has any such dim (their tiles
@@ -680,6 +702,8 @@ class TritonTBE(TBE):
 
     # ---------------------------------------------------------------- weights
     def _table_view(self, t: int) -> torch.Tensor:
+        if t in self._host_w:
+            return self._host_w[t]
         o = self._w_off[t]
         return self._flat[o:o + self.rows[t] * self.dims[t]].view(self.rows[t], self.dims[t])
 
@@ -693,7 +717,9 @@ class TritonTBE(TBE):
 
     def optimizer_state(self, t: int) -> torch.Tensor | None:
         self._check_table(t)
-        return None if self._state is None else self._state[self._row_start[t]:self._row_start[t + 1]]
+        if self._state is None:
+            return None
+        return self._host_s[t] if t in self._host_s else self._state[self._s_off[t]:self._s_off[t] + self.rows[t]]
 
     # ---------------------------------------------------------------- forward
     def _fwd_grid(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -777,7 +803,7 @@ class TritonTBE(TBE):
         P0 lookups; level k >= 1 cuts the 2 entries per tile that level k-1 wrote (the partial sums
         of its first and last rows) into tiles of P1 entries, until a table has one tile. Returns the
         segment table (one row per (level, table): table, first program, first and end element, value
-        base, out entry base, out value base, dim, weight offset, output column offset, first row), the launches ((level, class, first program, programs,
+        base, out entry base, out value base, dim, weight offset, output column offset, first row, state offset less first row), the launches ((level, class, first program, programs,
         column blocks, first segment, end segment): one per level and tile class) and the entry and
         value counts. Host arithmetic only: the lookup counts came to the host during the forward."""
         segs: list[list[int]] = []
@@ -801,7 +827,8 @@ class TritonTBE(TBE):
                     launches[-1][6] += 1
                 else:
                     launches.append([level, cls, nprog, tiles, self._nblk[t], len(segs), len(segs) + 1])
-                segs.append([t, nprog, e0, e0 + n, vb, ne, nv, self.dims[t], self._w_off[t], self.col_offsets[t], self._row_start[t]])
+                segs.append([t, nprog, e0, e0 + n, vb, ne, nv, self.dims[t], self._w_off[t], self.col_offsets[t], self._row_start[t],
+                             self._s_off[t] - self._row_start[t]])
                 nprog += tiles
                 if tiles > 1:
                     inputs[t] = (2 * tiles, ne, nv)
@@ -851,7 +878,7 @@ class TritonTBE(TBE):
                 else:
                     launches.append([key, first, count, k, k + 1])
             k0, k1 = bounds[t] // KEYS_BLOCK, (bounds[t + 1] - 1) // KEYS_BLOCK
-            rows.append([t, nprod, nupd, r, d, self._w_off[t], self.col_offsets[t], self._row_start[t], nc, npart,
+            rows.append([t, nprod, nupd, r, d, self._w_off[t], self.col_offsets[t], self._s_off[t], nc, npart,
                          -(-d // bd), parts, kchunk, ncount, k0, bounds[t], bounds[t + 1]])
             ncount += k1 - k0 + 1
             nprod += tiles * parts
@@ -940,7 +967,8 @@ class TritonTBE(TBE):
             vals = torch.empty(max(nv, 1), dtype=torch.float32, device=dev)
             # int32 offsets in the tiles where every one fits (the lookups, entries, partial sums, gradient
             # and weights each under 2^31 elements): ~10% fewer instructions than int64 addressing
-            i32 = self.bwd_i32 and max(ns, ne, nv, grad.numel(), self._flat.numel()) < 2**31
+            # (host tables lie at 64-bit distances from the HBM buffer)
+            i32 = self.bwd_i32 and not self.host_tables and max(ns, ne, nv, grad.numel(), self._flat.numel()) < 2**31
             # 4. one launch per level and tile class; level k+1 reads what level k wrote (stream order)
             for level, cls, pfirst, count, blocks, sg0, sg1 in launches:
                 tables = [plan[k][0] for k in range(sg0, sg1)]
@@ -948,7 +976,7 @@ class TritonTBE(TBE):
                     keys_sorted, segs, grad, vals, ekeys, eflags, self._flat, state, self._meta, segt,
                     pfirst, sg0, sg1, T, nseg, batch, self.total_dim, self.lr, self.eps,
                     CLS=cls, LEVEL0=level == 0, P=(self._pcls0 if level == 0 else self._pcls1)[cls],
-                    ADAGRAD=adagrad, VEC=self._vec, I32=i32, MV=_aligned(self.dims[t] for t in tables),
+                    ADAGRAD=adagrad, HOST=bool(self.host_tables), VEC=self._vec, I32=i32, MV=_aligned(self.dims[t] for t in tables),
                     GA=_aligned([self.total_dim] + [self.col_offsets[t] for t in tables]), num_warps=self._wcls[cls],
                 )
             tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)
