@@ -25,7 +25,12 @@ Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten
      with every shard in HBM (measured and priced), so that the report splits the error into the
      compute of the placement and the tiers' own cost, device by device, beside each cache's
      predicted and measured hit rate.
-`--budget-s` (default 270) stops parts 4 and 5 early; a run cut short keeps what it measured.
+  6. the full pool (the issue's target): the 856-table `dlrm` pool on 8 devices of 24 GB with host
+     memory, planned by size_lookup (`dreamshard plan`'s default) and dreamshard, measured device by
+     device beside the simulator's price;
+  7. the tiered forward taken apart on the mixed plans' devices with caches: each prefetch and the
+     kernel's forward timed on the GPU, the host's issue time beside, each prefetch's price.
+`--budget-s` (default 270) stops parts 4 to 7 early; a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -280,7 +285,8 @@ def hit_rates(device: str, quick: bool, run: Run) -> list[dict]:
 # ---------------------------------------------------------------------------------------------- 5
 
 
-def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, SimBackend]) -> list[dict]:
+def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, SimBackend], plans: list) -> list[dict]:
+    """Part 5; each plan measured is appended to `plans` (the probe's, part 7)."""
     from dreamshard.costs.runners import SequentialRunner
     from dreamshard.planners import get_planner
     from dreamshard.synth import PoolConfig, synth_pool
@@ -304,6 +310,7 @@ def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str,
                 plan = get_planner(name).plan(task)
                 t0 = time.monotonic()
                 m = runner.evaluate_plan(plan)
+                plans.append((f"{k}/{devices}/{ratio} {name}", plan, m))
                 row = {"tables": k, "devices": devices, "bytes_over_hbm": ratio, "planner": name, "measured_ms": m.overall_ms,
                        "tiers": {x: sum(s.tier == x for s in plan.shards) for x in ("hbm", "uvm", "uvm_caching")},
                        "measured_hit_rates": [round(c["hit_rate"], 4) for c in m.details.get("tiers", {}).get("cached_tables", [])],
@@ -327,6 +334,124 @@ def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str,
                 row = {"tables": k, "devices": devices, "planner": name, "error": f"{type(e).__name__}: {str(e)[:300]}", "trace": traceback.format_exc()[-800:]}
             out.append(row)
             run.save("mixed_plans", out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- 6
+
+
+def full_pool(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, SimBackend]) -> list[dict]:
+    """The issue's target: the 856-table `dlrm` pool (`data synth --seed 0`) on 8 devices of 24 GB
+    with host memory, planned as `dreamshard plan` does (size_lookup, the default) and by
+    dreamshard, measured device by device by the sequential runner on this one GPU."""
+    from dreamshard.costs.runners import SequentialRunner
+    from dreamshard.planners import get_planner
+    from dreamshard.synth import PoolConfig, synth_pool
+    from dreamshard.tasks import Task, Workload
+
+    gb = 1 << 30
+    pool = synth_pool(PoolConfig(tables=856 if not quick else 40, seed=0))
+    devices, hbm = (8, 24 * gb) if not quick else (2, int(sum(t.bytes() for t in pool) / 1.5 / 2))
+    task = Task(pool, devices, hbm, Workload(batch_size=65_536 if not quick else 512), host_memory_bytes=512 * gb if not quick else 4 * hbm)
+    runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 5, iters=2 if quick else 10, input_sets=3)
+    out = []
+    for name in ("size_lookup", "dreamshard"):
+        if run.left() < 90:
+            break
+        try:
+            plan = get_planner(name).plan(task)
+            t0 = time.monotonic()
+            m = runner.evaluate_plan(plan)
+            row = {"planner": name, "tables": len(pool), "devices": devices, "hbm_gb": hbm / gb, "measured_ms": m.overall_ms, "seconds": round(time.monotonic() - t0, 1),
+                   "tiers": {x: sum(s.tier == x for s in plan.shards) for x in ("hbm", "uvm", "uvm_caching")},
+                   "measured_devices": [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in m.devices],
+                   "measured_caches": m.details.get("tiers", {}).get("cached_tables", [])}
+            for label, sim in sims.items():
+                r = sim.evaluate_plan(plan)
+                row[f"sim_ms_{label}"] = r.overall_ms
+                row[f"sim_err_{label}"] = (r.overall_ms - m.overall_ms) / m.overall_ms
+                row[f"sim_devices_{label}"] = [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in r.devices]
+                row[f"sim_caches_{label}"] = r.details.get("tiers", {}).get("cached_shards", [])
+        except Exception as e:  # noqa: BLE001
+            row = {"planner": name, "error": f"{type(e).__name__}: {str(e)[:300]}", "trace": traceback.format_exc()[-800:]}
+        out.append(row)
+        run.save("full_pool", out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- 7
+
+
+def probe(kernel: str, device: str, plans: list, link: HostLink, run: Run, steps: int = 8) -> list[dict]:
+    """Where a device's tiers' cost goes: for each device with cached shards (of the mixed plans),
+    the tiered forward taken apart — each cache's prefetch and the kernel's forward timed on the GPU
+    (CUDA events; the host's issue time beside, so a prefetch the host cannot issue fast enough shows)
+    — beside the simulator's price of each prefetch (its work and the rows it moves, with the hit
+    rate predicted and again with the one measured)."""
+    from dreamshard.costs.runners.distributed import build_checked_tbe
+    from dreamshard.streams import shard_batch
+
+    on_gpu = torch.device(device).type == "cuda"
+    out = []
+    for label, plan, _ in plans:
+        w = plan.workload
+        B, elt = w.batch_size, w.elt_bytes
+        specs = plan.shard_specs()
+        for d in range(plan.devices):
+            ours = [(s, spec) for s, spec in zip(plan.shards, specs) if s.device == d]
+            if not any(s.tier == "uvm_caching" for s, _ in ours) or run.left() < 20:
+                continue
+            tables = [spec for _, spec in ours]
+            tiers = [Tier(s.tier, s.cache_ratio) for s, _ in ours]
+            tbe = build_checked_tbe(kernel, tables, w.precision, w.optimizer, device, tiers=tiers)
+            grad = torch.zeros(B, tbe.total_dim, dtype=tbe.dtype, device=device)
+            caches = list(tbe.caches.items())
+            spans, issue, inner_ms = np.zeros(len(caches)), np.zeros(len(caches)), []
+            for i in range(5 + steps):
+                ix, off = shard_batch(tables, B, step=i, device=device)
+                bounds = off[::B].tolist()
+                sync(device)
+                if i == 5:
+                    tbe.reset_cache_stats()
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(caches) + 2)] if on_gpu else []
+                if ev:
+                    ev[0].record()
+                slots = ix.clone()
+                for k, (t, cache) in enumerate(caches):
+                    h0 = time.perf_counter()
+                    cache.prefetch(ix[bounds[t]:bounds[t + 1]], out=slots[bounds[t]:bounds[t + 1]])
+                    if i >= 5:
+                        issue[k] += (time.perf_counter() - h0) * 1000 / steps
+                    if ev:
+                        ev[k + 1].record()
+                tbe.inner.forward(slots, off)
+                if ev:
+                    ev[-1].record()
+                sync(device)
+                if ev and i >= 5:
+                    spans += np.array([ev[k].elapsed_time(ev[k + 1]) for k in range(len(caches))]) / steps
+                    inner_ms.append(ev[-2].elapsed_time(ev[-1]))
+                tbe.backward(grad)
+            stats = tbe.cache_stats()
+            rows = []
+            for k, (t, cache) in enumerate(caches):
+                spec = tables[t]
+                L = B * spec.pooling_factor
+                r = math.ceil(spec.dim * elt / link.sector_bytes) * link.sector_bytes
+                h_pred, h_meas = hit_rate(spec, cache.slots, B), stats[t]["hit_rate"]
+                moved = lambda h: 2 * L * (1 - h) * r / (link.rate_GBps(r) * 1e6)  # noqa: E731
+                rows.append({"table": spec.name, "rows": spec.rows, "dim": spec.dim, "lookups": round(L), "slots": cache.slots, "hit_predicted": round(h_pred, 4),
+                             "hit_measured": round(h_meas, 4), "prefetch_gpu_ms": round(float(spans[k]), 4), "prefetch_issue_ms": round(float(issue[k]), 4),
+                             "priced_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_pred)) + moved(h_pred), 4),
+                             "priced_at_measured_hit_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_meas)) + moved(h_meas), 4),
+                             "moved_ms_at_measured_hit": round(moved(h_meas), 4)})
+            out.append({"plan": label, "device": d, "tables": len(tables), "uvm": sum(tr.kind == "uvm" for tr in tiers), "kernel_forward_ms": round(float(np.median(inner_ms)), 4) if inner_ms else None,
+                        "caches": rows})
+            del tbe, grad
+            if on_gpu:
+                torch.cuda.empty_cache()
+                getattr(torch._C, "_host_emptyCache", lambda: None)()
+            run.save("probe", out)
     return out
 
 
@@ -391,6 +516,31 @@ def report(summary: dict) -> str:
                 got = [x["hit_rate"] for x in r.get("measured_caches", []) if x.get("table") == c["table"]]
                 lines.append(f"| {r['tables']}/{r['devices']}/{r['bytes_over_hbm']} {r['planner']} | {c['table']} | {c['device']} | {c['cache_rows']} | "
                              f"{c['predicted_hit_rate']:.3f} | {', '.join(f'{g:.3f}' for g in got) or 'n/a'} |")
+    fp = [r for r in summary.get("full_pool", []) if "measured_ms" in r]
+    if fp:
+        lines += ["", "## The full pool: 856 `dlrm` tables (seed 0), 8 devices of 24 GB and host memory (sequential runner, comm modelled)", "",
+                  "| planner | tiers | measured ms | sim (defaults) | err | sim (fitted here) | err | seconds |", "|---|---|---|---|---|---|---|---|"]
+        for r in fp:
+            lines.append(f"| {r['planner']} | {r['tiers']} | {r['measured_ms']:.3f} | {r.get('sim_ms_default', nan):.3f} | {100 * r.get('sim_err_default', nan):+.1f}% | "
+                         f"{r.get('sim_ms_measured', nan):.3f} | {100 * r.get('sim_err_measured', nan):+.1f}% | {r['seconds']} |")
+        label = "measured" if "sim_devices_measured" in fp[0] else "default"
+        lines += ["", f"Each device's compute, measured / simulated (ms; the simulator with the {'host entry fitted here' if label == 'measured' else 'defaults'})", "",
+                  "| planner | device | fwd | bwd |", "|---|---|---|---|"]
+        for r in fp:
+            for d, (m, x) in enumerate(zip(r["measured_devices"], r[f"sim_devices_{label}"])):
+                lines.append(f"| {r['planner']} | {d} | {m[0]:.3f} / {x[0]:.3f} | {m[1]:.3f} / {x[1]:.3f} |")
+    pr = summary.get("probe", [])
+    if pr:
+        lines += ["", "## The tiered forward taken apart (devices of the mixed plans with caches)", "",
+                  "Each cache's prefetch timed on the GPU (CUDA events) and the host's time to issue it, beside its price (the fitted host entry) "
+                  "at the predicted and at the measured hit rate; then the kernel's forward over the device's tables.", "",
+                  "| plan | device | table | dim | lookups | slots | hit pred / meas | prefetch GPU ms | issue ms | priced | priced at measured hit | rows moved ms |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in pr:
+            for c in r["caches"]:
+                lines.append(f"| {r['plan']} | {r['device']} | {c['table']} | {c['dim']} | {c['lookups']} | {c['slots']} | {c['hit_predicted']:.3f} / {c['hit_measured']:.3f} | "
+                             f"{c['prefetch_gpu_ms']:.3f} | {c['prefetch_issue_ms']:.3f} | {c['priced_ms']:.3f} | {c['priced_at_measured_hit_ms']:.3f} | {c['moved_ms_at_measured_hit']:.3f} |")
+            lines.append(f"| {r['plan']} | {r['device']} | kernel forward ({r['tables']} tables, {r['uvm']} uvm) |||||| {r['kernel_forward_ms'] or nan:.3f} |||||")
     return "\n".join(lines) + "\n"
 
 
@@ -429,7 +579,10 @@ def main() -> None:
                 r["sim_fwd_ms_fitted"], r["sim_bwd_ms_fitted"] = s.devices[0].fwd_comp_ms, s.devices[0].bwd_comp_ms
         run.save("speed", speed_rows)
     run.save("hit_rates", hit_rates(args.device, args.quick, run))
-    mixed_plans(kernel, args.device, args.quick, run, sims)
+    plans: list = []
+    mixed_plans(kernel, args.device, args.quick, run, sims, plans)
+    full_pool(kernel, args.device, args.quick, run, sims)
+    probe(kernel, args.device, plans, sims.get("measured", sims["default"]).host_link, run)
     atomic_write(Path(args.out) / "report.md", report(run.summary))
     print((Path(args.out) / "report.md").read_text())
 

@@ -422,7 +422,7 @@ def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, 
         rowkey = _ix(key, I32)
         local = rowkey - row_start
         if HOST:  # the state is not laid out by global row (see TritonTBE.__init__)
-            skey = rowkey + tl.load(segt_ptr + 11 * NSEG + sg)
+            skey = rowkey + _ix(tl.load(segt_ptr + 11 * NSEG + sg), I32)
         else:
             skey = rowkey
         if EXACT:
@@ -967,8 +967,7 @@ class TritonTBE(TBE):
             vals = torch.empty(max(nv, 1), dtype=torch.float32, device=dev)
             # int32 offsets in the tiles where every one fits (the lookups, entries, partial sums, gradient
             # and weights each under 2^31 elements): ~10% fewer instructions than int64 addressing
-            # (host tables lie at 64-bit distances from the HBM buffer)
-            i32 = self.bwd_i32 and not self.host_tables and max(ns, ne, nv, grad.numel(), self._flat.numel()) < 2**31
+            i32 = self.bwd_i32 and max(ns, ne, nv, grad.numel(), self._flat.numel()) < 2**31
             # 4. one launch per level and tile class; level k+1 reads what level k wrote (stream order)
             for level, cls, pfirst, count, blocks, sg0, sg1 in launches:
                 tables = [plan[k][0] for k in range(sg0, sg1)]
@@ -976,7 +975,9 @@ class TritonTBE(TBE):
                     keys_sorted, segs, grad, vals, ekeys, eflags, self._flat, state, self._meta, segt,
                     pfirst, sg0, sg1, T, nseg, batch, self.total_dim, self.lr, self.eps,
                     CLS=cls, LEVEL0=level == 0, P=(self._pcls0 if level == 0 else self._pcls1)[cls],
-                    ADAGRAD=adagrad, HOST=bool(self.host_tables), VEC=self._vec, I32=i32, MV=_aligned(self.dims[t] for t in tables),
+                    ADAGRAD=adagrad, HOST=bool(self.host_tables), VEC=self._vec,
+                    MV=_aligned(self.dims[t] for t in tables),
+                    I32=i32 and not any(t in self._host_w for t in tables),  # host tables lie at 64-bit distances from the HBM buffer
                     GA=_aligned([self.total_dim] + [self.col_offsets[t] for t in tables]), num_warps=self._wcls[cls],
                 )
             tiles0 = sum(c for lv, _, _, c, _, _, _ in launches if lv == 0)

@@ -114,6 +114,9 @@ class SequentialRunner(CostBackend):
         del tbe
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+            # host tiers: pinned memory that torch's host allocator would keep cached (each block a
+            # power of two) for the next shard, which rarely asks for the same sizes
+            getattr(torch._C, "_host_emptyCache", lambda: None)()
         return times
 
     supports_topology = True
