@@ -4,6 +4,7 @@ reuse bins, and mixed-tier plans measured by the sequential runner beside the si
 
     PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --budget-s 400           # one H100/H200, < 5 min
     PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out /tmp/t --device cpu --quick   # logic check on a CPU
+    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --skip 1,4,6             # the mixed plans and the probe alone
 
 Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten, report.md at the end):
   1. correctness: the tiered TBE (kernels/tiered.py) over the Triton kernel — an HBM table, a uvm
@@ -382,14 +383,66 @@ def full_pool(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, S
 # ---------------------------------------------------------------------------------------------- 7
 
 
+def _time_prefetches(tbe, tables: list, B: int, device: str, steps: int, warm: int = 5, profile: bool = False) -> dict:
+    """The tiered forward of `tbe` taken apart over `steps` steps (after `warm`): per cache the host's
+    time to issue its prefetch and its span on the GPU (CUDA events), the kernel's forward; with
+    `profile`, torch.profiler's table of three more batches' prefetches (ops by their own CPU time)."""
+    from dreamshard.streams import shard_batch
+
+    on_gpu = torch.device(device).type == "cuda"
+    grad = torch.zeros(B, tbe.total_dim, dtype=tbe.dtype, device=device)
+    caches = list(tbe.caches.items())
+    spans, issue, inner_ms = np.zeros(len(caches)), np.zeros(len(caches)), []
+    for i in range(warm + steps):
+        ix, off = shard_batch(tables, B, step=i, device=device)
+        bounds = off[::B].tolist()
+        sync(device)
+        if i == warm:
+            tbe.reset_cache_stats()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(caches) + 2)] if on_gpu else []
+        if ev:
+            ev[0].record()
+        slots = ix.clone()
+        for k, (t, cache) in enumerate(caches):
+            h0 = time.perf_counter()
+            cache.prefetch(ix[bounds[t]:bounds[t + 1]], out=slots[bounds[t]:bounds[t + 1]])
+            if i >= warm:
+                issue[k] += (time.perf_counter() - h0) * 1000 / steps
+            if ev:
+                ev[k + 1].record()
+        tbe.inner.forward(slots, off)
+        if ev:
+            ev[-1].record()
+        sync(device)
+        if ev and i >= warm:
+            spans += np.array([ev[k].elapsed_time(ev[k + 1]) for k in range(len(caches))]) / steps
+            inner_ms.append(ev[-2].elapsed_time(ev[-1]))
+        tbe.backward(grad)
+    out = {"issue": issue, "spans": spans, "kernel_forward_ms": round(float(np.median(inner_ms)), 4) if inner_ms else None}
+    if profile:  # the prefetches alone, three more batches (made first)
+        batches = [shard_batch(tables, B, step=warm + steps + i, device=device) for i in range(3)]
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
+        sync(device)
+        with torch.profiler.profile(activities=activities) as prof:
+            for ix, off in batches:
+                bounds = off[::B].tolist()
+                for t, cache in caches:
+                    cache.prefetch(ix[bounds[t]:bounds[t + 1]])
+                sync(device)
+        out["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    return out
+
+
 def probe(kernel: str, device: str, plans: list, link: HostLink, run: Run, steps: int = 8) -> list[dict]:
     """Where a device's tiers' cost goes: for each device with cached shards (of the mixed plans),
-    the tiered forward taken apart — each cache's prefetch and the kernel's forward timed on the GPU
-    (CUDA events; the host's issue time beside, so a prefetch the host cannot issue fast enough shows)
-    — beside the simulator's price of each prefetch (its work and the rows it moves, with the hit
-    rate predicted and again with the one measured)."""
+    the tiered forward taken apart (`_time_prefetches`) beside the simulator's price of each prefetch
+    (its work and the rows it moves, with the hit rate predicted and again with the one measured).
+    The first such device is also profiled, timed with Python's garbage collector off, and each of its
+    cached tables timed again alone in a TBE of its own (is a prefetch's cost its own, or its shard's?)."""
+    import gc
+
+    from dreamshard.costs.kernels.tiered import TieredTBE
     from dreamshard.costs.runners.distributed import build_checked_tbe
-    from dreamshard.streams import shard_batch
 
     on_gpu = torch.device(device).type == "cuda"
     out = []
@@ -403,51 +456,39 @@ def probe(kernel: str, device: str, plans: list, link: HostLink, run: Run, steps
                 continue
             tables = [spec for _, spec in ours]
             tiers = [Tier(s.tier, s.cache_ratio) for s, _ in ours]
+            first = not out
             tbe = build_checked_tbe(kernel, tables, w.precision, w.optimizer, device, tiers=tiers)
-            grad = torch.zeros(B, tbe.total_dim, dtype=tbe.dtype, device=device)
-            caches = list(tbe.caches.items())
-            spans, issue, inner_ms = np.zeros(len(caches)), np.zeros(len(caches)), []
-            for i in range(5 + steps):
-                ix, off = shard_batch(tables, B, step=i, device=device)
-                bounds = off[::B].tolist()
-                sync(device)
-                if i == 5:
-                    tbe.reset_cache_stats()
-                ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(caches) + 2)] if on_gpu else []
-                if ev:
-                    ev[0].record()
-                slots = ix.clone()
-                for k, (t, cache) in enumerate(caches):
-                    h0 = time.perf_counter()
-                    cache.prefetch(ix[bounds[t]:bounds[t + 1]], out=slots[bounds[t]:bounds[t + 1]])
-                    if i >= 5:
-                        issue[k] += (time.perf_counter() - h0) * 1000 / steps
-                    if ev:
-                        ev[k + 1].record()
-                tbe.inner.forward(slots, off)
-                if ev:
-                    ev[-1].record()
-                sync(device)
-                if ev and i >= 5:
-                    spans += np.array([ev[k].elapsed_time(ev[k + 1]) for k in range(len(caches))]) / steps
-                    inner_ms.append(ev[-2].elapsed_time(ev[-1]))
-                tbe.backward(grad)
+            got = _time_prefetches(tbe, tables, B, device, steps, profile=first)
             stats = tbe.cache_stats()
+            extra: dict = {}
+            if first:
+                gc.disable()
+                try:
+                    extra["issue_without_gc"] = [round(float(x), 4) for x in _time_prefetches(tbe, tables, B, device, steps)["issue"]]
+                finally:
+                    gc.enable()
+                extra["profile"] = got.get("profile")
             rows = []
-            for k, (t, cache) in enumerate(caches):
+            for k, (t, cache) in enumerate(tbe.caches.items()):
                 spec = tables[t]
                 L = B * spec.pooling_factor
                 r = math.ceil(spec.dim * elt / link.sector_bytes) * link.sector_bytes
                 h_pred, h_meas = hit_rate(spec, cache.slots, B), stats[t]["hit_rate"]
                 moved = lambda h: 2 * L * (1 - h) * r / (link.rate_GBps(r) * 1e6)  # noqa: E731
-                rows.append({"table": spec.name, "rows": spec.rows, "dim": spec.dim, "lookups": round(L), "slots": cache.slots, "hit_predicted": round(h_pred, 4),
-                             "hit_measured": round(h_meas, 4), "prefetch_gpu_ms": round(float(spans[k]), 4), "prefetch_issue_ms": round(float(issue[k]), 4),
-                             "priced_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_pred)) + moved(h_pred), 4),
-                             "priced_at_measured_hit_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_meas)) + moved(h_meas), 4),
-                             "moved_ms_at_measured_hit": round(moved(h_meas), 4)})
-            out.append({"plan": label, "device": d, "tables": len(tables), "uvm": sum(tr.kind == "uvm" for tr in tiers), "kernel_forward_ms": round(float(np.median(inner_ms)), 4) if inner_ms else None,
-                        "caches": rows})
-            del tbe, grad
+                row = {"table": spec.name, "rows": spec.rows, "dim": spec.dim, "lookups": round(L), "slots": cache.slots, "hit_predicted": round(h_pred, 4),
+                       "hit_measured": round(h_meas, 4), "prefetch_gpu_ms": round(float(got["spans"][k]), 4), "prefetch_issue_ms": round(float(got["issue"][k]), 4),
+                       "priced_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_pred)) + moved(h_pred), 4),
+                       "priced_at_measured_hit_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_meas)) + moved(h_meas), 4),
+                       "moved_ms_at_measured_hit": round(moved(h_meas), 4)}
+                if first:
+                    alone = TieredTBE(kernel, [spec.rows], [spec.dim], [tiers[t]], precision=w.precision, optimizer=w.optimizer, device=device)
+                    a = _time_prefetches(alone, [spec], B, device, steps)
+                    row |= {"alone_issue_ms": round(float(a["issue"][0]), 4), "alone_gpu_ms": round(float(a["spans"][0]), 4)}
+                    del alone
+                rows.append(row)
+            out.append({"plan": label, "device": d, "tables": len(tables), "uvm": sum(tr.kind == "uvm" for tr in tiers),
+                        "kernel_forward_ms": got["kernel_forward_ms"], "caches": rows, **extra})
+            del tbe
             if on_gpu:
                 torch.cuda.empty_cache()
                 getattr(torch._C, "_host_emptyCache", lambda: None)()
@@ -541,6 +582,16 @@ def report(summary: dict) -> str:
                 lines.append(f"| {r['plan']} | {r['device']} | {c['table']} | {c['dim']} | {c['lookups']} | {c['slots']} | {c['hit_predicted']:.3f} / {c['hit_measured']:.3f} | "
                              f"{c['prefetch_gpu_ms']:.3f} | {c['prefetch_issue_ms']:.3f} | {c['priced_ms']:.3f} | {c['priced_at_measured_hit_ms']:.3f} | {c['moved_ms_at_measured_hit']:.3f} |")
             lines.append(f"| {r['plan']} | {r['device']} | kernel forward ({r['tables']} tables, {r['uvm']} uvm) |||||| {r['kernel_forward_ms'] or nan:.3f} |||||")
+        first = pr[0]
+        alone = [c for c in first["caches"] if "alone_issue_ms" in c]
+        if alone:
+            lines += ["", f"The first device ({first['plan']}, device {first['device']}): each prefetch's issue time (ms) in its shard, in its shard with "
+                      "Python's garbage collector off, and alone in a TBE of one table (issue / GPU span)", "",
+                      "| table | in its shard | GC off | alone |", "|---|---|---|---|"]
+            for c, g in zip(first["caches"], first.get("issue_without_gc", [nan] * len(first["caches"]))):
+                lines.append(f"| {c['table']} | {c['prefetch_issue_ms']:.3f} | {g:.3f} | {c['alone_issue_ms']:.3f} / {c['alone_gpu_ms']:.3f} |")
+        if first.get("profile"):
+            lines += ["", "Its prefetches profiled (three batches; torch.profiler, ops by their own CPU time):", "", "```", first["profile"], "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -551,12 +602,17 @@ def main() -> None:
     ap.add_argument("--kernel", default=None, help="default: triton on CUDA, torch on a CPU")
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--quick", action="store_true", help="logic check: tiny sizes")
+    ap.add_argument("--skip", default="", help="parts not to run, of 1, 4, 6 and 7 (e.g. 1,4,6)")
     args = ap.parse_args()
+    skip = {int(x) for x in args.skip.split(",") if x.strip()}
+    if skip - {1, 4, 6, 7}:
+        ap.error(f"--skip: parts 1, 4, 6 and 7 can be skipped (the others feed them), got {args.skip}")
     kernel = args.kernel or ("triton" if args.device.startswith("cuda") else "torch")
     run = Run(Path(args.out), args.budget_s)
     run.save("device", torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu")
     run.save("kernel", kernel)
-    run.save("correctness", correctness(kernel, args.device))
+    if 1 not in skip:
+        run.save("correctness", correctness(kernel, args.device))
     try:
         link = host_link(args.device, args.quick)
     except Exception as e:  # noqa: BLE001
@@ -578,11 +634,14 @@ def main() -> None:
                 s = sims["measured"].evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), speed_table(args.quick, r["table"]), r["batch"]))
                 r["sim_fwd_ms_fitted"], r["sim_bwd_ms_fitted"] = s.devices[0].fwd_comp_ms, s.devices[0].bwd_comp_ms
         run.save("speed", speed_rows)
-    run.save("hit_rates", hit_rates(args.device, args.quick, run))
+    if 4 not in skip:
+        run.save("hit_rates", hit_rates(args.device, args.quick, run))
     plans: list = []
     mixed_plans(kernel, args.device, args.quick, run, sims, plans)
-    full_pool(kernel, args.device, args.quick, run, sims)
-    probe(kernel, args.device, plans, sims.get("measured", sims["default"]).host_link, run)
+    if 6 not in skip:
+        full_pool(kernel, args.device, args.quick, run, sims)
+    if 7 not in skip:
+        probe(kernel, args.device, plans, sims.get("measured", sims["default"]).host_link, run)
     atomic_write(Path(args.out) / "report.md", report(run.summary))
     print((Path(args.out) / "report.md").read_text())
 
