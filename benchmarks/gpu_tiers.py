@@ -11,7 +11,8 @@ Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten
      table and a cached table in one shard, both precisions and optimizers — against the float64
      reference of tests/test_kernels.py, outputs poisoned (tests/test_tiers.py `check_tiered`);
   2. host link: pinned host → HBM copies (cudaMemcpy), and the kernels' own access pattern — random
-     rows of 32 to 512 bytes gathered from (and scattered to) host memory mapped into the GPU — in GB/s;
+     rows of 32 to 512 bytes gathered from (and scattered to) host memory mapped into the GPU, from
+     tables of 256 MB to 16 GB — in GB/s;
   3. speed per tier: one table (2M rows × 64, 4 lookups a sample, zipf 1.0; B = 65,536) in HBM, in
      uvm, and cached at four cache ratios, and in HBM and cached at two ratios at B/4: forward and
      backward ms measured (sequential runner's protocol) beside the simulator's price; from these
@@ -116,6 +117,9 @@ def correctness(kernel: str, device: str) -> list[dict]:
 # ---------------------------------------------------------------------------------------------- 2
 
 
+TABLE_SIZES = (1 << 28, 1 << 30, 1 << 32, 1 << 34)  # 256 MB to 16 GB: the pools' tables reach ~10 GB
+
+
 def host_link(device: str, quick: bool) -> dict:
     from dreamshard.costs.kernels.host_memory import host_mapped
 
@@ -128,21 +132,26 @@ def host_link(device: str, quick: bool) -> dict:
         out["memcpy_h2d_GBps"] = n / ms / 1e6
         ms = timed(lambda: src.copy_(dst, non_blocking=True), device)
         out["memcpy_d2h_GBps"] = n / ms / 1e6
-    rows_total = 4_000_000 if not quick else 100_000
+    # the same gathers from tables of several sizes: a row read from a larger table is more often on a
+    # page the GPU's address translation does not hold (one pinned buffer of the largest size, its
+    # first bytes taken as the smaller tables)
+    sizes = TABLE_SIZES if not quick else (1 << 22, 1 << 24)
+    whole = host_mapped(sizes[-1] // 2, torch.float16, device)
+    whole.fill_(1.0)
     gather = {}
-    for row_bytes in (32, 64, 128, 256, 512):
-        dim = row_bytes // 2
-        table = host_mapped(rows_total * dim, torch.float16, device).view(rows_total, dim)
-        table.fill_(1.0)
-        k = max(1, n // row_bytes)
-        idx = torch.randint(0, rows_total, (k,), device=device)
-        buf = torch.empty(k, dim, dtype=torch.float16, device=device)
-        ms_read = timed(lambda: torch.index_select(table, 0, idx, out=buf), device)
-        ms_write = timed(lambda: table.index_copy_(0, idx, buf), device)
-        gather[row_bytes] = {"read_GBps": k * row_bytes / ms_read / 1e6, "write_GBps": k * row_bytes / ms_write / 1e6}
+    for size in sizes:
+        gather[size] = {}
+        for row_bytes in (32, 64, 128, 256, 512):
+            dim, rows_total = row_bytes // 2, size // row_bytes
+            table = whole[:rows_total * dim].view(rows_total, dim)
+            k = max(1, n // row_bytes)
+            idx = torch.randint(0, rows_total, (k,), device=device)
+            buf = torch.empty(k, dim, dtype=torch.float16, device=device)
+            ms_read = timed(lambda: torch.index_select(table, 0, idx, out=buf), device)
+            ms_write = timed(lambda: table.index_copy_(0, idx, buf), device)
+            gather[size][row_bytes] = {"read_GBps": k * row_bytes / ms_read / 1e6, "write_GBps": k * row_bytes / ms_write / 1e6}
+    del whole
     out["random_rows"] = gather
-    # what the simulator's link term should be: the gathers of the rows it prices (64-256 bytes: dims 32-128 fp16)
-    out["suggested_link_GBps"] = float(np.median([gather[b]["read_GBps"] for b in (64, 128, 256)]))
     return out
 
 
@@ -189,7 +198,7 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
             try:
                 m = runner.evaluate_plan(plan)
                 s = sim.evaluate_plan(plan)
-                row = {"table": table.name, "tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf, "row_bytes": dim * 2,
+                row = {"table": table.name, "tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf, "row_bytes": dim * 2, "rows": rows,
                        "fwd_ms": m.devices[0].fwd_comp_ms, "bwd_ms": m.devices[0].bwd_comp_ms, "sim_fwd_ms": s.devices[0].fwd_comp_ms, "sim_bwd_ms": s.devices[0].bwd_comp_ms}
                 cached = m.details.get("tiers", {}).get("cached_tables", [])
                 if cached:
@@ -212,8 +221,9 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     from scipy.optimize import nnls
 
     base = HostLink()
-    rates = {int(b): v["read_GBps"] for b, v in link.get("random_rows", {}).items()}
-    host = HostLink(row_GBps=tuple(sorted((float(b), float(g)) for b, g in rates.items())) or base.row_GBps)
+    rates = tuple(sorted((float(b), float(t), v["read_GBps"]) for t, by_row in link.get("random_rows", {}).items() for b, v in by_row.items()))
+    host = HostLink(row_GBps=rates or base.row_GBps)
+    table_bytes = lambda r: r["rows"] * r["row_bytes"]  # noqa: E731
     key = lambda r: (r.get("table", "one"), r["batch"])  # noqa: E731
     hbm = {key(r): r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
     out: dict = {}
@@ -222,14 +232,14 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     if uvm:
         r = uvm[0]
         sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
-        ideal = r["lookups"] * sector / (host.rate_GBps(sector) * 1e6)
+        ideal = r["lookups"] * sector / (host.rate_GBps(sector, table_bytes(r)) * 1e6)
         eff = min(1.0, ideal / max(r["fwd_ms"] - hbm[key(r)], 1e-6))
     A, y, pts = [], [], []
     for r in speed_rows:
         if r.get("tier") != "uvm_caching" or "fwd_ms" not in r or key(r) not in hbm:
             continue
         sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
-        moved_ms = (r["misses_per_step"] + r["evictions_per_step"]) * sector / (host.rate_GBps(sector) * 1e6)
+        moved_ms = (r["misses_per_step"] + r["evictions_per_step"]) * sector / (host.rate_GBps(sector, table_bytes(r)) * 1e6)
         rest = r["fwd_ms"] - hbm[key(r)] - moved_ms
         misses = r["lookups"] * (1 - r["measured_hit_rate"])  # as the simulator counts them: L·(1 − h)
         A.append([1.0, r["lookups"] / 1e6, r["slots"] / 1e6, misses / 1e6])
@@ -384,44 +394,48 @@ def full_pool(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, S
 
 
 def _time_prefetches(tbe, tables: list, B: int, device: str, steps: int, warm: int = 5, profile: bool = False) -> dict:
-    """The tiered forward of `tbe` taken apart over `steps` steps (after `warm`): per cache the host's
-    time to issue its prefetch and its span on the GPU (CUDA events), the kernel's forward; with
-    `profile`, torch.profiler's table of three more batches' prefetches (ops by their own CPU time)."""
+    """The tiered forward of `tbe` taken apart over `steps` steps (after `warm`): each cache's prefetch
+    and then the kernel's forward, each timed alone by the runner's clock (its GPU work: the GPU kept
+    busy while the host enqueues it, runners/launch.py `_Clock`), and the host's time to issue each
+    prefetch; with `profile`, torch.profiler's table of three more batches' prefetches (ops by their
+    own CPU time)."""
+    from dreamshard.costs.runners.launch import _Clock
     from dreamshard.streams import shard_batch
 
-    on_gpu = torch.device(device).type == "cuda"
+    dev = torch.device(device)
+    clock = _Clock(dev)
     grad = torch.zeros(B, tbe.total_dim, dtype=tbe.dtype, device=device)
     caches = list(tbe.caches.items())
-    spans, issue, inner_ms = np.zeros(len(caches)), np.zeros(len(caches)), []
+    gpu, issue, inner_ms = np.zeros(len(caches)), np.zeros(len(caches)), []
     for i in range(warm + steps):
         ix, off = shard_batch(tables, B, step=i, device=device)
         bounds = off[::B].tolist()
-        sync(device)
         if i == warm:
             tbe.reset_cache_stats()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(caches) + 2)] if on_gpu else []
-        if ev:
-            ev[0].record()
         slots = ix.clone()
         for k, (t, cache) in enumerate(caches):
+            clock.sync()
+            a = clock.start()
             h0 = time.perf_counter()
             cache.prefetch(ix[bounds[t]:bounds[t + 1]], out=slots[bounds[t]:bounds[t + 1]])
+            h1 = time.perf_counter()
+            b = clock.mark()
+            clock.sync()
             if i >= warm:
-                issue[k] += (time.perf_counter() - h0) * 1000 / steps
-            if ev:
-                ev[k + 1].record()
+                issue[k] += (h1 - h0) * 1000 / steps
+                gpu[k] += clock.ms(a, b) / steps
+        clock.sync()
+        a = clock.start()
         tbe.inner.forward(slots, off)
-        if ev:
-            ev[-1].record()
-        sync(device)
-        if ev and i >= warm:
-            spans += np.array([ev[k].elapsed_time(ev[k + 1]) for k in range(len(caches))]) / steps
-            inner_ms.append(ev[-2].elapsed_time(ev[-1]))
+        b = clock.mark()
+        clock.sync()
+        if i >= warm:
+            inner_ms.append(clock.ms(a, b))
         tbe.backward(grad)
-    out = {"issue": issue, "spans": spans, "kernel_forward_ms": round(float(np.median(inner_ms)), 4) if inner_ms else None}
+    out = {"issue": issue, "gpu": gpu, "kernel_forward_ms": round(float(np.median(inner_ms)), 4) if inner_ms else None}
     if profile:  # the prefetches alone, three more batches (made first)
         batches = [shard_batch(tables, B, step=warm + steps + i, device=device) for i in range(3)]
-        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         sync(device)
         with torch.profiler.profile(activities=activities) as prof:
             for ix, off in batches:
@@ -474,16 +488,16 @@ def probe(kernel: str, device: str, plans: list, link: HostLink, run: Run, steps
                 L = B * spec.pooling_factor
                 r = math.ceil(spec.dim * elt / link.sector_bytes) * link.sector_bytes
                 h_pred, h_meas = hit_rate(spec, cache.slots, B), stats[t]["hit_rate"]
-                moved = lambda h: 2 * L * (1 - h) * r / (link.rate_GBps(r) * 1e6)  # noqa: E731
+                moved = lambda h: 2 * L * (1 - h) * r / (link.rate_GBps(r, spec.rows * spec.dim * elt) * 1e6)  # noqa: E731
                 row = {"table": spec.name, "rows": spec.rows, "dim": spec.dim, "lookups": round(L), "slots": cache.slots, "hit_predicted": round(h_pred, 4),
-                       "hit_measured": round(h_meas, 4), "prefetch_gpu_ms": round(float(got["spans"][k]), 4), "prefetch_issue_ms": round(float(got["issue"][k]), 4),
+                       "hit_measured": round(h_meas, 4), "prefetch_gpu_ms": round(float(got["gpu"][k]), 4), "prefetch_issue_ms": round(float(got["issue"][k]), 4),
                        "priced_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_pred)) + moved(h_pred), 4),
                        "priced_at_measured_hit_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_meas)) + moved(h_meas), 4),
                        "moved_ms_at_measured_hit": round(moved(h_meas), 4)}
                 if first:
                     alone = TieredTBE(kernel, [spec.rows], [spec.dim], [tiers[t]], precision=w.precision, optimizer=w.optimizer, device=device)
                     a = _time_prefetches(alone, [spec], B, device, steps)
-                    row |= {"alone_issue_ms": round(float(a["issue"][0]), 4), "alone_gpu_ms": round(float(a["spans"][0]), 4)}
+                    row |= {"alone_issue_ms": round(float(a["issue"][0]), 4), "alone_gpu_ms": round(float(a["gpu"][0]), 4)}
                     del alone
                 rows.append(row)
             out.append({"plan": label, "device": d, "tables": len(tables), "uvm": sum(tr.kind == "uvm" for tr in tiers),
@@ -506,7 +520,12 @@ def report(summary: dict) -> str:
     link = summary.get("host_link", {})
     if link:
         lines += ["## Host link", "", f"- pinned copies: H2D {link.get('memcpy_h2d_GBps', float('nan')):.1f} GB/s, D2H {link.get('memcpy_d2h_GBps', float('nan')):.1f} GB/s"]
-        lines += [f"- random rows of {b} B from host-mapped memory: read {v['read_GBps']:.1f} GB/s, write {v['write_GBps']:.1f} GB/s" for b, v in link.get("random_rows", {}).items()]
+        rr = link.get("random_rows", {})
+        if rr:
+            widths = list(next(iter(rr.values())))
+            lines += ["", "Random rows gathered from (and scattered to) host-mapped memory, GB/s read / write, by row and table size:", "",
+                      "| table | " + " | ".join(f"{b} B rows" for b in widths) + " |", "|---" * (len(widths) + 1) + "|"]
+            lines += [f"| {int(t) / 2**30:g} GB | " + " | ".join(f"{v[b]['read_GBps']:.1f} / {v[b]['write_GBps']:.1f}" for b in widths) + " |" for t, v in rr.items()]
         lines += [""]
     lines += ["## One table per tier (measured vs simulated, ms)", "", "sim: HostLink's defaults; fitted: with the host entry fitted below", "",
               "| table | tier | cache ratio | batch | fwd | bwd | sim fwd | sim bwd | fitted fwd | fitted bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -521,7 +540,7 @@ def report(summary: dict) -> str:
     if fit:
         h = fit["host"]
         lines += ["", "## Fitted host terms (calibration `host` entry: host_link.json)", "",
-                  f"- fitted: {', '.join(fit['fitted']) or 'nothing'}; row rates (GB/s by row bytes): {h['row_GBps']}",
+                  f"- fitted: {', '.join(fit['fitted']) or 'nothing'} (row rates: the table above)",
                   f"- uvm_efficiency {h['uvm_efficiency']:.3f}; prefetch: {h['prefetch_fixed_ms']:.4f} ms + {h['prefetch_ms_per_mlookup']:.4f} ms per M lookups + "
                   f"{h['prefetch_ms_per_mslot']:.4f} ms per M slots + {h.get('prefetch_ms_per_mmiss', 0.0):.4f} ms per M missed lookups", "",
                   "| table | batch | slots | hit rate | prefetch work ms (measured) | fitted | rows moved ms |", "|---|---|---|---|---|---|---|"]
@@ -573,8 +592,8 @@ def report(summary: dict) -> str:
     pr = summary.get("probe", [])
     if pr:
         lines += ["", "## The tiered forward taken apart (devices of the mixed plans with caches)", "",
-                  "Each cache's prefetch timed on the GPU (CUDA events) and the host's time to issue it, beside its price (the fitted host entry) "
-                  "at the predicted and at the measured hit rate; then the kernel's forward over the device's tables.", "",
+                  "Each cache's prefetch timed alone by the runner's clock (its GPU work) and the host's time to issue it, beside its price (the fitted "
+                  "host entry) at the predicted and at the measured hit rate; then the kernel's forward over the device's tables (timed the same way).", "",
                   "| plan | device | table | dim | lookups | slots | hit pred / meas | prefetch GPU ms | issue ms | priced | priced at measured hit | rows moved ms |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in pr:

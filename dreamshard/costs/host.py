@@ -59,7 +59,10 @@ class HostLink:
 
     link_GBps: float = 64.0  # host link, per direction: PCIe Gen5 x16 peak; used only where row_GBps is empty
     sector_bytes: float = 32.0  # a row read over the link moves whole 32-byte sectors (as the simulator's gathers)
-    row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
+    # random-row gathers: (row bytes, GB/s) of any table, or (row bytes, table bytes, GB/s), the rate
+    # falling with the table's size (the GPU's address translation of host memory: rows spread over
+    # more pages miss its TLB more often)
+    row_GBps: tuple[tuple[float, ...], ...] = H100_ROW_GBPS
     # the prefetch's work and the uvm kernel's rate as fitted on 1 × H100 (benchmarks/gpu_tiers.py;
     # the module doc says which run)
     uvm_efficiency: float = 1.0  # the uvm kernel's share of the gather rate
@@ -69,14 +72,22 @@ class HostLink:
     prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0 on 1 × H100, hit rates 6-36%)
     source: str = "defaults: row rates of the committed H100 run (benchmarks/results/gpu_tiers); prefetch terms estimated"
 
-    def rate_GBps(self, row_bytes: float) -> float:
-        """GB/s of a random-row gather or scatter of rows of `row_bytes` (sector-rounded): the row
-        table interpolated in log2(row bytes), its end values beyond it; link_GBps without a table."""
+    def rate_GBps(self, row_bytes: float, table_bytes: float = 0.0) -> float:
+        """GB/s of a random-row gather or scatter of rows of `row_bytes` (sector-rounded) from a table of
+        `table_bytes` in host memory: the rates interpolated in log2(row bytes), then in log2(table
+        bytes) between the table sizes measured, end values beyond; link_GBps without rates."""
         if not self.row_GBps:
             return self.link_GBps
-        pts = sorted(self.row_GBps)
-        xs = np.log2([max(float(b), 1.0) for b, _ in pts])
-        return float(np.interp(math.log2(max(row_bytes, 1.0)), xs, [float(g) for _, g in pts]))
+        by_table: dict[float, list[tuple[float, float]]] = {}
+        for p in self.row_GBps:
+            by_table.setdefault(p[1] if len(p) == 3 else 0.0, []).append((p[0], p[-1]))
+        log2 = lambda x: math.log2(max(float(x), 1.0))  # noqa: E731
+        sizes = sorted(by_table)
+        rates = []
+        for size in sizes:
+            pts = sorted(by_table[size])
+            rates.append(float(np.interp(log2(row_bytes), [log2(b) for b, _ in pts], [float(g) for _, g in pts])))
+        return float(np.interp(log2(table_bytes), [log2(x) for x in sizes], rates))
 
     def prefetch_ms(self, lookups: float, slots: float, misses: float = 0.0) -> float:
         """The prefetch's GPU work for a cached shard (rows moved not included)."""
@@ -98,27 +109,41 @@ class HostLink:
         if "link_GBps" in values and values["link_GBps"] <= 0:
             raise DataError(f"{where}, host.link_GBps: must be > 0")
         if "row_GBps" in d:
-            rows = d["row_GBps"]
-            pairs = list(rows.items()) if isinstance(rows, dict) else rows
-            if not isinstance(pairs, list) or any(not isinstance(p, (list, tuple)) or len(p) != 2 for p in pairs):
-                raise DataError(f"{where}, host.row_GBps: an object of row bytes → GB/s")
-            out = []
-            for b, g in pairs:
-                try:
-                    b = float(b)
-                except (TypeError, ValueError):
-                    raise DataError(f"{where}, host.row_GBps: row bytes {b!r} is not a number") from None
-                g = parse_float(g, where, f"host.row_GBps[{b:g}]", 0.0, error=DataError, text=False)
-                if b <= 0 or g <= 0:
-                    raise DataError(f"{where}, host.row_GBps: row bytes and GB/s must be > 0")
-                out.append((b, g))
-            values["row_GBps"] = tuple(sorted(out))
+            values["row_GBps"] = _parse_rates(d["row_GBps"], where)
         return HostLink(**values, **({"source": str(d["source"])} if "source" in d else {}))
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["row_GBps"] = {f"{b:g}": g for b, g in self.row_GBps}
+        if all(len(p) == 2 for p in self.row_GBps):
+            d["row_GBps"] = {f"{b:g}": g for b, g in self.row_GBps}
+        else:
+            d["row_GBps"] = {}
+            for b, t, g in self.row_GBps:
+                d["row_GBps"].setdefault(f"{t:.0f}", {})[f"{b:g}"] = g
         return d
+
+
+def _parse_rates(rows, where: str) -> tuple[tuple[float, ...], ...]:
+    """A `host.row_GBps` entry: an object of row bytes → GB/s (any table), or of table bytes → such an
+    object (the rates of tables of that size); as (row bytes, GB/s) or (row bytes, table bytes, GB/s)."""
+    def number(x, what: str) -> float:
+        try:
+            x = float(x)
+        except (TypeError, ValueError):
+            raise DataError(f"{where}, host.row_GBps: {what} {x!r} is not a number") from None
+        if not x > 0:
+            raise DataError(f"{where}, host.row_GBps: {what} must be > 0")
+        return x
+
+    def curve(obj, label: str) -> list[tuple[float, float]]:
+        if not isinstance(obj, dict) or not obj:
+            raise DataError(f"{where}, host.row_GBps{label}: an object of row bytes → GB/s")
+        return [(number(b, "row bytes"), number(parse_float(g, where, f"host.row_GBps{label}[{b}]", 0.0, error=DataError, text=False), "GB/s"))
+                for b, g in obj.items()]
+
+    if isinstance(rows, dict) and rows and all(isinstance(v, dict) for v in rows.values()):
+        return tuple(sorted((b, number(t, "table bytes"), g) for t, c in rows.items() for b, g in curve(c, f"[{t}]")))
+    return tuple(sorted(curve(rows, "")))
 
 
 def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), precision: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -137,8 +162,8 @@ def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), pr
             continue
         row = spec.dim * elt
         sector_row = math.ceil(row / link.sector_bytes) * link.sector_bytes
-        per_ms = 1.0 / (link.rate_GBps(sector_row) * 1e6)  # bytes of rows this wide → ms
-        state_ms = 1.0 / (link.rate_GBps(link.sector_bytes) * 1e6)  # Adagrad's 4 bytes a row: a sector each
+        per_ms = 1.0 / (link.rate_GBps(sector_row, spec.rows * row) * 1e6)  # bytes of rows this wide, from a table this large → ms
+        state_ms = 1.0 / (link.rate_GBps(link.sector_bytes, spec.rows * 4) * 1e6)  # Adagrad's 4 bytes a row: a sector each
         lookups = B * spec.pooling_factor
         unique = expected_unique(spec, B)
         adagrad = w.optimizer == "rowwise_adagrad"
