@@ -147,9 +147,12 @@ def host_link(device: str, quick: bool) -> dict:
             k = max(1, n // row_bytes)
             idx = torch.randint(0, rows_total, (k,), device=device)
             buf = torch.empty(k, dim, dtype=torch.float16, device=device)
+            ordered = idx.sort().values  # the prefetch's streams: rows in row order
             ms_read = timed(lambda: torch.index_select(table, 0, idx, out=buf), device)
             ms_write = timed(lambda: table.index_copy_(0, idx, buf), device)
-            gather[size][row_bytes] = {"read_GBps": k * row_bytes / ms_read / 1e6, "write_GBps": k * row_bytes / ms_write / 1e6}
+            ms_sorted = timed(lambda: torch.index_select(table, 0, ordered, out=buf), device)
+            gather[size][row_bytes] = {"rows": k, "read_GBps": k * row_bytes / ms_read / 1e6, "write_GBps": k * row_bytes / ms_write / 1e6,
+                                       "sorted_read_GBps": k * row_bytes / ms_sorted / 1e6}
     del whole
     out["random_rows"] = gather
     return out
@@ -213,6 +216,35 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
     return out
 
 
+def fit_tlb(grid: dict) -> dict:
+    """HostLink's address-translation terms from part 2's gathers (`grid`: table bytes → row bytes →
+    rates): a row's time beyond its bytes at the smallest table's rate is tlb_miss_ns × the share of
+    accesses that miss, 1 - R/T (random order), or of the pages touched (row order: the sorted
+    gathers give the page). R and the cost by least squares over a grid of R; the page the size of
+    those tried that fits the sorted gathers best."""
+    base = grid[min(grid)]
+    ns = lambda v, b, key: b / v[key]  # noqa: E731 - GB/s is bytes per ns
+    pts = [(t, b, ns(v, b, "read_GBps") - ns(base[b], b, "read_GBps")) for t, by_row in grid.items() for b, v in by_row.items()]
+    best = None
+    for R in np.geomspace(min(grid) / 4, max(grid), 400):
+        share = np.array([max(0.0, 1 - R / t) for t, _, _ in pts])
+        y = np.array([e for _, _, e in pts])
+        c = float(share @ y / max(share @ share, 1e-12))
+        err = float(((share * c - y) ** 2).sum())
+        if c > 0 and (best is None or err < best[0]):
+            best = (err, float(R), c)
+    if best is None:
+        return {}
+    _, R, c = best
+    fits = []
+    for page in (4096, 65536, 2 << 20):
+        link = HostLink(tlb_reach_bytes=R, tlb_miss_ns=c, tlb_page_bytes=page)
+        err = sum((ns(v, b, "sorted_read_GBps") - ns(base[b], b, "sorted_read_GBps") - link.tlb_ms(v["rows"], t, True) * 1e6 / v["rows"]) ** 2
+                  for t, by_row in grid.items() for b, v in by_row.items())
+        fits.append((err, page))
+    return {"tlb_reach_bytes": R, "tlb_miss_ns": c, "tlb_page_bytes": float(min(fits)[1])}
+
+
 def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     """The calibration's `host` entry from parts 2 and 3: the row rates measured in part 2, the uvm
     kernel's share of them, and the prefetch's three work terms fitted (non-negative least squares)
@@ -221,8 +253,9 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     from scipy.optimize import nnls
 
     base = HostLink()
-    rates = tuple(sorted((float(b), float(t), v["read_GBps"]) for t, by_row in link.get("random_rows", {}).items() for b, v in by_row.items()))
-    host = HostLink(row_GBps=rates or base.row_GBps)
+    grid = {int(t): {int(b): v for b, v in by_row.items()} for t, by_row in link.get("random_rows", {}).items()}
+    rates = tuple(sorted((float(b), v["read_GBps"]) for b, v in grid[min(grid)].items())) if grid else ()
+    host = replace(HostLink(row_GBps=rates or base.row_GBps), **(fit_tlb(grid) if len(grid) > 1 else {}))
     table_bytes = lambda r: r["rows"] * r["row_bytes"]  # noqa: E731
     key = lambda r: (r.get("table", "one"), r["batch"])  # noqa: E731
     hbm = {key(r): r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
@@ -232,14 +265,15 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     if uvm:
         r = uvm[0]
         sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
-        ideal = r["lookups"] * sector / (host.rate_GBps(sector, table_bytes(r)) * 1e6)
+        ideal = r["lookups"] * sector / (host.rate_GBps(sector) * 1e6) + host.tlb_ms(r["lookups"], table_bytes(r), False)
         eff = min(1.0, ideal / max(r["fwd_ms"] - hbm[key(r)], 1e-6))
     A, y, pts = [], [], []
     for r in speed_rows:
         if r.get("tier") != "uvm_caching" or "fwd_ms" not in r or key(r) not in hbm:
             continue
         sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
-        moved_ms = (r["misses_per_step"] + r["evictions_per_step"]) * sector / (host.rate_GBps(sector, table_bytes(r)) * 1e6)
+        moved_ms = ((r["misses_per_step"] + r["evictions_per_step"]) * sector / (host.rate_GBps(sector) * 1e6)
+                    + host.tlb_ms(r["misses_per_step"], table_bytes(r), True) + host.tlb_ms(r["evictions_per_step"], table_bytes(r), True))
         rest = r["fwd_ms"] - hbm[key(r)] - moved_ms
         misses = r["lookups"] * (1 - r["measured_hit_rate"])  # as the simulator counts them: L·(1 − h)
         A.append([1.0, r["lookups"] / 1e6, r["slots"] / 1e6, misses / 1e6])
@@ -254,7 +288,7 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     fitted = replace(host, uvm_efficiency=eff, **terms, source=f"fitted by benchmarks/gpu_tiers.py on {device_name}")
     out["host"] = fitted.to_json()
     out["points"] = pts
-    out["fitted"] = ["row_GBps"] * bool(rates) + ["uvm_efficiency"] * bool(uvm) + sorted(terms)
+    out["fitted"] = ["row_GBps"] * bool(rates) + ["tlb_reach_bytes", "tlb_miss_ns", "tlb_page_bytes"] * (len(grid) > 1) + ["uvm_efficiency"] * bool(uvm) + sorted(terms)
     return out
 
 
@@ -486,14 +520,13 @@ def probe(kernel: str, device: str, plans: list, link: HostLink, run: Run, steps
             for k, (t, cache) in enumerate(tbe.caches.items()):
                 spec = tables[t]
                 L = B * spec.pooling_factor
-                r = math.ceil(spec.dim * elt / link.sector_bytes) * link.sector_bytes
                 h_pred, h_meas = hit_rate(spec, cache.slots, B), stats[t]["hit_rate"]
-                moved = lambda h: 2 * L * (1 - h) * r / (link.rate_GBps(r, spec.rows * spec.dim * elt) * 1e6)  # noqa: E731
+                adagrad = w.optimizer == "rowwise_adagrad"
+                priced = lambda h: link.cached_ms(L, cache.slots, h, spec.dim * elt, spec.rows, adagrad)[0]  # noqa: E731
                 row = {"table": spec.name, "rows": spec.rows, "dim": spec.dim, "lookups": round(L), "slots": cache.slots, "hit_predicted": round(h_pred, 4),
                        "hit_measured": round(h_meas, 4), "prefetch_gpu_ms": round(float(got["gpu"][k]), 4), "prefetch_issue_ms": round(float(got["issue"][k]), 4),
-                       "priced_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_pred)) + moved(h_pred), 4),
-                       "priced_at_measured_hit_ms": round(link.prefetch_ms(L, cache.slots, L * (1 - h_meas)) + moved(h_meas), 4),
-                       "moved_ms_at_measured_hit": round(moved(h_meas), 4)}
+                       "priced_ms": round(priced(h_pred), 4), "priced_at_measured_hit_ms": round(priced(h_meas), 4),
+                       "moved_ms_at_measured_hit": round(priced(h_meas) - link.prefetch_ms(L, cache.slots, L * (1 - h_meas)), 4)}
                 if first:
                     alone = TieredTBE(kernel, [spec.rows], [spec.dim], [tiers[t]], precision=w.precision, optimizer=w.optimizer, device=device)
                     a = _time_prefetches(alone, [spec], B, device, steps)
@@ -542,7 +575,8 @@ def report(summary: dict) -> str:
         lines += ["", "## Fitted host terms (calibration `host` entry: host_link.json)", "",
                   f"- fitted: {', '.join(fit['fitted']) or 'nothing'} (row rates: the table above)",
                   f"- uvm_efficiency {h['uvm_efficiency']:.3f}; prefetch: {h['prefetch_fixed_ms']:.4f} ms + {h['prefetch_ms_per_mlookup']:.4f} ms per M lookups + "
-                  f"{h['prefetch_ms_per_mslot']:.4f} ms per M slots + {h.get('prefetch_ms_per_mmiss', 0.0):.4f} ms per M missed lookups", "",
+                  f"{h['prefetch_ms_per_mslot']:.4f} ms per M slots + {h.get('prefetch_ms_per_mmiss', 0.0):.4f} ms per M missed lookups",
+                  f"- address translation: reach {h.get('tlb_reach_bytes', 0) / 2**30:.2f} GB, {h.get('tlb_miss_ns', 0):.1f} ns a miss, pages of {h.get('tlb_page_bytes', 0) / 1024:g} KB", "",
                   "| table | batch | slots | hit rate | prefetch work ms (measured) | fitted | rows moved ms |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {p.get('table', 'one')} | {p['batch']} | {p['slots']} | {p.get('hit_rate', nan):.3f} | {p['prefetch_work_ms']:.3f} | {p.get('fitted_ms', nan):.3f} | {p['moved_ms']:.3f} |"
                   for p in fit.get("points", [])]

@@ -59,10 +59,7 @@ class HostLink:
 
     link_GBps: float = 64.0  # host link, per direction: PCIe Gen5 x16 peak; used only where row_GBps is empty
     sector_bytes: float = 32.0  # a row read over the link moves whole 32-byte sectors (as the simulator's gathers)
-    # random-row gathers: (row bytes, GB/s) of any table, or (row bytes, table bytes, GB/s), the rate
-    # falling with the table's size (the GPU's address translation of host memory: rows spread over
-    # more pages miss its TLB more often)
-    row_GBps: tuple[tuple[float, ...], ...] = H100_ROW_GBPS
+    row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
     # the prefetch's work and the uvm kernel's rate as fitted on 1 × H100 (benchmarks/gpu_tiers.py;
     # the module doc says which run)
     uvm_efficiency: float = 1.0  # the uvm kernel's share of the gather rate
@@ -70,29 +67,55 @@ class HostLink:
     prefetch_ms_per_mlookup: float = 0.154  # per million lookups: their sort, the map look-up, the rewrite
     prefetch_ms_per_mslot: float = 0.106  # per million cache slots: their LRU order, a few elementwise passes
     prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0 on 1 × H100, hit rates 6-36%)
+    # the GPU's address translation of host memory (see tlb_misses): what its TLB covers, the cost of a
+    # miss beyond the rows' own bytes, and the page a sorted stream of rows misses once at most
+    tlb_reach_bytes: float = 0.0
+    tlb_miss_ns: float = 0.0
+    tlb_page_bytes: float = 65536.0
     source: str = "defaults: row rates of the committed H100 run (benchmarks/results/gpu_tiers); prefetch terms estimated"
 
-    def rate_GBps(self, row_bytes: float, table_bytes: float = 0.0) -> float:
-        """GB/s of a random-row gather or scatter of rows of `row_bytes` (sector-rounded) from a table of
-        `table_bytes` in host memory: the rates interpolated in log2(row bytes), then in log2(table
-        bytes) between the table sizes measured, end values beyond; link_GBps without rates."""
+    def rate_GBps(self, row_bytes: float) -> float:
+        """GB/s of a random-row gather or scatter of rows of `row_bytes` (sector-rounded): the row
+        table interpolated in log2(row bytes), its end values beyond it; link_GBps without a table."""
         if not self.row_GBps:
             return self.link_GBps
-        by_table: dict[float, list[tuple[float, float]]] = {}
-        for p in self.row_GBps:
-            by_table.setdefault(p[1] if len(p) == 3 else 0.0, []).append((p[0], p[-1]))
-        log2 = lambda x: math.log2(max(float(x), 1.0))  # noqa: E731
-        sizes = sorted(by_table)
-        rates = []
-        for size in sizes:
-            pts = sorted(by_table[size])
-            rates.append(float(np.interp(log2(row_bytes), [log2(b) for b, _ in pts], [float(g) for _, g in pts])))
-        return float(np.interp(log2(table_bytes), [log2(x) for x in sizes], rates))
+        pts = sorted(self.row_GBps)
+        xs = np.log2([max(float(b), 1.0) for b, _ in pts])
+        return float(np.interp(math.log2(max(row_bytes, 1.0)), xs, [float(g) for _, g in pts]))
+
+    def tlb_misses(self, rows: float, table_bytes: float, in_order: bool) -> float:
+        """Address-translation misses of `rows` row accesses to a table of `table_bytes` in host memory:
+        a table larger than the TLB's reach R misses on a share 1 - R/T of its pages' accesses; rows
+        read in random order miss that share of the accesses, rows read in row order (the sorted
+        streams: the prefetch's loads and write-backs, the uvm backward) that share of the pages they
+        touch, N (1 - e^(-rows/N)) of the table's N pages."""
+        if self.tlb_miss_ns <= 0 or table_bytes <= self.tlb_reach_bytes or rows <= 0:
+            return 0.0
+        if in_order:
+            pages = table_bytes / self.tlb_page_bytes
+            rows = pages * -math.expm1(-rows / pages)
+        return rows * (1.0 - self.tlb_reach_bytes / table_bytes)
+
+    def tlb_ms(self, rows: float, table_bytes: float, in_order: bool) -> float:
+        return self.tlb_misses(rows, table_bytes, in_order) * self.tlb_miss_ns / 1e6
 
     def prefetch_ms(self, lookups: float, slots: float, misses: float = 0.0) -> float:
         """The prefetch's GPU work for a cached shard (rows moved not included)."""
         return (self.prefetch_fixed_ms + lookups / 1e6 * self.prefetch_ms_per_mlookup + slots / 1e6 * self.prefetch_ms_per_mslot
                 + misses / 1e6 * self.prefetch_ms_per_mmiss)
+
+    def cached_ms(self, lookups: float, slots: float, hit: float, row_bytes: float, rows: float, adagrad: bool = False) -> tuple[float, float]:
+        """(ms, bytes over the link) of a cached shard's prefetch: its work, the rows it loads and the
+        rows it writes back (each missed lookup: one of each once the cache is full; both streams in
+        row order), row-wise Adagrad's state with them."""
+        sector_row = math.ceil(row_bytes / self.sector_bytes) * self.sector_bytes
+        misses = lookups * (1 - hit)
+        link_bytes = 2 * misses * (sector_row + (4 if adagrad else 0))
+        ms = (self.prefetch_ms(lookups, slots, misses) + 2 * misses * sector_row / (self.rate_GBps(sector_row) * 1e6)
+              + 2 * self.tlb_ms(misses, rows * row_bytes, True))
+        if adagrad:
+            ms += 2 * misses * self.sector_bytes / (self.rate_GBps(self.sector_bytes) * 1e6) + 2 * self.tlb_ms(misses, rows * 4.0, True)
+        return ms, link_bytes
 
     @staticmethod
     def from_json(d: dict | None, where: str = "calibration") -> "HostLink":
@@ -109,41 +132,27 @@ class HostLink:
         if "link_GBps" in values and values["link_GBps"] <= 0:
             raise DataError(f"{where}, host.link_GBps: must be > 0")
         if "row_GBps" in d:
-            values["row_GBps"] = _parse_rates(d["row_GBps"], where)
+            rows = d["row_GBps"]
+            pairs = list(rows.items()) if isinstance(rows, dict) else rows
+            if not isinstance(pairs, list) or any(not isinstance(p, (list, tuple)) or len(p) != 2 for p in pairs):
+                raise DataError(f"{where}, host.row_GBps: an object of row bytes → GB/s")
+            out = []
+            for b, g in pairs:
+                try:
+                    b = float(b)
+                except (TypeError, ValueError):
+                    raise DataError(f"{where}, host.row_GBps: row bytes {b!r} is not a number") from None
+                g = parse_float(g, where, f"host.row_GBps[{b:g}]", 0.0, error=DataError, text=False)
+                if b <= 0 or g <= 0:
+                    raise DataError(f"{where}, host.row_GBps: row bytes and GB/s must be > 0")
+                out.append((b, g))
+            values["row_GBps"] = tuple(sorted(out))
         return HostLink(**values, **({"source": str(d["source"])} if "source" in d else {}))
 
     def to_json(self) -> dict:
         d = asdict(self)
-        if all(len(p) == 2 for p in self.row_GBps):
-            d["row_GBps"] = {f"{b:g}": g for b, g in self.row_GBps}
-        else:
-            d["row_GBps"] = {}
-            for b, t, g in self.row_GBps:
-                d["row_GBps"].setdefault(f"{t:.0f}", {})[f"{b:g}"] = g
+        d["row_GBps"] = {f"{b:g}": g for b, g in self.row_GBps}
         return d
-
-
-def _parse_rates(rows, where: str) -> tuple[tuple[float, ...], ...]:
-    """A `host.row_GBps` entry: an object of row bytes → GB/s (any table), or of table bytes → such an
-    object (the rates of tables of that size); as (row bytes, GB/s) or (row bytes, table bytes, GB/s)."""
-    def number(x, what: str) -> float:
-        try:
-            x = float(x)
-        except (TypeError, ValueError):
-            raise DataError(f"{where}, host.row_GBps: {what} {x!r} is not a number") from None
-        if not x > 0:
-            raise DataError(f"{where}, host.row_GBps: {what} must be > 0")
-        return x
-
-    def curve(obj, label: str) -> list[tuple[float, float]]:
-        if not isinstance(obj, dict) or not obj:
-            raise DataError(f"{where}, host.row_GBps{label}: an object of row bytes → GB/s")
-        return [(number(b, "row bytes"), number(parse_float(g, where, f"host.row_GBps{label}[{b}]", 0.0, error=DataError, text=False), "GB/s"))
-                for b, g in obj.items()]
-
-    if isinstance(rows, dict) and rows and all(isinstance(v, dict) for v in rows.values()):
-        return tuple(sorted((b, number(t, "table bytes"), g) for t, c in rows.items() for b, g in curve(c, f"[{t}]")))
-    return tuple(sorted(curve(rows, "")))
 
 
 def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), precision: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -162,22 +171,26 @@ def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), pr
             continue
         row = spec.dim * elt
         sector_row = math.ceil(row / link.sector_bytes) * link.sector_bytes
-        per_ms = 1.0 / (link.rate_GBps(sector_row, spec.rows * row) * 1e6)  # bytes of rows this wide, from a table this large → ms
-        state_ms = 1.0 / (link.rate_GBps(link.sector_bytes, spec.rows * 4) * 1e6)  # Adagrad's 4 bytes a row: a sector each
+        per_ms = 1.0 / (link.rate_GBps(sector_row) * 1e6)  # bytes of rows this wide → ms
+        state_ms = 1.0 / (link.rate_GBps(link.sector_bytes) * 1e6)  # Adagrad's 4 bytes a row: a sector each
         lookups = B * spec.pooling_factor
         unique = expected_unique(spec, B)
         adagrad = w.optimizer == "rowwise_adagrad"
+        table, state = spec.rows * row, spec.rows * 4.0  # host bytes of the shard's rows and of its Adagrad state
         if s.tier == "uvm":
             f, b = lookups * sector_row, 2 * unique * sector_row
-            fwd[s.device] += f * per_ms / max(link.uvm_efficiency, 1e-6)
-            bwd[s.device] += b * per_ms + (2 * unique * link.sector_bytes * state_ms if adagrad else 0.0)
-            b += 2 * unique * 4 if adagrad else 0.0
+            # the forward gathers rows in lookup order; the backward reads and writes its distinct rows in row order
+            fwd[s.device] += f * per_ms / max(link.uvm_efficiency, 1e-6) + link.tlb_ms(lookups, table, False)
+            bwd[s.device] += b * per_ms + 2 * link.tlb_ms(unique, table, True)
+            if adagrad:
+                bwd[s.device] += 2 * unique * link.sector_bytes * state_ms + 2 * link.tlb_ms(unique, state, True)
+                b += 2 * unique * 4
         else:
             rows = s.cache_rows(plan.task.tables[s.table])
             h = hit_rate(spec, rows, B)
-            moved = 2 * lookups * (1 - h)  # rows loaded and written back
-            f, b = moved * sector_row + (moved * 4 if adagrad else 0.0), 0.0
-            fwd[s.device] += link.prefetch_ms(lookups, rows, lookups * (1 - h)) + moved * sector_row * per_ms + (moved * link.sector_bytes * state_ms if adagrad else 0.0)
+            ms, f = link.cached_ms(lookups, rows, h, row, spec.rows, adagrad)
+            fwd[s.device] += ms
+            b = 0.0
             cached.append({"table": spec.name, "device": s.device, "cache_rows": rows, "predicted_hit_rate": round(h, 4)})
         link_bytes[s.device] += f + b
     details = {"host_link": link.to_json(), "host_link_bytes": [int(x) for x in link_bytes], "cached_shards": cached}
