@@ -20,17 +20,21 @@ benchmarks/gpu_tiers.py per row size):
     then reads and updates the cache in HBM;
   - row-wise Adagrad's state stays in host memory in both: 2·U·4 bytes in the backward (a cached
     shard's moves it with its rows: 2·L·(1 - h) sectors more).
-The link's time is bytes / rate, added to the compute (no overlap is modelled: the prefetch and
-the kernel run one after the other on one stream, as the runners time them).
+Address translation: the GPU reaches host memory through its own page tables, and a table larger
+than what its TLB covers (`tlb_reach_bytes`, ~0.9 GB on an H100) misses there: rows gathered in
+random order (the uvm forward) cost `tlb_miss_ns` more on the share of them that miss (random
+32-byte rows: 21 GB/s from a 256 MB table, 3.5 from 1 GB, 1.2 from 16 GB); rows in row order (the
+prefetch's loads and write-backs, the uvm backward) miss once a page at most (`tlb_misses`).
+The link's time is bytes / rate plus the misses, added to the compute (no overlap is modelled: the
+prefetch and the kernel run one after the other on one stream, as the runners time them).
 
-`HostLink`'s defaults are an H100 run's (benchmarks/gpu_tiers.py at commit cedbe20, NVIDIA H100
-80GB HBM3, PCIe Gen5): the row rates measured there (reads; writes measured within 10% of them)
-and the prefetch's three work terms fitted there; the committed run (benchmarks/results/gpu_tiers/,
-another H100 host) fitted a fixed part of 0.32 ms against 0.83, the prefetch's launches following
-the host's speed, and no work per missed lookup (benchmarks/gpu_tiers.py writes a calibration
-`host` entry with every field: docs/tiers.md). `link_GBps` prices a row size outside the table's
-range only through its nearest entry; it is kept as the single-number link (PCIe Gen5 x16's
-64 GB/s per direction) for a calibration that gives no row rates.
+`HostLink`'s defaults are the committed H100 run's (benchmarks/results/gpu_tiers/: NVIDIA H100 80GB
+HBM3, PCIe Gen5): the row rates measured there (reads of a 256 MB table; writes within 10% of
+them), the address-translation terms and the prefetch's work terms fitted there (benchmarks/
+gpu_tiers.py writes a calibration `host` entry with every field: docs/tiers.md). The prefetch's
+fixed part follows the host's speed (0.3 ms on that host; 0.83 ms on another H100 host).
+`link_GBps` is the single-number link (PCIe Gen5 x16's 64 GB/s per direction) for a calibration
+that gives no row rates.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ from dreamshard.tiers import expected_unique, hit_rate
 from dreamshard.validation import DataError, parse_float
 
 
-# the committed H100 run's GPU gathers of random rows from host-mapped memory, GB/s by row bytes
-# (benchmarks/results/gpu_tiers/host_link.json: NVIDIA H100 80GB HBM3, PCIe Gen5)
-H100_ROW_GBPS = ((32, 23.6), (64, 40.4), (128, 49.8), (256, 31.0), (512, 27.4))
+# GPU gathers of random rows from host-mapped memory (a 256 MB table), GB/s by row bytes: the committed
+# run of benchmarks/gpu_tiers.py (benchmarks/results/gpu_tiers/host_link.json: NVIDIA H100 80GB HBM3, PCIe Gen5)
+H100_ROW_GBPS = ((32, 21.3), (64, 40.5), (128, 48.3), (256, 49.1), (512, 47.2))
 
 
 _RENAMED = {"cache_fixed_ms": "prefetch_fixed_ms", "cache_ms_per_mlookup": "prefetch_ms_per_mlookup"}  # the first host entries' names
@@ -60,19 +64,18 @@ class HostLink:
     link_GBps: float = 64.0  # host link, per direction: PCIe Gen5 x16 peak; used only where row_GBps is empty
     sector_bytes: float = 32.0  # a row read over the link moves whole 32-byte sectors (as the simulator's gathers)
     row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
-    # the prefetch's work and the uvm kernel's rate as fitted on 1 × H100 (benchmarks/gpu_tiers.py;
-    # the module doc says which run)
+    # the prefetch's work, the uvm kernel's rate and the address translation, fitted there too
     uvm_efficiency: float = 1.0  # the uvm kernel's share of the gather rate
-    prefetch_fixed_ms: float = 0.833  # the prefetch's fixed cost per cached shard (its ~30 launches and their gaps)
-    prefetch_ms_per_mlookup: float = 0.154  # per million lookups: their sort, the map look-up, the rewrite
-    prefetch_ms_per_mslot: float = 0.106  # per million cache slots: their LRU order, a few elementwise passes
-    prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0 on 1 × H100, hit rates 6-36%)
+    prefetch_fixed_ms: float = 0.300  # the prefetch's fixed cost per cached shard (its launches and their gaps)
+    prefetch_ms_per_mlookup: float = 0.428  # per million lookups: their sort, the map look-up, the rewrite
+    prefetch_ms_per_mslot: float = 0.091  # per million cache slots: their LRU order, a few elementwise passes
+    prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0: hit rates 6-36% measured)
     # the GPU's address translation of host memory (see tlb_misses): what its TLB covers, the cost of a
     # miss beyond the rows' own bytes, and the page a sorted stream of rows misses once at most
-    tlb_reach_bytes: float = 0.0
-    tlb_miss_ns: float = 0.0
-    tlb_page_bytes: float = 65536.0
-    source: str = "defaults: row rates of the committed H100 run (benchmarks/results/gpu_tiers); prefetch terms estimated"
+    tlb_reach_bytes: float = 0.89e9
+    tlb_miss_ns: float = 26.2
+    tlb_page_bytes: float = 2.0 * 2**20
+    source: str = "defaults: fitted by benchmarks/gpu_tiers.py on NVIDIA H100 80GB HBM3 (benchmarks/results/gpu_tiers)"
 
     def rate_GBps(self, row_bytes: float) -> float:
         """GB/s of a random-row gather or scatter of rows of `row_bytes` (sector-rounded): the row

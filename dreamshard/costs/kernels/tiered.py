@@ -185,12 +185,17 @@ class RowCache:
         load_rows = torch.full((m + 1,), -1, dtype=torch.int64, device=dev).index_put_((at,), rows)[:m]
         old = self.slot_row[victims]  # the rows evicted (-1: an empty slot, or past the misses)
         evicted = old >= 0
-        self._counts[:2].add_(torch.stack([k[0], evicted.sum()]))
-        # write back what is evicted (a cached row may have been updated by any backward since it was loaded), then load
-        _move_rows(self.cache, victims, self.host, old, k)
+        n_evicted = evicted.sum()
+        self._counts[:2].add_(torch.stack([k[0], n_evicted]))
+        # write back what is evicted (a cached row may have been updated by any backward since it was
+        # loaded), in row order as the loads are: a sorted stream misses the GPU's translation of host
+        # addresses once a page at most, the slots' LRU order once a row (costs/host.py tlb_misses)
+        back, order_back = torch.sort(torch.where(evicted, old, torch.full_like(old, self.rows)))
+        from_slots = victims[order_back]
+        _move_rows(self.cache, from_slots, self.host, back, n_evicted.view(1))
         _move_rows(self.host, load_rows, self.cache, victims, k)
         if self.host_state is not None:
-            _move_rows(self.cache_state.view(-1, 1), victims, self.host_state.view(-1, 1), old, k)
+            _move_rows(self.cache_state.view(-1, 1), from_slots, self.host_state.view(-1, 1), back, n_evicted.view(1))
             _move_rows(self.host_state.view(-1, 1), load_rows, self.cache_state.view(-1, 1), victims, k)
         spare_row = torch.full_like(old, self.rows)
         self.row_slot.index_put_((torch.where(evicted, old, spare_row),), self._minus1)
