@@ -55,7 +55,7 @@ FILLS = (0.95, 0.9, 0.8, 0.65, 0.5)
 CACHE_MARGIN = 1.25
 # the row cache's prefetch keeps its slots in LRU order, GPU work per slot every step: the tier stage
 # counts it as the host-link bytes that take as long (costs/host.py HostLink's defaults, fitted on
-# an H100: 0.106 ms per million slots, ~40 GB/s: 4 bytes a slot)
+# an H100: 0.11 ms per million slots, ~40 GB/s: 4 bytes a slot)
 SLOT_LINK_BYTES = 4.0
 
 

@@ -158,43 +158,48 @@ class HostLink:
         return d
 
 
+def shard_ms(link: HostLink, spec, kind: str, slots: int, batch_size: int, elt: int, adagrad: bool) -> tuple[float, float, float, float | None]:
+    """(forward ms, backward ms, bytes over the link, predicted hit rate or None) that a shard of
+    `spec` in host tier `kind` adds to its device's step (a cached one with `slots` cache rows): see
+    the module doc. The simulator (`tier_ms`) and the tier stage (tier_stage.py) price with it."""
+    row = spec.dim * elt
+    lookups = batch_size * spec.pooling_factor
+    if kind == "uvm_caching":
+        h = hit_rate(spec, slots, batch_size)
+        ms, moved = link.cached_ms(lookups, slots, h, row, spec.rows, adagrad)
+        return ms, 0.0, moved, h
+    sector_row = math.ceil(row / link.sector_bytes) * link.sector_bytes
+    per_ms = 1.0 / (link.rate_GBps(sector_row) * 1e6)  # bytes of rows this wide → ms
+    unique = expected_unique(spec, batch_size)
+    table = spec.rows * row  # host bytes of the shard's rows
+    # the forward gathers rows in lookup order; the backward reads and writes its distinct rows in row order
+    fwd = lookups * sector_row * per_ms / max(link.uvm_efficiency, 1e-6) + link.tlb_ms(lookups, table, False)
+    bwd = 2 * unique * sector_row * per_ms + 2 * link.tlb_ms(unique, table, True)
+    moved = lookups * sector_row + 2 * unique * sector_row
+    if adagrad:  # the state's 4 bytes a row: a sector each
+        bwd += 2 * unique * link.sector_bytes / (link.rate_GBps(link.sector_bytes) * 1e6) + 2 * link.tlb_ms(unique, spec.rows * 4.0, True)
+        moved += 2 * unique * 4
+    return fwd, bwd, moved, None
+
+
 def tier_ms(plan, batch_size: int | None = None, link: HostLink = HostLink(), precision: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """(forward ms [D], backward ms [D], details) that the plan's host-tier shards add to their
-    devices' compute: see the module doc. details: per device the bytes over the link, and per
-    cached shard its predicted hit rate."""
+    devices' compute (`shard_ms`). details: per device the bytes over the link, and per cached shard
+    its predicted hit rate."""
     D = plan.devices
     w = plan.workload.with_overrides(batch_size, precision)
-    B, elt = w.batch_size, w.elt_bytes
     fwd, bwd = np.zeros(D), np.zeros(D)
     link_bytes = np.zeros(D)
     cached = []
-    specs = plan.shard_specs()
-    for s, spec in zip(plan.shards, specs):
+    for s, spec in zip(plan.shards, plan.shard_specs()):
         if s.tier == "hbm":
             continue
-        row = spec.dim * elt
-        sector_row = math.ceil(row / link.sector_bytes) * link.sector_bytes
-        per_ms = 1.0 / (link.rate_GBps(sector_row) * 1e6)  # bytes of rows this wide → ms
-        state_ms = 1.0 / (link.rate_GBps(link.sector_bytes) * 1e6)  # Adagrad's 4 bytes a row: a sector each
-        lookups = B * spec.pooling_factor
-        unique = expected_unique(spec, B)
-        adagrad = w.optimizer == "rowwise_adagrad"
-        table, state = spec.rows * row, spec.rows * 4.0  # host bytes of the shard's rows and of its Adagrad state
-        if s.tier == "uvm":
-            f, b = lookups * sector_row, 2 * unique * sector_row
-            # the forward gathers rows in lookup order; the backward reads and writes its distinct rows in row order
-            fwd[s.device] += f * per_ms / max(link.uvm_efficiency, 1e-6) + link.tlb_ms(lookups, table, False)
-            bwd[s.device] += b * per_ms + 2 * link.tlb_ms(unique, table, True)
-            if adagrad:
-                bwd[s.device] += 2 * unique * link.sector_bytes * state_ms + 2 * link.tlb_ms(unique, state, True)
-                b += 2 * unique * 4
-        else:
-            rows = s.cache_rows(plan.task.tables[s.table])
-            h = hit_rate(spec, rows, B)
-            ms, f = link.cached_ms(lookups, rows, h, row, spec.rows, adagrad)
-            fwd[s.device] += ms
-            b = 0.0
-            cached.append({"table": spec.name, "device": s.device, "cache_rows": rows, "predicted_hit_rate": round(h, 4)})
-        link_bytes[s.device] += f + b
+        slots = s.cache_rows(plan.task.tables[s.table]) if s.tier == "uvm_caching" else 0
+        f, b, moved, h = shard_ms(link, spec, s.tier, slots, w.batch_size, w.elt_bytes, w.optimizer == "rowwise_adagrad")
+        fwd[s.device] += f
+        bwd[s.device] += b
+        link_bytes[s.device] += moved
+        if h is not None:
+            cached.append({"table": spec.name, "device": s.device, "cache_rows": slots, "predicted_hit_rate": round(h, 4)})
     details = {"host_link": link.to_json(), "host_link_bytes": [int(x) for x in link_bytes], "cached_shards": cached}
     return fwd, bwd, details
