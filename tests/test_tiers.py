@@ -167,6 +167,40 @@ def test_row_cache_is_the_simulated_lru():
     assert abs(cache.hit_rate - simulate_lru([b.numpy() for b in batches], C, t.rows, warmup=2)) < 0.01
 
 
+def test_prefetch_pads_batches_by_at_most_an_eighth():
+    from dreamshard.costs.kernels.tiered import padded
+
+    for n in list(range(1, 300)) + [1000, 65_536, 65_537, 262_143, 700_001]:
+        p = padded(n)
+        assert n <= p <= max(64, 1.125 * n), (n, p)
+    assert len({padded(n) for n in range(60_000, 66_000)}) <= 3  # a table's batches: a few sizes (CUDA graphs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_prefetch_graphs_replay_the_eager_prefetch():
+    """The CUDA graphs of the prefetch (one per padded size, replayed) give the slots, rows, state
+    and counters of the same prefetch run op by op."""
+    from dreamshard.streams import table_bags
+
+    t = stream_table(60_000, 5.0, "zipf:0.9")
+    batches = [table_bags(t, 1000 + 37 * s, s)[1].cuda() for s in range(12)]  # sizes across several padded ones
+    C = 3 * max(int(torch.unique(b).numel()) for b in batches)
+    g = torch.Generator().manual_seed(3)
+    host, state = torch.rand(t.rows, 8, generator=g).cuda(), torch.rand(t.rows, generator=g).cuda()
+    caches = [RowCache(host.clone(), torch.zeros(C, 8, device="cuda"), state.clone(), torch.zeros(C, device="cuda"), graphs=graphs) for graphs in (False, True)]
+    for b in batches:
+        slots = [c.prefetch(b) for c in caches]
+        assert torch.equal(slots[0], slots[1])
+        for c, s in zip(caches, slots):
+            c.cache[s] += 1.0
+            c.cache_state[s] += 0.5
+    assert caches[1]._captured, "no graph captured"
+    a, b = caches
+    assert torch.equal(a.table(), b.table()) and torch.equal(a.state(), b.state())
+    assert (a.misses, a.evictions, a.lookups) == (b.misses, b.evictions, b.lookups) and a.evictions > 0
+
+
 def test_row_cache_reports_a_batch_it_cannot_hold():
     """The prefetch does not read the GPU, so a batch of more distinct rows than slots is found
     out when the counters are read: they raise, saying the cache is too small."""

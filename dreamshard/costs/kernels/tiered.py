@@ -16,7 +16,10 @@ missing row takes the j-th, and the slots used now move to the end of the order 
 partition, elementwise work over the slots, no sort), writes the rows it evicts back to host memory (every cached row may have been
 updated by a backward), loads the missing rows (and their Adagrad state) from host memory, and
 rewrites the batch's indices as slot numbers. The kernel then runs unchanged on the cache, and its
-backward updates the cached rows in place. All of it is GPU work whose shapes the host knows (the
+backward updates the cached rows in place. The batch is padded (by at most an eighth, with a spare
+row that hits a spare slot) to one of a few sizes, and on a GPU each size's prefetch is a CUDA graph
+captured once and replayed: one launch for its ~80 ops, which the host otherwise took longer to
+issue than the GPU took to run. All of it is GPU work whose shapes the host knows (the
 batch's lookups, the slots): the host never waits for the GPU, and the rows moved — as many as the
 GPU found missing — are moved by a small Triton kernel that reads their count from GPU memory,
 gathering the missing rows straight from the host-mapped table (no staging copy). FBGEMM's
@@ -92,6 +95,26 @@ if triton is not None:
             tl.store(dst + d[:, None] * dst_stride + c[None, :], v, mask=mask)
 
 
+def padded(n: int) -> int:
+    """The batch size a prefetch of n lookups runs at: n rounded up to 1/8 of its power of two (at
+    most 12.5% of padding; a table's batches vary by a few percent, so one or two sizes, each a
+    CUDA graph, serve it)."""
+    if n <= 64:
+        return 64
+    step = 1 << max(0, (n - 1).bit_length() - 4)
+    return -(-n // step) * step
+
+
+_POOLS: dict = {}
+
+
+def _graph_pool(device: torch.device):
+    """One CUDA graph memory pool per device, shared by every row cache's prefetch graphs."""
+    if device not in _POOLS:
+        _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]
+
+
 class RowCache:
     """An LRU, write-back HBM cache of one table's rows held in host memory (see the module doc).
     `cache` (and `cache_state`) are the kernel's own views of the slots; `host` (and `host_state`)
@@ -106,18 +129,26 @@ class RowCache:
     lists are compacted to the front and moved by a kernel that reads their count from GPU memory
     (`_move_rows`)."""
 
-    def __init__(self, host: torch.Tensor, cache: torch.Tensor, host_state: torch.Tensor | None = None, cache_state: torch.Tensor | None = None):
+    def __init__(self, host: torch.Tensor, cache: torch.Tensor, host_state: torch.Tensor | None = None, cache_state: torch.Tensor | None = None,
+                 graphs: bool | None = None):
         self.host, self.cache, self.host_state, self.cache_state = host, cache, host_state, cache_state
         self.rows, self.slots = host.shape[0], cache.shape[0]
         device = self.device = cache.device
         self.slot_row = torch.full((self.slots + 1,), -1, dtype=torch.int64, device=device)  # + the spare slot
         self.slot_time = torch.full((self.slots + 1,), -1, dtype=torch.int32, device=device)
         self.order = torch.arange(self.slots, dtype=torch.int64, device=device)  # the slots, least recently used first
-        self.row_slot = torch.full((self.rows + 1,), -1, dtype=torch.int32, device=device)  # the index: CACHE_INDEX_BYTES a row (+ a spare entry)
-        self.step = 0
+        # the index: CACHE_INDEX_BYTES a row, and a spare entry (row `rows`, what a batch is padded
+        # with) that maps to the spare slot: a padded lookup hits there and touches no cached row
+        self.row_slot = torch.full((self.rows + 1,), -1, dtype=torch.int32, device=device)
+        self.row_slot[-1] = self.slots
+        self._step = torch.zeros((), dtype=torch.int32, device=device)  # the prefetches so far (on the device: a graph replays it)
         self._lookups = 0
         self._counts = torch.zeros(3, dtype=torch.int64, device=device)  # misses, evictions, batches that overflowed the cache
         self._minus1 = torch.tensor(-1, dtype=torch.int32, device=device)
+        # on a GPU each padded batch size's prefetch is captured once as a CUDA graph and replayed: one
+        # launch instead of ~80 small ones, whose issue took the host longer than their GPU work
+        self.graphs = device.type == "cuda" if graphs is None else bool(graphs)
+        self._captured: dict[int, tuple] = {}
 
     # ------------------------------------------------------------ counters (read the GPU: not in a timed step)
     def reset_stats(self) -> None:
@@ -150,12 +181,50 @@ class RowCache:
     # ------------------------------------------------------------ the prefetch
     def prefetch(self, indices: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The batch's indices of this table as cache slots (into `out` where given), the missing rows
-        loaded first (no host sync)."""
-        self.step += 1
+        loaded first (no host sync). The batch is padded to a size of `padded` with the spare row;
+        on a GPU that size's prefetch runs as a CUDA graph, captured the first time."""
         n = indices.numel()
+        if out is None:
+            out = torch.empty(n, dtype=torch.int64, device=self.device)
         if n == 0:
-            return indices if out is None else out
-        step, S, dev = self.step, self.slots, self.device
+            return out
+        size = padded(n)
+        if self.graphs:
+            graph, inp, res = self._captured.get(size) or self._capture(size)
+            inp[:n].copy_(indices)
+            inp[n:].fill_(self.rows)
+            graph.replay()
+        else:
+            inp = torch.full((size,), self.rows, dtype=torch.int64, device=self.device)
+            inp[:n] = indices
+            res = self._prefetch(inp)
+        out.copy_(res[:n])
+        self._lookups += n
+        return out
+
+    def _capture(self, size: int) -> tuple:
+        """The CUDA graph of the prefetch of `size` lookups, its input buffer and its output. Warmed up
+        first on a batch of spare rows (all hits on the spare slot: the cache unchanged) to compile
+        the kernels; every cache of the process shares one memory pool (its prefetches run one at a
+        time on one stream, and each output is copied out before the next)."""
+        inp = torch.full((size,), self.rows, dtype=torch.int64, device=self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._prefetch(inp)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=_graph_pool(self.device)):
+            res = self._prefetch(inp)
+        self._captured[size] = (graph, inp, res)
+        return self._captured[size]
+
+    def _prefetch(self, indices: torch.Tensor) -> torch.Tensor:
+        """The prefetch of a padded batch (module doc); only ops of shapes the host knows, and no
+        Python state changed (a CUDA graph replays it)."""
+        n = indices.numel()
+        self._step.add_(1)
+        step, S, dev = self._step, self.slots, self.device
         rows, order = torch.sort(indices.long())
         first = torch.ones(n, dtype=torch.bool, device=dev)
         torch.ne(rows[1:], rows[:-1], out=first[1:])  # a row's first lookup in sorted order
@@ -178,7 +247,7 @@ class RowCache:
         moved = used | take
         stay = torch.cumsum(~moved, 0) - 1
         pos = torch.where(moved, stay[-1:] + torch.cumsum(moved, 0), stay)
-        self.order = torch.empty_like(self.order).index_put_((pos,), self.order)
+        self.order.copy_(torch.empty_like(self.order).index_put_((pos,), self.order))
         new = torch.where(hit, slot, victims[rank.clamp(0, m - 1)])
         # the missing rows in rank order (positions past the misses: -1)
         at = torch.where(miss & (rank < m), rank, torch.full_like(rank, m))
@@ -202,11 +271,9 @@ class RowCache:
         self.row_slot.index_put_((torch.where(load_rows >= 0, load_rows, spare_row),), victims.to(torch.int32))
         self.slot_row.index_put_((victims,), load_rows)  # past the misses: -1 into the spare slot
         self.slot_time.index_fill_(0, victims, step)
-        self.row_slot[-1:].fill_(-1)  # a kernel, not a host write (which would wait for the GPU)
-        self._lookups += n
-        if out is None:
-            out = torch.empty_like(new)
-        out[order] = new.to(out.dtype)
+        self.row_slot[-1:].fill_(S)  # the spare entry back to the spare slot (a kernel, not a host write, which would wait for the GPU)
+        out = torch.empty_like(new)
+        out[order] = new
         return out
 
     def flush(self) -> None:
