@@ -190,7 +190,13 @@ class RowCache:
             return out
         size = padded(n)
         if self.graphs:
-            graph, inp, res = self._captured.get(size) or self._capture(size)
+            if size not in self._captured:
+                # a table's batches vary by a few percent: the sizes around this one too, so that a
+                # capture (a device sync, some ms) does not fall among the steps that follow
+                for near in sorted({padded(int(n * 0.96)), size, padded(int(n * 1.04))}):
+                    if near not in self._captured:
+                        self._capture(near)
+            graph, inp, res = self._captured[size]
             inp[:n].copy_(indices)
             inp[n:].fill_(self.rows)
             graph.replay()
@@ -202,7 +208,7 @@ class RowCache:
         self._lookups += n
         return out
 
-    def _capture(self, size: int) -> tuple:
+    def _capture(self, size: int) -> None:
         """The CUDA graph of the prefetch of `size` lookups, its input buffer and its output. Warmed up
         first on a batch of spare rows (all hits on the spare slot: the cache unchanged) to compile
         the kernels; every cache of the process shares one memory pool (its prefetches run one at a
@@ -217,7 +223,6 @@ class RowCache:
         with torch.cuda.graph(graph, pool=_graph_pool(self.device)):
             res = self._prefetch(inp)
         self._captured[size] = (graph, inp, res)
-        return self._captured[size]
 
     def _prefetch(self, indices: torch.Tensor) -> torch.Tensor:
         """The prefetch of a padded batch (module doc); only ops of shapes the host knows, and no
