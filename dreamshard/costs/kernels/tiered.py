@@ -236,7 +236,9 @@ class RowCache:
         slot = self.row_slot[rows].long()  # -1: not cached
         hit = slot >= 0
         spare = torch.full_like(slot, S)
-        self.slot_time.index_fill_(0, torch.where(hit, slot, spare), step)  # the hits are used now (the spare slot takes the rest)
+        # the hits are used now (the spare slot takes the rest); index_put_, not index_fill_, whose
+        # tensor value is read by the host (a sync, which a CUDA graph cannot capture)
+        self.slot_time.index_put_((torch.where(hit, slot, spare),), step.expand(n))
         miss = first & ~hit  # one per missing row
         rank = torch.cumsum(miss, 0) - 1  # a missing row's rank among the misses, the same at its every lookup
         k = rank[-1:] + 1  # misses (a 1-element tensor: never read by the host here)
@@ -275,7 +277,7 @@ class RowCache:
         self.row_slot.index_put_((torch.where(evicted, old, spare_row),), self._minus1)
         self.row_slot.index_put_((torch.where(load_rows >= 0, load_rows, spare_row),), victims.to(torch.int32))
         self.slot_row.index_put_((victims,), load_rows)  # past the misses: -1 into the spare slot
-        self.slot_time.index_fill_(0, victims, step)
+        self.slot_time.index_put_((victims,), step.expand(m))
         self.row_slot[-1:].fill_(S)  # the spare entry back to the spare slot (a kernel, not a host write, which would wait for the GPU)
         out = torch.empty_like(new)
         out[order] = new
