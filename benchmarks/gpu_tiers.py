@@ -2,7 +2,7 @@
 bandwidth, speed per tier, the row cache's hit rate measured against the one predicted from the
 reuse bins, and mixed-tier plans measured by the sequential runner beside the simulator's price.
 
-    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --budget-s 400           # one H100/H200, < 5 min
+    PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --budget-s 450           # one H100/H200, ~7 min
     PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out /tmp/t --device cpu --quick   # logic check on a CPU
     PYTHONPATH=. python3 benchmarks/gpu_tiers.py --out $OUT --skip 1,4,6             # the mixed plans and the probe alone
 

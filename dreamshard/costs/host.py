@@ -32,7 +32,8 @@ prefetch and the kernel run one after the other on one stream, as the runners ti
 HBM3, PCIe Gen5): the row rates measured there (reads of a 256 MB table; writes within 10% of
 them), the address-translation terms and the prefetch's work terms fitted there (benchmarks/
 gpu_tiers.py writes a calibration `host` entry with every field: docs/tiers.md). The prefetch's
-fixed part follows the host's speed (0.30–0.40 ms on those hosts; 0.83 ms on another H100 host).
+fixed part is its CUDA graph's launch and its kernels' gaps (0.32 ms: one launch, so it depends little on
+the host).
 `link_GBps` is the single-number link (PCIe Gen5 x16's 64 GB/s per direction) for a calibration
 that gives no row rates.
 """
@@ -50,7 +51,7 @@ from dreamshard.validation import DataError, parse_float
 
 # GPU gathers of random rows from host-mapped memory (a 256 MB table), GB/s by row bytes: the committed
 # run of benchmarks/gpu_tiers.py (benchmarks/results/gpu_tiers/host_link.json: NVIDIA H100 80GB HBM3, PCIe Gen5)
-H100_ROW_GBPS = ((32, 20.3), (64, 40.2), (128, 48.6), (256, 47.6), (512, 47.7))
+H100_ROW_GBPS = ((32, 19.7), (64, 40.5), (128, 49.2), (256, 49.4), (512, 49.4))
 
 
 _RENAMED = {"cache_fixed_ms": "prefetch_fixed_ms", "cache_ms_per_mlookup": "prefetch_ms_per_mlookup"}  # the first host entries' names
@@ -66,14 +67,14 @@ class HostLink:
     row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
     # the prefetch's work, the uvm kernel's rate and the address translation, fitted there too
     uvm_efficiency: float = 1.0  # the uvm kernel's share of the gather rate
-    prefetch_fixed_ms: float = 0.402  # the prefetch's fixed cost per cached shard (its launches and their gaps)
-    prefetch_ms_per_mlookup: float = 0.325  # per million lookups: their sort, the map look-up, the rewrite
-    prefetch_ms_per_mslot: float = 0.114  # per million cache slots: their LRU order, a few elementwise passes
+    prefetch_fixed_ms: float = 0.318  # the prefetch's fixed cost per cached shard (its CUDA graph's launch and its kernels' gaps)
+    prefetch_ms_per_mlookup: float = 0.315  # per million lookups: their sort, the map look-up, the rewrite
+    prefetch_ms_per_mslot: float = 0.108  # per million cache slots: their LRU order, a few elementwise passes
     prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0: hit rates 6-36% measured)
     # the GPU's address translation of host memory (see tlb_misses): what its TLB covers, the cost of a
     # miss beyond the rows' own bytes, and the page a sorted stream of rows misses once at most
-    tlb_reach_bytes: float = 0.90e9
-    tlb_miss_ns: float = 26.1
+    tlb_reach_bytes: float = 0.88e9
+    tlb_miss_ns: float = 26.6
     tlb_page_bytes: float = 2.0 * 2**20
     source: str = "defaults: fitted by benchmarks/gpu_tiers.py on NVIDIA H100 80GB HBM3 (benchmarks/results/gpu_tiers)"
 
