@@ -23,7 +23,7 @@ benchmarks/gpu_tiers.py per row size):
 Address translation: the GPU reaches host memory through its own page tables, and a table larger
 than what its TLB covers (`tlb_reach_bytes`, ~0.9 GB on an H100) misses there: rows gathered in
 random order (the uvm forward) cost `tlb_miss_ns` more on the share of them that miss (random
-32-byte rows: 21 GB/s from a 256 MB table, 3.5 from 1 GB, 1.2 from 16 GB); rows in row order (the
+32-byte rows: 20 GB/s from a 256 MB table, 3.4 from 1 GB, 1.2 from 16 GB); rows in row order (the
 prefetch's loads and write-backs, the uvm backward) miss once a page at most (`tlb_misses`).
 The link's time is bytes / rate plus the misses, added to the compute (no overlap is modelled: the
 prefetch and the kernel run one after the other on one stream, as the runners time them).
@@ -162,7 +162,8 @@ class HostLink:
 def shard_ms(link: HostLink, spec, kind: str, slots: int, batch_size: int, elt: int, adagrad: bool) -> tuple[float, float, float, float | None]:
     """(forward ms, backward ms, bytes over the link, predicted hit rate or None) that a shard of
     `spec` in host tier `kind` adds to its device's step (a cached one with `slots` cache rows): see
-    the module doc. The simulator (`tier_ms`) and the tier stage (tier_stage.py) price with it."""
+    the module doc (`tier_ms` sums it over a plan's shards)."""
+
     row = spec.dim * elt
     lookups = batch_size * spec.pooling_factor
     if kind == "uvm_caching":
