@@ -4,8 +4,10 @@ second target, in simulator numbers until benchmarks/gpu_tiers.py measures such 
 
     PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 2   # ~25 s on 2 CPU cores
     PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 4   # ~40 s; adds its rows
+    PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim/mixed --family mixed --devices 2   # a held-out family
 
-Tasks: `--tables` tables drawn from a `dlrm` pool (seed 12), B = 65,536, fp16, SGD, on 2 and 4
+Tasks: `--tables` tables drawn from a `dlrm` pool (seed 12; `--family F`: that family's pool, the
+held-out ones are mixed, rmc and din), B = 65,536, fp16, SGD, on 2 and 4
 devices whose HBM is total bytes / ratio / devices, with 4× the table bytes of host memory per
 device. TorchRec runs with `reservation=0.0` (its default reservation of input buffers at
 B = 65,536 leaves no HBM for tables at these sizes) and prices nothing itself here: every plan is
@@ -28,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.families import synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
@@ -43,10 +46,11 @@ def main() -> None:
     ap.add_argument("--tables", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--devices", default="2,4", help="device counts, comma-separated (one per call keeps each call short)")
+    ap.add_argument("--family", default="dlrm", help="the tables' family (its pool of 856 tables, seed 12); the held-out ones: mixed, rmc, din")
     args = ap.parse_args()
     device_counts = [int(x) for x in args.devices.split(",")]
     out = Path(args.out)
-    pool = synth_pool(PoolConfig(tables=856, seed=12))
+    pool = synth_pool(PoolConfig(tables=856, seed=12)) if args.family == "dlrm" else synth_family(args.family, 856, 12)
     sim = SimBackend()
     rows = []
     for devices in device_counts:
@@ -85,7 +89,8 @@ def main() -> None:
         w.writeheader()
         w.writerows(rows)
     lines = ["# Tables at 1.5–3× HBM, planned with host memory (simulator numbers)", "",
-             f"`PYTHONPATH=. python3 benchmarks/tiers_sim.py --out {args.out}`: {args.tables} tables of a dlrm pool (seed 12), B = 65,536, fp16, SGD; "
+             f"`PYTHONPATH=. python3 benchmarks/tiers_sim.py --out {args.out}{'' if args.family == 'dlrm' else ' --family ' + args.family}`: "
+             f"{args.tables} tables of a {args.family} pool (seed 12), B = 65,536, fp16, SGD; "
              "simulated step in ms (default H200 calibration, default host link: not GPU measurements), mean over seeds; "
              "in brackets the shards in HBM / cached / uvm of the last seed. Each row draws its own tables (rows are not comparable with each other).", "",
              "| devices | bytes / HBM | " + " | ".join(PLANNERS) + " |", "|---|---|" + "---|" * len(PLANNERS)]
