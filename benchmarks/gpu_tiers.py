@@ -225,10 +225,10 @@ def fit_tlb(grid: dict) -> dict:
     base = grid[min(grid)]
     ns = lambda v, b, key: b / v[key]  # noqa: E731 - GB/s is bytes per ns
     pts = [(t, b, ns(v, b, "read_GBps") - ns(base[b], b, "read_GBps")) for t, by_row in grid.items() for b, v in by_row.items()]
+    y = np.array([e for _, _, e in pts])
     best = None
     for R in np.geomspace(min(grid) / 4, max(grid), 400):
         share = np.array([max(0.0, 1 - R / t) for t, _, _ in pts])
-        y = np.array([e for _, _, e in pts])
         c = float(share @ y / max(share @ share, 1e-12))
         err = float(((share * c - y) ** 2).sum())
         if c > 0 and (best is None or err < best[0]):
@@ -330,6 +330,11 @@ def hit_rates(device: str, quick: bool, run: Run) -> list[dict]:
 # ---------------------------------------------------------------------------------------------- 5
 
 
+def phases(report) -> list[list[float]]:
+    """Each device's forward compute, backward compute and collectives (ms) of a cost report."""
+    return [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in report.devices]
+
+
 def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, SimBackend], plans: list) -> list[dict]:
     """Part 5; each plan measured is appended to `plans` (the probe's, part 7)."""
     from dreamshard.costs.runners import SequentialRunner
@@ -370,7 +375,6 @@ def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str,
                 s = sims[used].evaluate_plan(plan)
                 hbm = replace(plan, shards=[replace(x, tier="hbm", cache_ratio=0.0) for x in plan.shards])
                 mh, sh = runner.evaluate_plan(hbm), sims[used].evaluate_plan(hbm)
-                phases = lambda r: [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in r.devices]  # noqa: E731
                 row.update({"sim_used": used, "measured_devices": phases(m), "sim_devices": phases(s), "hbm_measured_devices": phases(mh),
                             "hbm_sim_devices": phases(sh), "hbm_measured_ms": mh.overall_ms, "hbm_sim_ms": sh.overall_ms,
                             "measured_caches": m.details.get("tiers", {}).get("cached_tables", []), "sim_caches": s.details.get("tiers", {}).get("cached_shards", []),
@@ -409,13 +413,13 @@ def full_pool(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, S
             m = runner.evaluate_plan(plan)
             row = {"planner": name, "tables": len(pool), "devices": devices, "hbm_gb": hbm / gb, "measured_ms": m.overall_ms, "seconds": round(time.monotonic() - t0, 1),
                    "tiers": {x: sum(s.tier == x for s in plan.shards) for x in ("hbm", "uvm", "uvm_caching")},
-                   "measured_devices": [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in m.devices],
+                   "measured_devices": phases(m),
                    "measured_caches": m.details.get("tiers", {}).get("cached_tables", [])}
             for label, sim in sims.items():
                 r = sim.evaluate_plan(plan)
                 row[f"sim_ms_{label}"] = r.overall_ms
                 row[f"sim_err_{label}"] = (r.overall_ms - m.overall_ms) / m.overall_ms
-                row[f"sim_devices_{label}"] = [[round(d.fwd_comp_ms, 4), round(d.bwd_comp_ms, 4), round(d.fwd_comm_ms + d.bwd_comm_ms, 4)] for d in r.devices]
+                row[f"sim_devices_{label}"] = phases(r)
                 row[f"sim_caches_{label}"] = r.details.get("tiers", {}).get("cached_shards", [])
         except Exception as e:  # noqa: BLE001
             row = {"planner": name, "error": f"{type(e).__name__}: {str(e)[:300]}", "trace": traceback.format_exc()[-800:]}
@@ -489,6 +493,7 @@ def probe(kernel: str, device: str, plans: list, link: HostLink, run: Run, steps
     cached tables timed again alone in a TBE of its own (is a prefetch's cost its own, or its shard's?)."""
     import gc
 
+    from dreamshard.costs.kernels.host_memory import release_cached_host_memory
     from dreamshard.costs.kernels.tiered import TieredTBE
     from dreamshard.costs.runners.distributed import build_checked_tbe
 
@@ -538,7 +543,7 @@ def probe(kernel: str, device: str, plans: list, link: HostLink, run: Run, steps
             del tbe
             if on_gpu:
                 torch.cuda.empty_cache()
-                getattr(torch._C, "_host_emptyCache", lambda: None)()
+                release_cached_host_memory()
             run.save("probe", out)
     return out
 

@@ -84,6 +84,13 @@ def test_tiered_torch_kernel_matches_reference(precision, optimizer, seed):
     assert any(c.misses for c in tbe.caches.values())
 
 
+def test_kernels_refuse_host_tables_that_are_not_tables():
+    from dreamshard.costs.kernels.torch_tbe import TorchTBE
+
+    with pytest.raises(ValueError, match="host_tables: indices of the 2 tables"):
+        TorchTBE([10, 20], [8, 8], host_tables=[2])
+
+
 def test_tiered_kernel_evicts_and_writes_back():
     """A cache of a batch's rows on a table read at random: most rows pass through it, evicted and
     written back, and the table read back is the reference's after every step (check_tiered)."""

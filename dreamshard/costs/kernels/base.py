@@ -135,6 +135,14 @@ class TBE(abc.ABC):
             return torch.full((batch, self.total_dim), float("nan"), dtype=self.dtype, device=self.device)
         return torch.empty((batch, self.total_dim), dtype=self.dtype, device=self.device)
 
+    def _host_tables(self, host_tables: Sequence[int]) -> list[int]:
+        """A kernel's `host_tables` argument checked: the distinct indices, sorted (ValueError if any
+        is not a table's)."""
+        out = sorted({int(t) for t in host_tables})
+        if any(not 0 <= t < self.num_tables for t in out):
+            raise ValueError(f"host_tables: indices of the {self.num_tables} tables, got {out}")
+        return out
+
     def _check_table(self, t: int) -> None:
         if not 0 <= t < self.num_tables:
             raise IndexError(f"table {t} out of range (this TBE has {self.num_tables} tables)")

@@ -66,6 +66,13 @@ def host_mapped(numel: int, dtype: torch.dtype, device: str | torch.device) -> t
     return torch.as_tensor(_HostArray(host, device_pointer(host.data_ptr())), device=device)[:numel]
 
 
+def release_cached_host_memory() -> None:
+    """Give the pinned memory that torch's host allocator keeps cached (each block a power of two)
+    back to the system: the next TBE rarely asks for the same sizes (a no-op where torch has no such
+    cache, a CPU build)."""
+    getattr(torch._C, "_host_emptyCache", lambda: None)()
+
+
 def element_offset(base: torch.Tensor, t: torch.Tensor, align: int = 1) -> int:
     """Where `t` starts, in elements of `base`'s dtype counted from `base`'s start (any sign): what a
     kernel given `base` adds to reach `t`. The two must share a dtype and the distance must be a

@@ -25,9 +25,7 @@ class TorchTBE(TBE):
         """`host_tables`: tables whose weights and state live in host memory mapped into the GPU
         (kernels/host_memory.py; the uvm tier of kernels/tiered.py)."""
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
-        host = {int(t) for t in host_tables}
-        if any(not 0 <= t < self.num_tables for t in host):
-            raise ValueError(f"host_tables: indices of the {self.num_tables} tables, got {sorted(host)}")
+        host = set(self._host_tables(host_tables))
 
         def new(t: int, n: int, dtype: torch.dtype) -> torch.Tensor:
             return host_mapped(n, dtype, self.device) if t in host else torch.empty(n, dtype=dtype, device=self.device)

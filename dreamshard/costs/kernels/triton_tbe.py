@@ -622,9 +622,7 @@ class TritonTBE(TBE):
         if not 0 <= self.bwd_dense_elems < 2**31:
             raise ValueError(f"bwd_dense_elems must be in [0, 2^31) (int32 count addresses), got {bwd_dense_elems}")
         T = self.num_tables
-        self.host_tables = sorted({int(t) for t in host_tables})
-        if any(not 0 <= t < T for t in self.host_tables):
-            raise ValueError(f"host_tables: indices of the {T} tables, got {self.host_tables}")
+        self.host_tables = self._host_tables(host_tables)
         self._w_off, self._s_off, self._row_start = [0] * T, [0] * T, [0]
         off = srows = 0
         for t, (r, d) in enumerate(zip(self.rows, self.dims)):

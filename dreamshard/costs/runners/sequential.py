@@ -114,9 +114,9 @@ class SequentialRunner(CostBackend):
         del tbe
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-            # host tiers: pinned memory that torch's host allocator would keep cached (each block a
-            # power of two) for the next shard, which rarely asks for the same sizes
-            getattr(torch._C, "_host_emptyCache", lambda: None)()
+            from dreamshard.costs.kernels.host_memory import release_cached_host_memory
+
+            release_cached_host_memory()  # a shard's host tiers
         return times
 
     supports_topology = True
