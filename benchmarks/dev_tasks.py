@@ -9,7 +9,10 @@ Tasks: the five *training* families but `onehot` (`families.TRAINING_FAMILIES`),
 120 on 8, 16 GB per device, B = 65,536. Every plan priced by the simulator with the H100
 calibration (the GPU the shipped model was trained on); `oracle` anneals on that simulator (4,000
 evaluations per task). Per model: `dreamshard`'s mean of per-task ratios to the best table-wise
-heuristic (lookup, size_lookup), per family and in all; the oracle's beside.
+heuristic (lookup, size_lookup), per family and in all; the oracle's beside; and the model's cost
+net against that simulator (its predicted max-device step over the simulated one) on its own plans
+and on the oracle's: a search picks the plan its net prices lowest, so a net that prices the better
+plans higher than its own keeps the search from them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.plan import Plan  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
 
@@ -47,13 +51,19 @@ def main() -> None:
     planners = {name: get_planner("dreamshard", model=m) for name, m in zip(names, models)}
     planners["oracle"] = get_planner("oracle", backend=sim, budget=ORACLE_BUDGET)
     ratios: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    net_error: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # model → "own" / "oracle's" → net / simulator − 1
     for family in FAMILIES:
         pool = synth_family(family, 300, POOL_SEED)
         for tables, devices in SETTINGS:
             for task in sample_tasks(pool, TASKS, (tables, tables), devices, MEMORY, seed=900 + devices, workload=Workload(65_536)):
                 best = min(sim.evaluate_plan(get_planner(h).plan(task)).overall_ms for h in ("lookup", "size_lookup"))
-                for name, planner in planners.items():
-                    ratios[name][family].append(sim.evaluate_plan(planner.plan(task)).overall_ms / best - 1)
+                plans = {name: planner.plan(task) for name, planner in planners.items()}
+                simulated = {name: sim.evaluate_plan(plan).overall_ms for name, plan in plans.items()}
+                for name in planners:
+                    ratios[name][family].append(simulated[name] / best - 1)
+                for name in names:
+                    for whose in (name, "oracle"):
+                        net_error[name]["own" if whose == name else "oracle's"].append(net_ms(planners[name], plans[whose]) / simulated[whose] - 1)
                 print(f"{family} {tables}/{devices}: " + ", ".join(f"{n} {ratios[n][family][-1] * 100:+.1f}%" for n in planners), flush=True)
     lines = [f"# DreamShard on the development tasks ({sim.name})", "",
              "`.venv/bin/python benchmarks/dev_tasks.py " + " ".join(f"--model {m}" for m in models if m) + "`: mean of per-task ratios to the best "
@@ -62,8 +72,23 @@ def main() -> None:
     for name in planners:
         cells = [f"{np.mean(ratios[name][f]) * 100:+.2f}%" for f in FAMILIES]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {np.mean([r for f in FAMILIES for r in ratios[name][f]]) * 100:+.2f}% |")
+    lines += ["", "The cost net against the simulator (predicted / simulated max-device step − 1) on the model's own plans and on the oracle's:", "",
+              "| model | own plans: mean | own plans: range | the oracle's: mean | the oracle's: range |", "|---|---:|---:|---:|---:|"]
+    for name in names:
+        own, orc = (np.array(net_error[name][k]) * 100 for k in ("own", "oracle's"))
+        lines.append(f"| {name} | {own.mean():+.1f}% | {own.min():+.1f} to {own.max():+.1f}% | {orc.mean():+.1f}% | {orc.min():+.1f} to {orc.max():+.1f}% |")
     atomic_write(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def net_ms(planner, plan: Plan) -> float:
+    """The max-device step the planner's cost net predicts for `plan` (its search's scorer)."""
+    from dataclasses import replace
+
+    from dreamshard.planners.scoring import PieceScorer
+
+    pieces = [replace(s, device=-1) for s in plan.shards]
+    return PieceScorer(planner.model, plan.task, planner.comm).predicted(pieces, np.array([s.device for s in plan.shards]), "")["max_device_ms"]
 
 
 if __name__ == "__main__":

@@ -77,9 +77,10 @@ ORDER = ("dreamshard", "autoshard", "rnn")  # trained in this order; the peers s
 PEERS = ("autoshard", "rnn")
 # The shipped DreamShard model's cost-net options on top of the default config (docs/dreamshard.md,
 # "The shipped model"): kernel-term features, weighed by the cost net's linear part too, the comm
-# model's all-to-all, and every training table alone in the prior. Its budget and prior are the
-# flags' defaults.
-DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True}
+# model's all-to-all, every training table alone in the prior, and the cost net refined on plans
+# around its own search (priced by the prior). Its budget and prior are the flags' defaults.
+DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "search_plans": 3000}
+WITH_PRIOR = ("prior_singles", "search_plans")  # priced by the prior: left out without one
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
 GUESS_PLAN_S = 1.0  # seconds per measured plan before any is timed (H200: ~0.7 s for 20–60 tables on 2–8 devices)
 # seconds a peer spends per measured plan beyond measuring it (learning; autoshard: a V-trace step
@@ -90,7 +91,7 @@ SAFETY = 1.2  # on the measured time per plan, for the plans still to come
 TAIL_S = {"dreamshard": 12.0, "autoshard": 4.0, "rnn": 3.0}  # an iteration's work after its last measurement (RL, cost net, checkpoint)
 # --quick: the configs' per-iteration work shrunk so that the logic runs in seconds on a CPU (a
 # field a config lacks is left alone)
-QUICK = {"cost_steps": 10, "rl_batches": 2, "prior_epochs": 2, "cost_updates": 2}
+QUICK = {"cost_steps": 10, "rl_batches": 2, "prior_epochs": 2, "cost_updates": 2, "search_plans": 16, "search_steps": 5}
 
 
 class TimeUp(Exception):
@@ -163,8 +164,8 @@ def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = F
     cls = PLANNERS[name]
     default = cls.config()
     extra = {}
-    if name == "dreamshard":  # without a prior, nothing prices the training tables alone
-        extra = {**DREAMSHARD_OPTIONS, "prior_plans": prior_plans} if prior_plans else {k: v for k, v in DREAMSHARD_OPTIONS.items() if k != "prior_singles"}
+    if name == "dreamshard":
+        extra = {**DREAMSHARD_OPTIONS, "prior_plans": prior_plans} if prior_plans else {k: v for k, v in DREAMSHARD_OPTIONS.items() if k not in WITH_PRIOR}
     if quick:
         extra |= {k: v for k, v in QUICK.items() if hasattr(default, k)}
     return cls.config(budget=budget, iterations=max(1, budget // default.measurements_per_iteration), batch_size=batch, **extra)

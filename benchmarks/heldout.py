@@ -5,6 +5,8 @@ its plans measured on one GPU. Three steps, one script:
     .venv/bin/python benchmarks/heldout.py plan --again dreamshard,"dreamshard --no-split"   # a new model: its plans alone
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT      # one H100 or H200, ≤ 9.5 min: measured.csv, summary.json
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --planners dreamshard,lookup   # some planners' plans (and OUT/plans.jsonl)
+    .venv/bin/python benchmarks/heldout.py plan --dev --out D --model "dreamshard (B)=B.pt"   # development tasks, another model beside
+    PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --plans D/plans.jsonl --model "dreamshard (B)=B.pt"
     .venv/bin/python benchmarks/heldout.py report benchmarks/results/gpu_heldout --write   # the tables: report.md
     # logic check here: plan --quick --out D; measure --out D --plans D/plans.jsonl --cpu --quick; report D
 
@@ -18,6 +20,11 @@ models) — the heuristics with and without --split, `dreamshard` (its search) a
 A placement several planners share is written once, naming them all ("planner ..." notes); the
 notes also carry the family, setting, task, planning time on this machine and, for the planners
 with a cost net, its prediction and the search's chosen candidate.
+
+**--dev** — the development tasks instead (the training families but `onehot`, pools of seed
+5, as `dev_tasks.py`'s; never a held-out family): where a change to a planner or a model is chosen,
+on the GPU. **--model LABEL=PATH** (repeatable, the same on every step) — one more planner, `dreamshard`
+with the model at PATH, under LABEL.
 
 **measure** — each plan timed by the sequential runner (our Triton TBE, shard by shard on the GPU;
 the collectives from the comm model shipped for the GPU and the plan's device count), task by
@@ -92,11 +99,15 @@ def plan_kind(plan) -> str:
     return "rows+columns" if rows and cols else "rows" if rows else "columns" if cols else "table-wise"
 
 
+DEV_FAMILIES, DEV_POOL_SEED = ("dlrm", "dlrm2022", "wide", "hot", "heavy"), 5  # dev_tasks.py's
+
+
 def tasks_of(family: str, setting: str, count: int):
     tables, devices, memory = SETTINGS[setting]
-    pool = synth_family(family, POOL_TABLES, POOL_SEED)
+    pool_seed = DEV_POOL_SEED if family in DEV_FAMILIES else POOL_SEED
+    pool = synth_family(family, POOL_TABLES, pool_seed)
     seed = 700 + devices  # fixed before any plan was made
-    return sample_tasks(pool, count, (min(tables, len(pool)),) * 2, devices, memory, seed=seed, pool=f"{family}/{POOL_SEED}", workload=Workload(65_536))
+    return sample_tasks(pool, count, (min(tables, len(pool)),) * 2, devices, memory, seed=seed, pool=f"{family}/{pool_seed}", workload=Workload(65_536))
 
 
 def plan_cmd(args) -> None:
@@ -105,7 +116,8 @@ def plan_cmd(args) -> None:
     keeps the others' names)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    families = HELD_OUT_FAMILIES[:1] if args.quick else HELD_OUT_FAMILIES
+    families = DEV_FAMILIES if args.dev else HELD_OUT_FAMILIES
+    families = families[:1] if args.quick else families
     settings = list(SETTINGS)[:1] if args.quick else list(SETTINGS)
     labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else list(PLANNERS)
     kept: dict[tuple, list] = defaultdict(list)  # (family, setting, task) → the plans kept from OUT/plans.jsonl
@@ -114,7 +126,7 @@ def plan_cmd(args) -> None:
         unknown = [label for label in labels if label not in PLANNERS]
         if unknown:
             raise SystemExit(f"--again: unknown planner label {unknown[0]!r}; choose from {', '.join(PLANNERS)}")
-        for plan in load_plans(out / "plans.jsonl"):
+        for plan in load_plans(out / "plans.jsonl") if (out / "plans.jsonl").exists() else []:
             plan.notes = [n for n in plan.notes if note_owner(n) not in labels]
             if planners_of(plan):
                 plan.planner = planners_of(plan)[0]
@@ -294,7 +306,7 @@ def report(folder: Path) -> str:
     labels_all = list(dict.fromkeys(lbl for t in done.values() for lbl in t))
     for family, setting in groups:
         ts = [t for t in done if t[:2] == (family, setting)]
-        lines += [f"## {family} (held out), {setting}: {len(ts)} tasks", "",
+        lines += [f"## {family} ({'held out' if family in HELD_OUT_FAMILIES else 'development'}), {setting}: {len(ts)} tasks", "",
                   "| planner | measured mean ms | vs best table-wise heuristic (mean of per-task ratios) | tasks > 2% behind the best | worst vs the best | simulated mean ms |",
                   "|---|---:|---:|---:|---:|---:|"]
         rows = []
@@ -354,7 +366,7 @@ def main() -> None:
     p = sub.add_parser("plan", help=plan_cmd.__doc__)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--quick", action="store_true", help="one task of one family and setting, six planners (a logic check)")
-    p.add_argument("--again", metavar="LABELS", help="plan again with these planners only (comma-separated labels), keeping OUT/plans.jsonl's other plans")
+    p.add_argument("--again", metavar="LABELS", help="plan with these planners only (comma-separated labels), keeping OUT/plans.jsonl's other plans where it exists")
     p.set_defaults(run=plan_cmd)
     m = sub.add_parser("measure", help=measure_cmd.__doc__)
     m.add_argument("--out", required=True)
@@ -369,7 +381,15 @@ def main() -> None:
     r.add_argument("folder")
     r.add_argument("--write", action="store_true", help="write FOLDER/report.md")
     r.set_defaults(run=report_cmd)
+    for q in (p, m, r):
+        q.add_argument("--model", action="append", default=[], metavar="LABEL=PATH", help="one more planner: dreamshard with the model at PATH, under LABEL (repeatable)")
+    p.add_argument("--dev", action="store_true", help="the development tasks (training families, pools of seed 5) instead of the held-out ones")
     args = ap.parse_args()
+    for spec in args.model:
+        label, _, path = spec.partition("=")
+        if not path or label in PLANNERS:
+            raise SystemExit(f"--model {spec!r}: give LABEL=PATH with a new label")
+        PLANNERS[label] = ("dreamshard", {"model": path})
     args.run(args)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dreamshard.costs.sim import SimBackend
@@ -274,6 +274,81 @@ def test_prior_options_are_checked(pool, tmp_path):
     tasks = sample_tasks(split_pool(pool, 0)[0], 2, (4, 6), 2, 10**12, seed=0)
     with pytest.raises(ValueError, match="prior_plans is 0"):
         train(small_config(), tasks, SimBackend(), tmp_path / "m.pt", progress=False, prior=SimBackend())
+
+
+@pytest.mark.long  # training or a campaign dry run, 10-25 s alone: make test-long
+def test_search_plans_refine_the_cost_net_after_training_and_a_cut_refinement_resumes(pool, tmp_path):
+    """`search_plans`: plans around the planner's search, priced by the prior only (the budget
+    counts the real plans), then more cost-net steps; a run cut during them (here: the search
+    fails) keeps its iterations, and resuming does the refinement alone."""
+    from dreamshard.planners.dreamshard import DreamShardPlanner
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 4, (8, 14), 3, 10**12, seed=0)
+    cfg = small_config(iterations=2, prior_plans=20, prior_epochs=2, search_plans=24, search_steps=5)
+    real, prior = CountingBackend(), CountingBackend()
+    planner = DreamShardPlanner.fit(tasks, real, tmp_path / "m.pt", cfg, progress=False, prior=prior)
+    assert real.plans == cfg.total_budget() == planner.model.meta["measurements"]
+    assert prior.plans == 20 + planner.model.meta["search"]["search/plans"] and planner.model.meta["search"]["search/plans"] == 24
+    assert DreamShardModel.load(tmp_path / "m.pt").meta["search"] == planner.model.meta["search"]
+    unrefined = train(small_config(iterations=2, prior_plans=20, prior_epochs=2), tasks, CountingBackend(), tmp_path / "u.pt", progress=False, prior=CountingBackend())
+    assert not torch.equal(unrefined.cost_net.heads[0][0].weight, planner.model.cost_net.heads[0][0].weight)
+    for k, v in unrefined.policy.state_dict().items():  # the policy is not touched
+        assert torch.equal(v, planner.model.policy.state_dict()[k]), k
+
+    def broken(model, task, n, rng):
+        raise KeyboardInterrupt  # the run killed while it plans the search's plans
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tasks, SimBackend(), tmp_path / "k.pt", progress=False, prior=SimBackend(), search=broken)
+    assert torch.load(tmp_path / "k.pt.ckpt", weights_only=False)["iteration"] == 2  # the iterations are kept
+    on_one = lambda model, task, n, rng: [(task, np.zeros(len(task.tables), np.int64))] * n  # every table on device 0
+    resumed = train(cfg, tasks, SimBackend(), tmp_path / "k.pt", progress=False, resume=True, prior=SimBackend(), search=on_one)
+    assert resumed.meta["search"]["search/plans"] == 24 and DreamShardModel.load(tmp_path / "k.pt").meta["search"] == resumed.meta["search"]
+    again = train(cfg, tasks, SimBackend(), tmp_path / "k.pt", progress=False, resume=True, prior=SimBackend(), search=broken)  # finished: not again
+    assert again.meta["search"] == resumed.meta["search"]
+
+
+def test_search_plans_options_are_checked(pool, tmp_path):
+    with pytest.raises(ValueError, match="search_plans are priced by the prior"):
+        small_config(search_plans=10)
+    with pytest.raises(ValueError, match="search_steps must be >= 0"):
+        small_config(prior_plans=5, search_steps=-1)
+    tasks = sample_tasks(split_pool(pool, 0)[0], 2, (4, 6), 2, 10**12, seed=0)
+    with pytest.raises(ValueError, match="search_plans needs the planner's search"):
+        train(small_config(prior_plans=5, search_plans=10), tasks, SimBackend(), tmp_path / "m.pt", progress=False, prior=SimBackend())
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), changes=st.integers(0, 12))
+def test_perturbed_plans_tile_every_table_within_memory(seed, changes):
+    """The search's perturbed plans: every table's columns tiled once, row pieces where they
+    were, every device within memory."""
+    from dreamshard.planners import splits
+    from dreamshard.planners.dreamshard import perturbed
+
+    rng = np.random.default_rng(seed)
+    task = sample_tasks(synth_pool(PoolConfig(tables=40, seed=1)), 1, (6, 10), 3, 3 * 10**9, seed=seed % 1000)[0]
+    plan = get_planner("lookup", split=True).plan(task)
+    rows = splits.row_split(task, 0, 2)
+    base = [s for s in plan.shards if s.table != 0] + [replace_device(p, d) for p, d in zip(rows, (0, 1))] if rows else list(plan.shards)
+    before = np.zeros(task.devices)
+    np.add.at(before, [s.device for s in base], splits.sizes(task, base))
+    assume(before.max() <= task.max_memory_bytes)
+    pieces, devices = perturbed(task, [replace_device(s, -1) for s in base], [s.device for s in base], changes, rng)
+    for t in range(len(task.tables)):
+        mine = sorted((p.start, p.stop) for p in pieces if p.table == t and not p.is_row_shard)
+        if mine:
+            assert mine[0][0] == 0 and mine[-1][1] == task.tables[t].dim and all(a[1] == b[0] for a, b in zip(mine, mine[1:]))
+    assert [(p, d) for p, d in zip(pieces, devices) if p.is_row_shard] == [(replace_device(s, -1), s.device) for s in base if s.is_row_shard]
+    used = np.zeros(task.devices)
+    np.add.at(used, devices, splits.sizes(task, pieces))
+    assert used.max() <= task.max_memory_bytes
+
+
+def replace_device(shard, device):
+    from dataclasses import replace
+
+    return replace(shard, device=device)
 
 
 def test_cost_loss_ignores_unmeasured_targets():

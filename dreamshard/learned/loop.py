@@ -522,7 +522,7 @@ class Progress:
         return None
 
     def stage(self, what: str) -> None:
-        """A stage before the iterations (a prior's fit): the bar's text, or a line."""
+        """A stage before the iterations (a prior's fit) or after them (the search's plans): the bar's text, or a line."""
         if self.bar:
             self.bar.update(self.job, description=what)
         elif self.enabled:

@@ -44,7 +44,7 @@ the plan's notes say what was left out: fewer sampled episodes, no learned cuts.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -235,10 +235,11 @@ class DreamShardPlanner(LearnedPlanner):
             prior: CostBackend | None = None, **options) -> "DreamShardPlanner":
         """DreamShard's training (`learned.dreamshard.train`, config `default` unless given) on
         `tasks` against `backend` (and `prior` pricing a simulator prior's plans, with the config's
-        prior_plans); the model goes to `out`, its checkpoint to `out`.ckpt."""
+        prior_plans, and the plans around this planner's search with `options`, `SearchRegion`, of
+        its search_plans); the model goes to `out`, its checkpoint to `out`.ckpt."""
         lazy.load()
         model = train(config or cls.config(), tasks, backend, out, log=log, resume=resume, eval_tasks=eval_tasks, progress=progress, stop_after=stop_after,
-                      prior=prior)
+                      prior=prior, search=SearchRegion(options))
         planner = cls(model=model, **options)
         planner.label = str(out)
         return planner
@@ -488,6 +489,80 @@ SAMPLED_DEVICE_STEPS = 170_000_000
 GREEDY_CUTS = 4  # the learned cut sets also placed by the greedy (`_learned_cuts`)
 CAPS = np.linspace(1.0, 1.5, 11)  # the greedy's dim caps, NeuroShard's sweep
 DESCENT_MARGIN = 0.05  # a later round's candidate within this of the best gets a descent of its own
+
+
+class SearchRegion:
+    """The plans the cost net is refined on after training (`Config.search_plans`,
+    `learned.dreamshard.refine`): on a training task, this planner's plan with the model being
+    trained (and the options it will plan with) and the `lookup` and `size_lookup` plans with
+    splits — those without row shards: a plan is priced as its pieces placed table-wise, which
+    has no row-wise exchange — each once as it is, the others perturbed (`perturbed`), n in all,
+    as (the plan's pieces as a task, their devices)."""
+
+    def __init__(self, options: dict):
+        self.options = options
+        self._planner: DreamShardPlanner | None = None
+
+    def __call__(self, model: DreamShardModel, task: Task, n: int, rng: np.random.Generator) -> list[tuple[Task, np.ndarray]]:
+        if self._planner is None or self._planner.model is not model:
+            self._planner = DreamShardPlanner(model=model, **self.options)
+        bases = []
+        for planner in (self._planner, *(cls(split=True) for cls in GREEDY_PLANNERS if cls.name in ("lookup", "size_lookup"))):
+            try:
+                bases.append(planner.plan(task))
+            except InfeasibleError:
+                continue
+        bases = [b for b in bases if not b.has_row_shards()]
+        out = []
+        for k in range(n if bases else 0):
+            base = bases[k % len(bases)]
+            pieces, devices = [replace(s, device=-1) for s in base.shards], [s.device for s in base.shards]
+            if k >= len(bases):
+                pieces, devices = perturbed(task, pieces, devices, int(rng.integers(1, MAX_CHANGES + 1)), rng)
+            out.append((splits.as_task(task, pieces), np.array(devices, np.int64)))
+        return out
+
+
+MAX_CHANGES = 8  # a perturbed plan's random changes: 1..MAX_CHANGES
+P_MOVE, P_SWAP = 0.45, 0.40  # a change moves a piece, swaps two, or (the rest) halves one across devices
+
+
+def perturbed(task: Task, pieces: list[Shard], devices: list[int], changes: int, rng: np.random.Generator) -> tuple[list[Shard], list[int]]:
+    """`pieces` on `devices` after `changes` random tries, each kept only within memory: move a
+    column piece to another device, swap it with a piece of another device, or halve it and put a
+    half on another device. Row pieces stay (a table's blocks keep distinct devices)."""
+    pieces, devices = list(pieces), list(devices)
+    cap = task.max_memory_bytes
+    size = list(splits.sizes(task, pieces))
+    used = np.zeros(task.devices, np.int64)
+    np.add.at(used, devices, size)
+    for _ in range(changes):
+        i, d, u = int(rng.integers(len(pieces))), int(rng.integers(task.devices)), rng.random()
+        if pieces[i].is_row_shard or d == devices[i]:
+            continue
+        there = [j for j, e in enumerate(devices) if e == d and not pieces[j].is_row_shard]
+        if u < P_MOVE:
+            if used[d] + size[i] <= cap:
+                used[devices[i]] -= size[i]
+                used[d] += size[i]
+                devices[i] = d
+        elif u < P_MOVE + P_SWAP:
+            j = there[int(rng.integers(len(there)))] if there else -1
+            if j >= 0 and used[devices[i]] - size[i] + size[j] <= cap and used[d] - size[j] + size[i] <= cap:
+                used[devices[i]] += size[j] - size[i]
+                used[d] += size[i] - size[j]
+                devices[i], devices[j] = d, devices[i]
+        elif splits.can_halve(pieces[i]):
+            keep, move = splits.cut(pieces[i], 2)
+            a, b = splits.sizes(task, [keep, move])
+            if used[d] + b <= cap:
+                used[devices[i]] += a - size[i]
+                used[d] += b
+                pieces[i], size[i] = keep, a
+                pieces.append(move)
+                size.append(b)
+                devices.append(d)
+    return pieces, devices
 
 
 @dataclass
