@@ -91,8 +91,8 @@ class Config(BudgetConfig):
     # moves, swaps and halvings), priced by the prior; then `search_steps` cost-net steps on them
     # beside the measurements and the prior's plans (`refine`). The episodes the net is fitted on
     # are the policy's, many of them poor; the search then returns the plan the net under-prices
-    # most among near-optimal ones (development tasks: the net within 1% of the simulator on
-    # `dreamshard`'s own plans, 3-8% over it on the oracle's better ones). Not measurements.
+    # most among near-optimal ones (benchmarks/dev_tasks.py: a model's net +0.2% over the simulator
+    # on `dreamshard`'s own plans, +3.7% on the oracle's, mostly better, ones). Not measurements.
     search_plans: int = 0
     search_steps: int = 3000
     # REINFORCE on the estimated MDP
@@ -337,7 +337,7 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], search: S
     """`Config.search_plans`: the search's plans on the training tasks, priced by `prior`, and
     `search_steps` cost-net steps (Adam at `lr`, decayed to 0), each batch drawn evenly from them
     and from every non-empty buffer of `buffers` (the measurements, the prior's plans) so that
-    what was measured keeps its weight. → the log's entries."""
+    what was measured keeps its weight. → the model's meta entry "search" (plans, mean loss, seconds)."""
     t0 = time.time()
     bar.stage(f"planning {cfg.search_plans} plans around the search")
     got = [p for task, n in zip(tasks, np.array_split(np.arange(cfg.search_plans), len(tasks))) for p in search(model, task, len(n), rng)]
@@ -591,6 +591,7 @@ def train(
         prior_row = {"prior/plans": len(prior_buffer), "prior/loss": prior_loss, "prior/seconds": time.time() - t0}
         if cfg.prior_share == 0:
             prior_buffer = ReplayBuffer()
+
     def save_checkpoint(iterations: int) -> None:
         checkpoint.save(iterations, measurer.used, model=model.state(), optimizer=optimizer.state_dict(),
                         buffer=buffer.state_dict(), prior_buffer=prior_buffer.state_dict(), prior_backend=prior_name,
