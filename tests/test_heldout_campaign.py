@@ -49,3 +49,18 @@ def test_some_planners_measured_alone(tmp_path):
     for labels, msg in (("nope", "unknown planner label 'nope'"), ("dreamshard", "add lookup, size_lookup")):
         bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "measure", "--out", str(out), "--planners", labels], cwd=ROOT, capture_output=True, text=True)
         assert bad.returncode != 0 and msg in bad.stderr
+
+
+def test_development_tasks_with_another_model(tmp_path):
+    """`--dev`: the training families' tasks (never a held-out family), reported as development;
+    `--model LABEL=PATH`: one more dreamshard planner, on every step under the same label."""
+    model = ("--model", "dreamshard (again)=dreamshard/data/models/dreamshard_h100.pt")
+    run("plan", "--quick", "--dev", "--out", str(tmp_path), "--again", "dreamshard,lookup,size_lookup,dreamshard (again)", *model)
+    plans = (tmp_path / "plans.jsonl").read_text()
+    assert '"family dlrm"' in plans and "mixed" not in plans and '"planner dreamshard (again)"' in plans
+    run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl"), "--cpu", "--quick", *model)
+    text = run("report", str(tmp_path), *model)
+    assert "## dlrm (development), 60 tables / 4 devices / 24 GB: 1 tasks" in text
+    assert "| dreamshard (again) |" in text and "| dreamshard |" in text
+    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "report", str(tmp_path), "--model", "lookup=x.pt"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "give LABEL=PATH with a new label" in bad.stderr
