@@ -74,3 +74,14 @@ def test_the_peers_budget_is_the_largest_the_time_left_allows(monkeypatch):
     budget = module.peer_budget(0.9, 300)
     assert budget % 10 == 0 and sum(module.peer_estimate_s(p, budget, 0.9) for p in module.PEERS) <= 300
     assert sum(module.peer_estimate_s(p, budget + 10, 0.9) for p in module.PEERS) > 300
+
+
+def test_dreamshard_config_refines_its_cost_net_with_a_prior_only():
+    """The recipe refines the cost net on its search's plans (`search_plans`), which the prior
+    prices: `--search-plans N` replaces the recipe's number, and without a prior there are none."""
+    spec = importlib.util.spec_from_file_location("gpu_train_shipped", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.config("dreamshard", 60, 65_536, 4000).search_plans == module.DREAMSHARD_OPTIONS["search_plans"] > 0
+    assert module.config("dreamshard", 60, 65_536, 4000, search_plans=0).search_plans == 0
+    assert module.config("dreamshard", 60, 65_536, 0).search_plans == 0 == module.config("dreamshard", 60, 65_536, 0, search_plans=500).search_plans
