@@ -346,6 +346,40 @@ def test_every_table_table_row_wise_by_host():
         assert exported[t.name]["sharding_type"] == "table_row_wise" and exported[t.name]["ranks"][: len(mine)] == [s.device for s in mine]
 
 
+def test_improving_the_hosts_never_raises_the_score_and_keeps_memory():
+    """`improve_hosts` from a bad start (every table-row-wise table on host 0, as memory allows):
+    the score only falls, each table's blocks stay on GPUs 0..k-1 of one host, every GPU within
+    memory, and the hosts it returns give the score it returns; from its own result it finds
+    nothing more."""
+    from dreamshard.planners import get_planner, splits
+    from dreamshard.planners.dreamshard import improve_hosts
+    from dreamshard.planners.scoring import PieceScorer
+
+    topo = replace(H100, hosts=3, gpus_per_host=4)
+    tables = [table(f"t{i}", 200_000 * (i + 1), 64, 5.0 + 3 * i) for i in range(6)]
+    task = Task(tables, 12, 10**10, topology=topo)
+    scorer = PieceScorer(get_planner("dreamshard").model, task)
+    blocks = [splits.row_split(task, i, 4) for i in range(len(tables))]
+    slots = [scorer.slots([b])[0] for b in blocks]
+    rows, size = [scorer.table[s] for s in slots], [scorer.bytes[s] for s in slots]
+
+    def placed(host):
+        pieces = [b for bs in blocks for b in bs]
+        devices = np.array([h * 4 + r for i, h in enumerate(host) for r in range(len(blocks[i]))])
+        used = np.zeros(12)
+        np.add.at(used, devices, splits.sizes(task, pieces))
+        return scorer.state(pieces, devices), used
+
+    start = np.zeros(len(tables), int)
+    state, used = placed(start)
+    host, cost = improve_hosts(scorer, rows, size, start, state, used, 4)
+    assert cost < float(scorer.score(state)) and len(set(host.tolist())) > 1
+    state, used = placed(host)
+    assert cost == pytest.approx(float(scorer.score(state))) and used.max() <= task.max_memory_bytes
+    again, same = improve_hosts(scorer, rows, size, host, state, used, 4)
+    assert (again == host).all() and same == pytest.approx(cost)
+
+
 def test_oracle_searches_on_the_topology(tables, sim):
     from dreamshard.planners import get_planner
 
