@@ -83,12 +83,11 @@ def main() -> None:
 
 def net_ms(planner, plan: Plan) -> float:
     """The max-device step the planner's cost net predicts for `plan` (its search's scorer)."""
-    from dataclasses import replace
-
+    from dreamshard.planners import splits
     from dreamshard.planners.scoring import PieceScorer
 
-    pieces = [replace(s, device=-1) for s in plan.shards]
-    return PieceScorer(planner.model, plan.task, planner.comm).predicted(pieces, np.array([s.device for s in plan.shards]), "")["max_device_ms"]
+    pieces, devices = splits.unplaced(plan)
+    return PieceScorer(planner.model, plan.task, planner.comm).predicted(pieces, np.array(devices), "")["max_device_ms"]
 
 
 if __name__ == "__main__":

@@ -167,10 +167,10 @@ def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = F
     extra = {}
     if name == "dreamshard":
         extra = {**DREAMSHARD_OPTIONS, "prior_plans": prior_plans} if prior_plans else {k: v for k, v in DREAMSHARD_OPTIONS.items() if k not in WITH_PRIOR}
-        if search_plans is not None and prior_plans:
-            extra["search_plans"] = search_plans
     if quick:
-        extra |= {k: v for k, v in QUICK.items() if hasattr(default, k) and not (k == "search_plans" and search_plans == 0)}
+        extra |= {k: v for k, v in QUICK.items() if hasattr(default, k)}
+    if name == "dreamshard" and search_plans is not None and prior_plans:  # the caller's number over the recipe's and --quick's
+        extra["search_plans"] = search_plans
     return cls.config(budget=budget, iterations=max(1, budget // default.measurements_per_iteration), batch_size=batch, **extra)
 
 

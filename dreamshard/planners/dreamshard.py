@@ -44,7 +44,7 @@ the plan's notes say what was left out: fewer sampled episodes, no learned cuts.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -516,7 +516,7 @@ class SearchRegion:
         out = []
         for k in range(n if bases else 0):
             base = bases[k % len(bases)]
-            pieces, devices = [replace(s, device=-1) for s in base.shards], [s.device for s in base.shards]
+            pieces, devices = splits.unplaced(base)
             if k >= len(bases):
                 pieces, devices = perturbed(task, pieces, devices, int(rng.integers(1, MAX_CHANGES + 1)), rng)
             out.append((splits.as_task(task, pieces), np.array(devices, np.int64)))
@@ -540,13 +540,13 @@ def perturbed(task: Task, pieces: list[Shard], devices: list[int], changes: int,
         i, d, u = int(rng.integers(len(pieces))), int(rng.integers(task.devices)), rng.random()
         if pieces[i].is_row_shard or d == devices[i]:
             continue
-        there = [j for j, e in enumerate(devices) if e == d and not pieces[j].is_row_shard]
         if u < P_MOVE:
             if used[d] + size[i] <= cap:
                 used[devices[i]] -= size[i]
                 used[d] += size[i]
                 devices[i] = d
         elif u < P_MOVE + P_SWAP:
+            there = [j for j, e in enumerate(devices) if e == d and not pieces[j].is_row_shard]
             j = there[int(rng.integers(len(there)))] if there else -1
             if j >= 0 and used[devices[i]] - size[i] + size[j] <= cap and used[d] - size[j] + size[i] <= cap:
                 used[devices[i]] += size[j] - size[i]

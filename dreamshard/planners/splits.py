@@ -206,3 +206,8 @@ def split_heaviest(task: Task, proxy: Sequence[float]) -> list[Shard]:
 
 def placed(task: Task, pieces: Sequence[Shard], devices: Sequence[int], planner: str, **kwargs) -> Plan:
     return Plan(task, [replace(p, device=int(d)) for p, d in zip(pieces, devices)], planner, **kwargs)
+
+
+def unplaced(plan: Plan) -> tuple[list[Shard], list[int]]:
+    """A plan as the searches hold one (`placed`'s inverse): its pieces, without devices, and their devices."""
+    return [replace(s, device=-1) for s in plan.shards], [s.device for s in plan.shards]
