@@ -29,8 +29,9 @@ with the model at PATH, under LABEL.
 **measure** — each plan timed by the sequential runner (our Triton TBE, shard by shard on the GPU;
 the collectives from the comm model shipped for the GPU and the plan's device count), task by
 task in the file's order, so a call cut by its budget (--budget-s) leaves whole tasks. One CSV line
-per plan, appended as it goes, keyed by the task, the planners and the hash of its shards (a plan
-re-made otherwise is measured again; `--resume DIR` keeps DIR's lines).
+per plan, appended as it goes, keyed by the task and the hash of its shards (a plan re-made
+otherwise is measured again; one re-made the same by other planners is not; `--resume DIR` keeps
+DIR's lines).
 
 **report** — per held-out family and setting, over the tasks whose every plan was measured: each
 planner's mean measured step, the mean of its per-task ratios to the best table-wise heuristic
@@ -74,6 +75,8 @@ HEURISTICS = ("random", "size", "dim", "lookup", "size_lookup")
 PLANNERS: dict[str, tuple[str, dict]] = {
     "dreamshard": ("dreamshard", {}),
     "dreamshard --no-split": ("dreamshard", {"split": False}),
+    "dreamshard (no annealing)": ("dreamshard", {"anneal": 0}),  # its search without its last stage
+    "dreamshard (annealing without margin)": ("dreamshard", {"anneal_margin": 0.0}),  # that stage's plan wherever the net prices it lower
     "neuroshard": ("neuroshard", {}),
     "oracle (simulator)": ("oracle", {"backend": "sim"}),
     "torchrec (all types)": ("torchrec", {"sharding_types": "all"}),
@@ -222,7 +225,9 @@ def measure_cmd(args) -> None:
     done = set()
     if path.exists():
         with open(path) as fh:
-            done = {(r["family"], r["setting"], r["task"], r["planners"], r["plan"]) for r in csv.DictReader(fh)}
+            # a plan is its task and its shards' hash: the planners that made it are a note (a plan
+            # re-made by other planners, or by fewer, is not measured again)
+            done = {(r["family"], r["setting"], r["task"], r["plan"]) for r in csv.DictReader(fh)}
     device = "cpu" if args.cpu else "cuda"
     runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
     fresh = not path.exists()
@@ -233,7 +238,7 @@ def measure_cmd(args) -> None:
     last_task, measured = None, 0
     for plan in plans:
         key = plan_id(plan)
-        if key in done:
+        if (*key[:3], key[4]) in done:
             continue
         if key[:3] != last_task and time.monotonic() - T0 > args.budget_s:
             print(f"[{time.monotonic() - T0:6.1f}s] budget spent: stopping before {key[:3]}", flush=True)
@@ -283,7 +288,7 @@ def pct(x: float) -> str:
 def report(folder: Path) -> str:
     plans = load_plans(folder / "plans.jsonl")
     with open(folder / "measured.csv") as fh:
-        measured = {(r["family"], r["setting"], r["task"], r["planners"], r["plan"]): r for r in csv.DictReader(fh)}
+        measured = {(r["family"], r["setting"], r["task"], r["plan"]): r for r in csv.DictReader(fh)}
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
     sim = SimBackend(CALIBRATION)
     # (family, setting, task) → label → (measured ms, max-device ms, simulated ms, plan)
@@ -292,7 +297,7 @@ def report(folder: Path) -> str:
     for plan in plans:
         t = (note(plan, "family"), note(plan, "setting"), note(plan, "task"))
         labels = planners_of(plan)
-        row = measured.get((*t, ";".join(labels), plan_hash(plan)))
+        row = measured.get((*t, plan_hash(plan)))
         if row is None:
             complete[t] = False
             continue

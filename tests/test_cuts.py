@@ -155,7 +155,7 @@ def trained(pool, tmp_path_factory):
     return out
 
 
-SOURCES = ("policy", "heuristic", "learned cuts", "cut ladder", "row ladder")
+SOURCES = ("policy", "heuristic", "learned cuts", "cut ladder", "row ladder", "annealing on the cost net")
 
 
 def test_the_search_returns_the_cheapest_candidate_with_its_source(pool, trained):
@@ -174,6 +174,40 @@ def test_the_search_returns_the_cheapest_candidate_with_its_source(pool, trained
         longer = get_planner("dreamshard", model=str(trained), budget_ms=50).plan(task)
         longer.check()
         assert longer.predicted["max_device_ms"] <= plan.predicted["max_device_ms"] * (1 + 1e-4)
+
+
+def test_the_annealing_stage_prices_as_the_scorer_and_only_lowers_the_prediction(pool, trained):
+    """The last stage anneals on the cost net: its pricer's per-device totals are the scorer's
+    (`PieceScorer.device_costs`) for the same placements, and it replaces the search's plan only
+    by one the net prices lower, within memory."""
+    from dreamshard.planners import splits
+    from dreamshard.planners.dreamshard import NetPricer
+    from dreamshard.planners.scoring import PieceScorer
+
+    _, test_half = split_pool(pool, 0)
+    planner = get_planner("dreamshard", model=str(trained))
+    checked = 0
+    for task in sample_tasks(test_half, 3, (15, 25), 4, 3 * 10**9, seed=8):
+        without = get_planner("dreamshard", model=str(trained), anneal=0).plan(task)
+        plan = planner.plan(task)
+        plan.check()
+        assert plan.predicted["max_device_ms"] <= without.predicted["max_device_ms"] * (1 + 1e-6)
+        pieces, devices = splits.unplaced(plan)
+        if any(p.is_row_shard for p in pieces):
+            continue
+        scorer = PieceScorer(planner.model, task)
+        pricer = NetPricer(scorer, 10)
+        rng = np.random.default_rng(0)
+        placements = np.stack([np.array(devices)] + [rng.integers(task.devices, size=len(pieces)) for _ in range(3)])
+        got = pricer.totals([(p.table, p.start, p.stop) for p in pieces], placements)
+        for row, want in zip(placements, got):
+            expect = scorer.device_costs(scorer.state(pieces, row)).sum(-1) * float(planner.model.cost_net.scale)
+            assert want == pytest.approx(expect, rel=1e-5)
+        assert pricer.used == 4
+        checked += 1
+    assert checked >= 1
+    with pytest.raises(ValueError, match="anneal"):
+        get_planner("dreamshard", anneal=-1)
 
 
 def test_budget_ms_is_checked():

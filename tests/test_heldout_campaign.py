@@ -24,7 +24,19 @@ def test_plans_measured_and_reported(tmp_path):
     # a second call measures nothing again
     run(*measure)
     assert (tmp_path / "measured.csv").read_text().splitlines() == rows
+    # a planner added later: its plans the same as another's are not measured again (a plan is its
+    # task and its shards' hash; the planners that made it are a note)
+    run("plan", "--quick", "--out", str(tmp_path), "--again", "dreamshard (no annealing)")
+    run(*measure)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from heldout import load_plans, note, plan_hash
+
+    plans = {(note(p, "family"), note(p, "setting"), note(p, "task"), plan_hash(p)) for p in load_plans(tmp_path / "plans.jsonl")}
+    with open(tmp_path / "measured.csv") as fh:
+        measured = [tuple(line.split(",")[i] for i in (0, 1, 2, 4)) for line in fh.read().splitlines()[1:]]
+    assert len(measured) == len(set(measured)) and plans <= set(measured)
     text = run("report", str(tmp_path), "--write")
+    assert "| dreamshard (no annealing) |" in text
     assert (tmp_path / "report.md").read_text() in text
     assert "## mixed (held out), 60 tables / 4 devices / 24 GB: 1 tasks" in text
     for label in ("| dreamshard |", "| dreamshard --no-split |", "| neuroshard |", "| lookup |", "| size_lookup |"):

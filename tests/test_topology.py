@@ -305,7 +305,9 @@ def test_row_splits_on_several_hosts_are_table_row_wise():
     assert splits.twrw_blocks(task, splits.row_split(task, 0, 8)) == [-1] * 8
     assert splits.twrw_blocks(replace(task, topology=None), splits.row_split(task, 0, 4)) == [-1] * 4
     seen = 0
-    for name, options in (("neuroshard", {"beam": 2, "depth": 3}), ("dreamshard", {"beam_depth": 0})):
+    # dreamshard without its annealing, which here finds a plan of column pieces 9% cheaper (by the
+    # net and the simulator) than the row split this test is about
+    for name, options in (("neuroshard", {"beam": 2, "depth": 3}), ("dreamshard", {"beam_depth": 0, "anneal": 0})):
         plan = get_planner(name, **options).plan(task)
         plan.check()
         rows = sorted((s for s in plan.shards if s.is_row_shard), key=lambda s: s.row_start)

@@ -29,7 +29,10 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
 - the split descent from the cheapest of those (" + descent", `split_descent`): the cost net
   repeatedly halves a piece on the device it predicts slowest and moves one half, or splits a
   whole table there by rows over k devices, while that lowers the prediction (at most
-  `max_splits` moves); its pieces placed afresh by the greedy where that is cheaper.
+  `max_splits` moves); its pieces placed afresh by the greedy where that is cheaper;
+- the oracle's annealing on the cost net ("annealing on the cost net", `_anneal`: moves, swaps,
+  halvings and merges of column pieces, `anneal` placements priced) from the cheapest so far
+  (without row pieces) and the lookup plans, kept where the net prices it `anneal_margin` lower.
 With `budget_ms`, rounds of sampled cuts (another seed each) and their descents go on until the
 time is spent: more planning time buys more candidates. A table larger than a device is
 placeable only split by rows: the search then starts from it split so
@@ -56,6 +59,7 @@ from dreamshard.plan import Plan, Shard
 from dreamshard.planners import splits
 from dreamshard.planners.base import LazyImports, LearnedPlanner, lazy_attr, register
 from dreamshard.planners.heuristics import GREEDY_PLANNERS, greedy, task_infeasible
+from dreamshard.planners.oracle import Annealer, Pricer
 from dreamshard.tasks import Task
 from dreamshard.topology import several_hosts
 
@@ -192,6 +196,17 @@ BEAM_MAX_TABLES = 1_000  # each step places ~60 candidates by the greedy: second
 # on several hosts table-row-wise splits keep paying where one host's would not: 1,024 tables on
 # 16 hosts of 8 (a development pool) 15% lower with the beam, in 28 s instead of 3 s on one core
 BEAM_MAX_TABLES_HOSTS = 2_000
+# the last stage (`_anneal`): the oracle's annealing (planners/oracle.py) on the cost net, from the
+# search's plan (without row pieces) and the oracle's own starts. The policy and the cut net
+# propose from the families they were trained on; on one they have not seen their proposals can be
+# far from what the cost net itself prefers (a model trained without the `hot` family, on `hot`
+# development tasks: the search's plans 6% above the net's price of the oracle's). Up to
+# ANNEAL_MAX_CELLS tables × devices: an evaluation sums every piece into every device's state
+# (200 tables on 8 devices: ~0.2 s for the stage on one core). Its plan replaces the search's
+# only if the net prices it ANNEAL_MARGIN lower: the net is several percent off real steps, and on
+# the development tasks measured on one H100 (benchmarks/results/gpu_dev_anneal) the annealed plans
+# predicted 0.2-1% cheaper were measured dearer as often as cheaper (-3.3% to +5.3%).
+ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 2_000, 1, 4_000, 0.02
 
 
 @register
@@ -204,14 +219,17 @@ class DreamShardPlanner(LearnedPlanner):
     budget_with_split_only = True  # without split there is no search: the policy plays one batch of episodes
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
-                 budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH):
+                 budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH,
+                 anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, the same plan on every machine).
         `comm_model`: the comm model (file) whose collectives price row splits; None: the
         shipped NCCL model, the shipped cost net's hardware. `heuristic_candidates`: the
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
-        policy alone; the heuristics only when every episode runs out of memory)."""
+        policy alone; the heuristics only when every episode runs out of memory). `anneal`: the
+        placements the search's last stage, the oracle's annealing on the cost net, may price (0: no
+        such stage); its plan is kept where the net prices it `anneal_margin` (a fraction) lower."""
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
@@ -227,6 +245,12 @@ class DreamShardPlanner(LearnedPlanner):
         if beam_depth < 0:
             raise ValueError(f"beam_depth must be >= 0, got {beam_depth}")
         self.beam_depth = int(beam_depth)
+        if isinstance(anneal, bool) or not isinstance(anneal, (int, np.integer)) or anneal < 0:
+            raise ValueError(f"anneal must be a whole number >= 0, got {anneal!r:.40}")
+        self.anneal = int(anneal)
+        if not 0 <= anneal_margin < 1:
+            raise ValueError(f"anneal_margin must be in [0, 1), got {anneal_margin!r:.40}")
+        self.anneal_margin = float(anneal_margin)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
     @classmethod
@@ -390,6 +414,11 @@ class DreamShardPlanner(LearnedPlanner):
             if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
                 best = min(best, self._descend(scorer, found), key=lambda c: c.cost)
             rnd += 1
+        if self.anneal and len(task.tables) * task.devices > ANNEAL_MAX_CELLS:
+            bounded.append(f"{len(task.tables):,} tables on {task.devices:,} devices: the search ran no annealing on the cost net "
+                           f"(done up to {ANNEAL_MAX_CELLS:,} tables × devices)")
+        else:
+            best = self._anneal(scorer, best)
         if len(best.pieces) == len(whole):
             plan = Plan.table_wise(task, best.devices, self.name, notes=table_wise.notes + bounded)
             plan.predicted = {**scorer.predicted(whole, np.array(best.devices), self.label), "candidate": best.source}
@@ -407,6 +436,32 @@ class DreamShardPlanner(LearnedPlanner):
         cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices),
                                             extend=BEAM_EXTEND if several_hosts(scorer.task.topology) else 0)
         return Candidate(cost, pieces, [int(d) for d in devices], best.source + " + beam") if cost < best.cost else best
+
+    def _anneal(self, scorer: PieceScorer, best: "Candidate") -> "Candidate":
+        """The oracle's annealing (`oracle.Annealer`: moves, swaps, halvings, merges) on the cost
+        net (`NetPricer`), `anneal` placements priced, from `best` where it has no row pieces (the
+        annealing moves column pieces only) and from the oracle's starts (the lookup plans); `best`
+        where it finds nothing the net scores `anneal_margin` lower."""
+        task = scorer.task
+        if not self.anneal or task.devices < 2:
+            return best
+        annealer = Annealer(ANNEAL_RESTARTS, self.seed, split=True)
+        try:
+            starts = annealer.starts(task)
+        except InfeasibleError:
+            starts = []
+        if not any(p.is_row_shard for p in best.pieces):
+            starts.insert(0, ([(p.table, p.start, p.stop) for p in best.pieces], np.array(best.devices, np.int64)))
+        if not starts:
+            return best
+        found, _, _ = annealer.run(task, NetPricer(scorer, self.anneal), starts)
+        if found is None:
+            return best
+        order = sorted(range(len(found[1])), key=lambda i: found[1][i])  # whole tables in table order (`_split`'s table-wise plan)
+        pieces = [Shard(found[1][i][0], -1, found[1][i][1], found[1][i][2]) for i in order]
+        devices = [int(found[2][i]) for i in order]
+        cost = float(scorer.score(scorer.state(pieces, np.array(devices))))
+        return Candidate(cost, pieces, devices, "annealing on the cost net") if cost < best.cost * (1 - max(self.anneal_margin, 1e-6)) else best
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
         """The split descent from `start` (`split_descent`), then its pieces placed afresh by the
@@ -563,6 +618,28 @@ def perturbed(task: Task, pieces: list[Shard], devices: list[int], changes: int,
                 size.append(b)
                 devices.append(d)
     return pieces, devices
+
+
+class NetPricer(Pricer):
+    """The oracle's pricer (`oracle.Pricer`) on the cost net: N placements of the same pieces as
+    per-device totals (ms, the net's three components; column pieces only, which have no row-wise
+    exchange), their device states summed from the pieces' state rows in one product."""
+
+    def __init__(self, scorer: PieceScorer, budget: int):
+        super().__init__(None, scorer.task, budget)
+        self.scorer, self.batched = scorer, True
+
+    def totals(self, pieces: list[tuple[int, int, int]], placements: np.ndarray) -> np.ndarray:
+        placements = np.asarray(placements, np.int64).reshape(-1, len(pieces))
+        N, D = len(placements), self.task.devices
+        if N > self.left:
+            raise AssertionError("annealing: pricing past its budget")  # a bug: Annealer caps N
+        self.used += N
+        rows = self.scorer.rows([[Shard(t, -1, a, b) for t, a, b in pieces]])[0]
+        onehot = np.zeros((N, D, len(pieces)), rows.dtype)
+        onehot[np.arange(N)[:, None], placements, np.arange(len(pieces))[None]] = 1.0
+        state = onehot @ rows + self.scorer.empty((D,))
+        return self.scorer.device_costs(state).sum(-1) * self.scorer.net.scale
 
 
 @dataclass

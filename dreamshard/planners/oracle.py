@@ -132,28 +132,18 @@ class State:
         return float(self.totals.max())
 
 
-@register
-class OraclePlanner(Planner):
-    name, description = "oracle", "simulated annealing on a cost backend's true cost: moves, swaps, column splits (needs backend=)"
-    kind = "search"
-    requires = ("backend",)
-    budget_option = ("budget", "evaluations")
+class Annealer:
+    """The oracle's search (the module's doc), on whatever `Pricer` prices placements: the
+    `oracle` planner's on its backend, `dreamshard`'s last stage on its cost net."""
 
-    def __init__(self, backend: "CostBackend | None" = None, budget: int = 20_000, restarts: int = 4, seed: int = 0, split: bool = True):
-        if backend is None or not callable(getattr(backend, "evaluate", None)):
-            raise OptionError("planner oracle needs a cost backend: `dreamshard plan --planner oracle --backend sim`, or backend=SimBackend() in Python")
-        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
-            raise OptionError(f"planner oracle: budget {budget!r:.40} must be a positive number of evaluations")
-        if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 0:
-            raise OptionError(f"planner oracle: restarts {restarts!r:.40} must be a whole number >= 0")
-        self.backend, self.budget, self.restarts, self.seed, self.split = backend, int(budget), int(restarts), seed, bool(split)
+    def __init__(self, restarts: int = 4, seed: int = 0, split: bool = True):
+        self.restarts, self.seed, self.split = int(restarts), seed, bool(split)
 
-    # ---- planning ------------------------------------------------------------------------
-
-    def plan(self, task: Task) -> Plan:
+    def run(self, task: Task, pricer: Pricer, starts: list[tuple[list[Piece], np.ndarray]]):
+        """Anneal from each of `starts` and then `restarts` restarts, the pricer's budget (less one
+        evaluation, kept for a report) shared evenly among the runs. → (the best seen as (cost,
+        pieces, devices), or None if nothing was priced; the first start's cost; runs done)."""
         rng = np.random.default_rng(self.seed)
-        pricer = Pricer(self.backend, task, self.budget, self.progress)
-        starts = self._starts(task)
         best: tuple[float, list[Piece], np.ndarray] | None = None
         start_cost = None
         runs, done = len(starts) + self.restarts, 0
@@ -163,32 +153,22 @@ class OraclePlanner(Planner):
             if r < len(starts):
                 pieces, dev = starts[r]
             else:
-                pieces, dev = self._restart(task, pricer, best, r - len(starts), rng, TAU * start_cost)
+                pieces, dev = self._restart(task, pricer, best, r - len(starts), rng, tau)
             share = (pricer.left - 1) // (runs - r)
             if share < 1:
                 break
             state = State(pieces, dev, pricer, pricer.totals(pieces, dev[None])[0])
             if start_cost is None:
                 start_cost = state.cost
+                # a cost model's price may be ~0 or below (a net barely trained): a scale that stays > 0
+                tau = TAU * max(abs(start_cost), 1e-9)
             if best is None or state.cost < best[0]:
                 best = (state.cost, list(state.pieces), state.dev.copy())
-            best = self._anneal(task, pricer, state, pricer.used + share - 1, best, rng, TAU * start_cost)
+            best = self._anneal(task, pricer, state, pricer.used + share - 1, best, rng, tau)
             done += 1
-        if best is None:  # budget 1: the lookup plan, priced once
-            pieces, dev = starts[0]
-            best = (math.nan, pieces, dev)
-        plan = Plan(task, [Shard(p[0], int(d), p[1], p[2]) for p, d in zip(best[1], best[2])], self.name)
-        report = pricer.report(plan)
-        devices = [{"fwd_comp_ms": c.fwd_comp_ms, "fwd_comm_ms": c.fwd_comm_ms, "bwd_comm_ms": c.bwd_comm_ms, "bwd_comp_ms": c.bwd_comp_ms,
-                    "comm_ms": c.fwd_comm_ms + c.bwd_comm_ms, "total_ms": c.total_ms} for c in report.devices]
-        plan.predicted = {"source": self.backend.name, "overall_ms": report.overall_ms, "max_device_ms": report.overall_ms,
-                          "devices": devices, "evaluations": pricer.used}
-        start = f"{start_cost:.3f} ms" if start_cost is not None else "not priced"
-        plan.notes = [f"oracle: {pricer.used:,} of {self.budget:,} evaluations on the {self.backend.name}, {done} runs; "
-                      f"lookup start {start} → {report.overall_ms:.3f} ms"]
-        return plan
+        return best, start_cost, done
 
-    def _starts(self, task: Task) -> list[tuple[list[Piece], np.ndarray]]:
+    def starts(self, task: Task) -> list[tuple[list[Piece], np.ndarray]]:
         """The lookup greedy plans (table-wise; and with its hand split rule): raises the typed
         InfeasibleError only when neither places the task."""
         out, error = [], None
@@ -315,7 +295,7 @@ class OraclePlanner(Planner):
             scores = smooth_max(totals, tau)
             k = int(scores.argmin())
             temp = T_START * (T_END / T_START) ** ((pricer.used - first) / span)
-            worse = (scores[k] - score) / score
+            worse = (scores[k] - score) / max(abs(score), 1e-9)
             if worse <= 0 or rng.random() < math.exp(-worse / temp):
                 state = State(pieces, placements[k], pricer, totals[k]) if pieces is not state.pieces else self._moved(state, placements[k], totals[k])
                 score = float(scores[k])
@@ -451,3 +431,39 @@ class OraclePlanner(Planner):
         rows = np.repeat(np.append(state.dev[keep_idx], 0)[None], len(targets), axis=0)
         rows[:, -1] = targets
         return pieces, rows
+
+
+@register
+class OraclePlanner(Annealer, Planner):
+    name, description = "oracle", "simulated annealing on a cost backend's true cost: moves, swaps, column splits (needs backend=)"
+    kind = "search"
+    requires = ("backend",)
+    budget_option = ("budget", "evaluations")
+
+    def __init__(self, backend: "CostBackend | None" = None, budget: int = 20_000, restarts: int = 4, seed: int = 0, split: bool = True):
+        if backend is None or not callable(getattr(backend, "evaluate", None)):
+            raise OptionError("planner oracle needs a cost backend: `dreamshard plan --planner oracle --backend sim`, or backend=SimBackend() in Python")
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise OptionError(f"planner oracle: budget {budget!r:.40} must be a positive number of evaluations")
+        if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 0:
+            raise OptionError(f"planner oracle: restarts {restarts!r:.40} must be a whole number >= 0")
+        super().__init__(restarts, seed, split)
+        self.backend, self.budget = backend, int(budget)
+
+    def plan(self, task: Task) -> Plan:
+        pricer = Pricer(self.backend, task, self.budget, self.progress)
+        starts = self.starts(task)
+        best, start_cost, done = self.run(task, pricer, starts)
+        if best is None:  # budget 1: the lookup plan, priced once
+            pieces, dev = starts[0]
+            best = (math.nan, pieces, dev)
+        plan = Plan(task, [Shard(p[0], int(d), p[1], p[2]) for p, d in zip(best[1], best[2])], self.name)
+        report = pricer.report(plan)
+        devices = [{"fwd_comp_ms": c.fwd_comp_ms, "fwd_comm_ms": c.fwd_comm_ms, "bwd_comm_ms": c.bwd_comm_ms, "bwd_comp_ms": c.bwd_comp_ms,
+                    "comm_ms": c.fwd_comm_ms + c.bwd_comm_ms, "total_ms": c.total_ms} for c in report.devices]
+        plan.predicted = {"source": self.backend.name, "overall_ms": report.overall_ms, "max_device_ms": report.overall_ms,
+                          "devices": devices, "evaluations": pricer.used}
+        start = f"{start_cost:.3f} ms" if start_cost is not None else "not priced"
+        plan.notes = [f"oracle: {pricer.used:,} of {self.budget:,} evaluations on the {self.backend.name}, {done} runs; "
+                      f"lookup start {start} → {report.overall_ms:.3f} ms"]
+        return plan

@@ -1,0 +1,108 @@
+"""DreamShard on a table family it was never trained on, with no GPU: the shipped model's recipe
+trained on the simulator without one training family, then that family's development tasks
+planned, beside the same recipe trained on every family and `oracle`.
+
+    .venv/bin/python benchmarks/unseen_family.py                  # --family hot: ~10 min on a 2-core CPU
+    .venv/bin/python benchmarks/unseen_family.py --family wide --out runs/unseen_wide.md
+
+The held-out families measure this on a GPU, where the cost net's error on new tables and the
+search's reach are mixed together. Here the simulator (H100 calibration) is both what the models
+are trained against — the recipe of `gpu_train_shipped.py`: 60 measured plans, a prior of 4,000,
+the refinement around the search — and what prices the plans, so a model's only handicap on the
+left-out family is not having seen it: what the learned policy and cut net propose there, and how
+far the search gets from it. The tasks are `dev_tasks.py`'s (2 of 60 tables on 4 devices and 2 of
+120 on 8, pools of seed 5, 16 GB); `oracle` anneals on the same simulator (4,000 evaluations).
+Per planner: the mean of per-task ratios to the best table-wise heuristic; per model, its cost net
+against the simulator on its own plans and on the oracle's. Models are written to --models and
+reused when there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dev_tasks import CALIBRATION, MEMORY, ORACLE_BUDGET, POOL_SEED, SETTINGS, TASKS, net_ms  # noqa: E402
+from gpu_train_shipped import PLANNERS, config, training_tasks  # noqa: E402
+
+from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.families import TRAINING_FAMILIES, synth_family  # noqa: E402
+from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.planners import get_planner  # noqa: E402
+from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+
+BUDGET, PRIOR_PLANS = 60, 4_000  # the shipped recipe's (gpu_train_shipped.py)
+
+
+def trained(path: Path, families: tuple[str, ...]) -> Path:
+    """The shipped recipe on the simulator over `families`' training tasks, at `path` (kept if there)."""
+    if path.is_file():
+        return path
+    sim = SimBackend(CALIBRATION)
+    tasks = training_tasks(12, 300, Workload(65_536), families)
+    print(f"training {path} on {len(tasks)} tasks of {', '.join(families)} ...", flush=True)
+    PLANNERS["dreamshard"].fit(tasks, sim, path, config("dreamshard", BUDGET, 65_536, PRIOR_PLANS), progress=False, prior=SimBackend(CALIBRATION))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="hot", choices=TRAINING_FAMILIES, help="the training family left out  [%(default)s]")
+    ap.add_argument("--models", default="runs/unseen_family", help="folder for the two models (reused when there)")
+    ap.add_argument("--out", default="benchmarks/results/unseen_family.md")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    models = Path(args.models)
+    models.mkdir(parents=True, exist_ok=True)
+    without = trained(models / f"without_{args.family}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family))
+    every = trained(models / "every_family.pt", TRAINING_FAMILIES)
+    sim = SimBackend(CALIBRATION)
+    planners = {
+        f"dreamshard, trained without {args.family}": get_planner("dreamshard", model=str(without)),
+        f"dreamshard, trained without {args.family}, no annealing": get_planner("dreamshard", model=str(without), anneal=0),
+        "dreamshard, trained on every family": get_planner("dreamshard", model=str(every)),
+        "oracle": get_planner("oracle", backend=sim, budget=ORACLE_BUDGET),
+    }
+    nets = [name for name in planners if name.startswith("dreamshard")]
+    ratios: dict[str, list[float]] = {name: [] for name in planners}
+    errors: dict[str, dict[str, list[float]]] = {name: {"own": [], "oracle's": []} for name in nets}
+    pool = synth_family(args.family, 300, POOL_SEED)
+    for tables, devices in SETTINGS:
+        for task in sample_tasks(pool, TASKS, (tables, tables), devices, MEMORY, seed=900 + devices, workload=Workload(65_536)):
+            best = min(sim.evaluate_plan(get_planner(h).plan(task)).overall_ms for h in ("lookup", "size_lookup"))
+            plans = {name: p.plan(task) for name, p in planners.items()}
+            simulated = {name: sim.evaluate_plan(plan).overall_ms for name, plan in plans.items()}
+            for name in planners:
+                ratios[name].append(simulated[name] / best - 1)
+            for name in nets:
+                errors[name]["own"].append(net_ms(planners[name], plans[name]) / simulated[name] - 1)
+                errors[name]["oracle's"].append(net_ms(planners[name], plans["oracle"]) / simulated["oracle"] - 1)
+            print(f"{tables}/{devices}: " + ", ".join(f"{n} {ratios[n][-1] * 100:+.1f}%" for n in planners), flush=True)
+    lines = [f"# DreamShard on a family it never saw: `{args.family}` ({sim.name})", "",
+             f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}`: models trained on the simulator by the shipped recipe "
+             f"({BUDGET} plans priced as measurements, a prior of {PRIOR_PLANS:,}), with and without `{args.family}`; {len(ratios['oracle'])} "
+             f"development tasks of `{args.family}` ({' and '.join(f'{t} tables on {d} devices' for t, d in SETTINGS)}, pools of seed {POOL_SEED}); "
+             "mean of per-task ratios to the best table-wise heuristic (simulated).", "",
+             "| planner | mean | per task |", "|---|---:|---|"]
+    for name, r in ratios.items():
+        lines.append(f"| {name} | {np.mean(r) * 100:+.2f}% | " + ", ".join(f"{x * 100:+.1f}%" for x in r) + " |")
+    lines += ["", "The cost net against the simulator (predicted / simulated max-device step − 1):", "",
+              "| model | own plans: mean | the oracle's: mean |", "|---|---:|---:|"]
+    for name in nets:
+        own, orc = (np.mean(errors[name][k]) * 100 for k in ("own", "oracle's"))
+        lines.append(f"| {name} | {own:+.1f}% | {orc:+.1f}% |")
+    atomic_write(args.out, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
