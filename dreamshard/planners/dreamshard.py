@@ -207,6 +207,7 @@ BEAM_MAX_TABLES_HOSTS = 2_000
 # the development tasks measured on one H100 (benchmarks/results/gpu_dev_anneal) the annealed plans
 # predicted 0.2-1% cheaper were measured dearer as often as cheaper (-3.3% to +5.3%).
 ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 2_000, 1, 4_000, 0.02
+ANNEAL_CELL_EVALS = 2_000_000  # placements × tables × devices: fewer than `anneal` placements above 1,000 tables × devices
 
 
 @register
@@ -454,7 +455,8 @@ class DreamShardPlanner(LearnedPlanner):
             starts.insert(0, ([(p.table, p.start, p.stop) for p in best.pieces], np.array(best.devices, np.int64)))
         if not starts:
             return best
-        found, _, _ = annealer.run(task, NetPricer(scorer, self.anneal), starts)
+        budget = min(self.anneal, max(2, ANNEAL_CELL_EVALS // (len(task.tables) * task.devices)))
+        found, _, _ = annealer.run(task, NetPricer(scorer, budget), starts)
         if found is None:
             return best
         order = sorted(range(len(found[1])), key=lambda i: found[1][i])  # whole tables in table order (`_split`'s table-wise plan)
@@ -623,11 +625,13 @@ def perturbed(task: Task, pieces: list[Shard], devices: list[int], changes: int,
 class NetPricer(Pricer):
     """The oracle's pricer (`oracle.Pricer`) on the cost net: N placements of the same pieces as
     per-device totals (ms, the net's three components; column pieces only, which have no row-wise
-    exchange), their device states summed from the pieces' state rows in one product."""
+    exchange), their device states summed from the pieces' state rows."""
 
     def __init__(self, scorer: PieceScorer, budget: int):
         super().__init__(None, scorer.task, budget)
         self.scorer, self.batched = scorer, True
+        self._rows: tuple[list, np.ndarray] | None = None  # the last pieces list priced and its rows
+        self._slot: dict[tuple[int, int, int], int] = {}  # a piece's slot in the scorer's cache
 
     def totals(self, pieces: list[tuple[int, int, int]], placements: np.ndarray) -> np.ndarray:
         placements = np.asarray(placements, np.int64).reshape(-1, len(pieces))
@@ -635,10 +639,24 @@ class NetPricer(Pricer):
         if N > self.left:
             raise AssertionError("annealing: pricing past its budget")  # a bug: Annealer caps N
         self.used += N
-        rows = self.scorer.rows([[Shard(t, -1, a, b) for t, a, b in pieces]])[0]
-        onehot = np.zeros((N, D, len(pieces)), rows.dtype)
-        onehot[np.arange(N)[:, None], placements, np.arange(len(pieces))[None]] = 1.0
-        state = onehot @ rows + self.scorer.empty((D,))
+        # the annealing's moves and swaps price one list of pieces step after step (the same
+        # object, never changed in place): its rows are looked up once
+        if self._rows is None or self._rows[0] is not pieces:
+            new = [p for p in dict.fromkeys(pieces) if p not in self._slot]
+            if new:
+                self._slot.update(zip(new, self.scorer.slots([[Shard(t, -1, a, b) for t, a, b in new]])[0].tolist()))
+            self._rows = (pieces, self.scorer.table[[self._slot[p] for p in pieces]])
+        rows = self._rows[1]
+        # the first placement summed whole, the others from it: an annealing step's placements
+        # differ from each other in a piece or two
+        onehot = np.zeros((D, len(pieces)), rows.dtype)
+        onehot[placements[0], np.arange(len(pieces))] = 1.0
+        state = np.repeat((onehot @ rows + self.scorer.empty((D,)))[None], N, axis=0)
+        k, i = np.nonzero(placements != placements[0])
+        if len(k):
+            flat = state.reshape(N * D, -1)
+            np.add.at(flat, k * D + placements[k, i], rows[i])
+            np.subtract.at(flat, k * D + placements[0, i], rows[i])
         return self.scorer.device_costs(state).sum(-1) * self.scorer.net.scale
 
 
