@@ -204,8 +204,8 @@ BEAM_MAX_TABLES_HOSTS = 2_000
 # ANNEAL_MAX_CELLS tables × devices: an evaluation sums every piece into every device's state
 # (200 tables on 8 devices: ~0.2 s for the stage on one core). Its plan replaces the search's
 # only if the net prices it ANNEAL_MARGIN lower: the net is several percent off real steps, and on
-# the development tasks measured on one H100 (benchmarks/results/gpu_dev_anneal) the annealed plans
-# predicted 0.2-1% cheaper were measured dearer as often as cheaper (-3.3% to +5.3%).
+# the development tasks measured on one H100 (benchmarks/results/gpu_dev_anneal) the 13 annealed
+# plans predicted under 1% cheaper were measured 1.1% dearer on average (the 5 others 1.9% cheaper).
 ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 2_000, 1, 4_000, 0.02
 ANNEAL_CELL_EVALS = 2_000_000  # placements × tables × devices: fewer than `anneal` placements above 1,000 tables × devices
 
