@@ -55,21 +55,7 @@ def main() -> None:
     names = [m or "shipped" for m in models]
     planners = {name: get_planner("dreamshard", model=m) for name, m in zip(names, models)}
     planners["oracle"] = get_planner("oracle", backend=sim, budget=ORACLE_BUDGET)
-    ratios: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    net_error: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # model → "own" / "oracle's" → net / simulator − 1
-    for family in families:
-        pool = synth_family(family, 300, POOL_SEED)
-        for tables, devices in SETTINGS:
-            for task in sample_tasks(pool, TASKS, (tables, tables), devices, MEMORY, seed=900 + devices, workload=Workload(65_536)):
-                best = min(sim.evaluate_plan(get_planner(h).plan(task)).overall_ms for h in ("lookup", "size_lookup"))
-                plans = {name: planner.plan(task) for name, planner in planners.items()}
-                simulated = {name: sim.evaluate_plan(plan).overall_ms for name, plan in plans.items()}
-                for name in planners:
-                    ratios[name][family].append(simulated[name] / best - 1)
-                for name in names:
-                    for whose in (name, "oracle"):
-                        net_error[name]["own" if whose == name else "oracle's"].append(net_ms(planners[name], plans[whose]) / simulated[whose] - 1)
-                print(f"{family} {tables}/{devices}: " + ", ".join(f"{n} {ratios[n][family][-1] * 100:+.1f}%" for n in planners), flush=True)
+    ratios, net_error = evaluate(sim, planners, names, families)
     lines = [f"# DreamShard on the development tasks ({sim.name})", "",
              "`.venv/bin/python benchmarks/dev_tasks.py " + "".join(f"--model {m} " for m in models if m)
              + (f"--families {','.join(families)} " if families != list(FAMILIES) else "") + "`: mean of per-task ratios to the best "
@@ -86,6 +72,29 @@ def main() -> None:
         lines.append(f"| {name} | {own.mean():+.1f}% | {np.abs(own).mean():.1f}% | {own.min():+.1f} to {own.max():+.1f}% | {orc.mean():+.1f}% | {np.abs(orc).mean():.1f}% | {orc.min():+.1f} to {orc.max():+.1f}% |")
     atomic_write(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def evaluate(sim: SimBackend, planners: dict, nets: list[str], families: list[str]) -> tuple[dict, dict]:
+    """Every planner (`planners`, "oracle" among them) on the development tasks of `families`,
+    priced by `sim`. → (planner → family → its per-task ratios to the best table-wise heuristic;
+    each of `nets` (dreamshard planners) → "own" / "oracle's" → its cost net's price of its own and
+    of the oracle's plans over the simulator's − 1)."""
+    ratios: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    net_error: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for family in families:
+        pool = synth_family(family, 300, POOL_SEED)
+        for tables, devices in SETTINGS:
+            for task in sample_tasks(pool, TASKS, (tables, tables), devices, MEMORY, seed=900 + devices, workload=Workload(65_536)):
+                best = min(sim.evaluate_plan(get_planner(h).plan(task)).overall_ms for h in ("lookup", "size_lookup"))
+                plans = {name: planner.plan(task) for name, planner in planners.items()}
+                simulated = {name: sim.evaluate_plan(plan).overall_ms for name, plan in plans.items()}
+                for name in planners:
+                    ratios[name][family].append(simulated[name] / best - 1)
+                for name in nets:
+                    for whose in (name, "oracle"):
+                        net_error[name]["own" if whose == name else "oracle's"].append(net_ms(planners[name], plans[whose]) / simulated[whose] - 1)
+                print(f"{family} {tables}/{devices}: " + ", ".join(f"{n} {ratios[n][family][-1] * 100:+.1f}%" for n in planners), flush=True)
+    return ratios, net_error
 
 
 def net_ms(planner, plan: Plan) -> float:

@@ -29,14 +29,14 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dev_tasks import CALIBRATION, MEMORY, ORACLE_BUDGET, POOL_SEED, SETTINGS, TASKS, net_ms  # noqa: E402
+from dev_tasks import CALIBRATION, ORACLE_BUDGET, POOL_SEED, SETTINGS, evaluate  # noqa: E402
 from gpu_train_shipped import PLANNERS, config, training_tasks  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import TRAINING_FAMILIES, synth_family  # noqa: E402
+from dreamshard.families import TRAINING_FAMILIES  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
-from dreamshard.tasks import Workload, sample_tasks  # noqa: E402
+from dreamshard.tasks import Workload  # noqa: E402
 
 BUDGET, PRIOR_PLANS = 60, 4_000  # the shipped recipe's (gpu_train_shipped.py)
 
@@ -73,20 +73,8 @@ def main() -> None:
         "oracle": get_planner("oracle", backend=sim, budget=ORACLE_BUDGET),
     }
     nets = [name for name in planners if name.startswith("dreamshard")]
-    ratios: dict[str, list[float]] = {name: [] for name in planners}
-    errors: dict[str, dict[str, list[float]]] = {name: {"own": [], "oracle's": []} for name in nets}
-    pool = synth_family(args.family, 300, POOL_SEED)
-    for tables, devices in SETTINGS:
-        for task in sample_tasks(pool, TASKS, (tables, tables), devices, MEMORY, seed=900 + devices, workload=Workload(65_536)):
-            best = min(sim.evaluate_plan(get_planner(h).plan(task)).overall_ms for h in ("lookup", "size_lookup"))
-            plans = {name: p.plan(task) for name, p in planners.items()}
-            simulated = {name: sim.evaluate_plan(plan).overall_ms for name, plan in plans.items()}
-            for name in planners:
-                ratios[name].append(simulated[name] / best - 1)
-            for name in nets:
-                errors[name]["own"].append(net_ms(planners[name], plans[name]) / simulated[name] - 1)
-                errors[name]["oracle's"].append(net_ms(planners[name], plans["oracle"]) / simulated["oracle"] - 1)
-            print(f"{tables}/{devices}: " + ", ".join(f"{n} {ratios[n][-1] * 100:+.1f}%" for n in planners), flush=True)
+    by_family, errors = evaluate(sim, planners, nets, [args.family])
+    ratios = {name: by_family[name][args.family] for name in planners}
     lines = [f"# DreamShard on a family it never saw: `{args.family}` ({sim.name})", "",
              f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}`: models trained on the simulator by the shipped recipe "
              f"({BUDGET} plans priced as measurements, a prior of {PRIOR_PLANS:,}), with and without `{args.family}`; {len(ratios['oracle'])} "
