@@ -625,7 +625,7 @@ def perturbed(task: Task, pieces: list[Shard], devices: list[int], changes: int,
 class NetPricer(Pricer):
     """The oracle's pricer (`oracle.Pricer`) on the cost net: N placements of the same pieces as
     per-device totals (ms, the net's three components; column pieces only, which have no row-wise
-    exchange), their device states summed from the pieces' state rows."""
+    exchange), their device states summed from the pieces' state rows in one product."""
 
     def __init__(self, scorer: PieceScorer, budget: int):
         super().__init__(None, scorer.task, budget)
@@ -647,16 +647,9 @@ class NetPricer(Pricer):
                 self._slot.update(zip(new, self.scorer.slots([[Shard(t, -1, a, b) for t, a, b in new]])[0].tolist()))
             self._rows = (pieces, self.scorer.table[[self._slot[p] for p in pieces]])
         rows = self._rows[1]
-        # the first placement summed whole, the others from it: an annealing step's placements
-        # differ from each other in a piece or two
-        onehot = np.zeros((D, len(pieces)), rows.dtype)
-        onehot[placements[0], np.arange(len(pieces))] = 1.0
-        state = np.repeat((onehot @ rows + self.scorer.empty((D,)))[None], N, axis=0)
-        k, i = np.nonzero(placements != placements[0])
-        if len(k):
-            flat = state.reshape(N * D, -1)
-            np.add.at(flat, k * D + placements[k, i], rows[i])
-            np.subtract.at(flat, k * D + placements[0, i], rows[i])
+        onehot = np.zeros((N, D, len(pieces)), rows.dtype)
+        onehot[np.arange(N)[:, None], placements, np.arange(len(pieces))[None]] = 1.0
+        state = onehot @ rows + self.scorer.empty((D,))
         return self.scorer.device_costs(state).sum(-1) * self.scorer.net.scale
 
 
