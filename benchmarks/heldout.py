@@ -194,8 +194,15 @@ def planners_of(plan) -> list[str]:
     return [n[len("planner ") :] for n in plan.notes if n.startswith("planner ")]
 
 
-def plan_id(plan) -> tuple[str, str, str, str, str]:
-    return note(plan, "family"), note(plan, "setting"), note(plan, "task"), ";".join(planners_of(plan)), plan_hash(plan)
+def plan_id(plan) -> tuple[str, str, str, str]:
+    """What a measurement is keyed by: the plan's task and its shards' hash. The planners that made
+    it are a note: a plan re-made by other planners, or by fewer, is not measured again."""
+    return note(plan, "family"), note(plan, "setting"), note(plan, "task"), plan_hash(plan)
+
+
+def row_id(row: dict) -> tuple[str, str, str, str]:
+    """`plan_id` of a line of measured.csv."""
+    return row["family"], row["setting"], row["task"], row["plan"]
 
 
 def measure_cmd(args) -> None:
@@ -225,9 +232,7 @@ def measure_cmd(args) -> None:
     done = set()
     if path.exists():
         with open(path) as fh:
-            # a plan is its task and its shards' hash: the planners that made it are a note (a plan
-            # re-made by other planners, or by fewer, is not measured again)
-            done = {(r["family"], r["setting"], r["task"], r["plan"]) for r in csv.DictReader(fh)}
+            done = {row_id(r) for r in csv.DictReader(fh)}
     device = "cpu" if args.cpu else "cuda"
     runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
     fresh = not path.exists()
@@ -238,7 +243,7 @@ def measure_cmd(args) -> None:
     last_task, measured = None, 0
     for plan in plans:
         key = plan_id(plan)
-        if (*key[:3], key[4]) in done:
+        if key in done:
             continue
         if key[:3] != last_task and time.monotonic() - T0 > args.budget_s:
             print(f"[{time.monotonic() - T0:6.1f}s] budget spent: stopping before {key[:3]}", flush=True)
@@ -250,12 +255,13 @@ def measure_cmd(args) -> None:
         t0 = time.monotonic()
         report = runner.evaluate_plan(plan)
         comm = max(d.fwd_comm_ms + d.bwd_comm_ms for d in report.devices)
-        writer.writerow({"family": key[0], "setting": key[1], "task": key[2], "planners": key[3], "plan": key[4], "kind": note(plan, "kind"),
+        planners = ";".join(planners_of(plan))
+        writer.writerow({"family": key[0], "setting": key[1], "task": key[2], "planners": planners, "plan": key[3], "kind": note(plan, "kind"),
                          "measured_ms": f"{report.overall_ms:.5f}", "max_device_ms": f"{max(d.total_ms for d in report.devices):.5f}",
                          "comm_ms": f"{comm:.5f}", "wall_s": f"{time.monotonic() - t0:.2f}"})
         fh.flush()
         measured += 1
-        print(f"[{time.monotonic() - T0:6.1f}s] {key[0]:10s} {key[1]} task {key[2]} {report.overall_ms:8.3f} ms  {key[3]}", flush=True)
+        print(f"[{time.monotonic() - T0:6.1f}s] {key[0]:10s} {key[1]} task {key[2]} {report.overall_ms:8.3f} ms  {planners}", flush=True)
     fh.close()
     summary = {"device": describe_hardware(device, 1), "versions": software_versions(), "runner": runner.name, "plans_file": str(args.plans),
                "measured_this_call": measured, "wall_s": round(time.monotonic() - T0, 1),
@@ -288,7 +294,7 @@ def pct(x: float) -> str:
 def report(folder: Path) -> str:
     plans = load_plans(folder / "plans.jsonl")
     with open(folder / "measured.csv") as fh:
-        measured = {(r["family"], r["setting"], r["task"], r["plan"]): r for r in csv.DictReader(fh)}
+        measured = {row_id(r): r for r in csv.DictReader(fh)}
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
     sim = SimBackend(CALIBRATION)
     # (family, setting, task) → label → (measured ms, max-device ms, simulated ms, plan)
@@ -297,7 +303,7 @@ def report(folder: Path) -> str:
     for plan in plans:
         t = (note(plan, "family"), note(plan, "setting"), note(plan, "task"))
         labels = planners_of(plan)
-        row = measured.get((*t, plan_hash(plan)))
+        row = measured.get(plan_id(plan))
         if row is None:
             complete[t] = False
             continue

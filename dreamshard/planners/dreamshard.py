@@ -623,9 +623,10 @@ def perturbed(task: Task, pieces: list[Shard], devices: list[int], changes: int,
 
 
 class NetPricer(Pricer):
-    """The oracle's pricer (`oracle.Pricer`) on the cost net: N placements of the same pieces as
-    per-device totals (ms, the net's three components; column pieces only, which have no row-wise
-    exchange), their device states summed from the pieces' state rows in one product."""
+    """The oracle's pricer (`oracle.Pricer`, which counts the budget) pricing on the cost net: N
+    placements of the same pieces as per-device totals (ms, the net's three components; column
+    pieces only, which have no row-wise exchange), their device states summed from the pieces'
+    state rows in one product."""
 
     def __init__(self, scorer: PieceScorer, budget: int):
         super().__init__(None, scorer.task, budget)
@@ -633,12 +634,8 @@ class NetPricer(Pricer):
         self._rows: tuple[list, np.ndarray] | None = None  # the last pieces list priced and its rows
         self._slot: dict[tuple[int, int, int], int] = {}  # a piece's slot in the scorer's cache
 
-    def totals(self, pieces: list[tuple[int, int, int]], placements: np.ndarray) -> np.ndarray:
-        placements = np.asarray(placements, np.int64).reshape(-1, len(pieces))
+    def price(self, pieces: list[tuple[int, int, int]], placements: np.ndarray) -> np.ndarray:
         N, D = len(placements), self.task.devices
-        if N > self.left:
-            raise AssertionError("annealing: pricing past its budget")  # a bug: Annealer caps N
-        self.used += N
         # the annealing's moves and swaps price one list of pieces step after step (the same
         # object, never changed in place): its rows are looked up once
         if self._rows is None or self._rows[0] is not pieces:
@@ -746,7 +743,7 @@ def improve_hosts(scorer: PieceScorer, rows: list[np.ndarray], size: list[np.nda
     cost = float(scorer.score(state))
     at = lambda i, h: h * G + np.arange(len(rows[i]))  # noqa: E731  (table i's GPUs on host h)
     for _ in range(rounds):
-        trials, changes = [], []
+        changes = []
         for i in range(T):
             for h in range(H):
                 if h != host[i] and (used[at(i, h)] + size[i] <= cap).all():

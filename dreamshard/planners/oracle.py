@@ -82,15 +82,20 @@ class Pricer:
         return self._bytes[p]
 
     def totals(self, pieces: list[Piece], placements: np.ndarray) -> np.ndarray:
-        """[N, D] per-device cost (ms, the four components' sum) of N placements of `pieces`."""
+        """[N, D] per-device cost (ms, the four components' sum) of N placements of `pieces`,
+        counted against the budget."""
         placements = np.asarray(placements, np.int64).reshape(-1, len(pieces))
-        N, D = len(placements), self.task.devices
-        if N > self.left:
+        if len(placements) > self.left:
             raise AssertionError("oracle: pricing past its budget")  # a bug: callers cap N
-        specs = [self.spec(p) for p in pieces]
-        self.used += N
+        self.used += len(placements)
         if self.progress is not None:
             self.progress(self.used, self.budget)
+        return self.price(pieces, placements)
+
+    def price(self, pieces: list[Piece], placements: np.ndarray) -> np.ndarray:
+        """`totals` without the count: the backend's prices of [N, P] placements."""
+        N, D = len(placements), self.task.devices
+        specs = [self.spec(p) for p in pieces]
         # a task on several hosts, priced on them where the backend can (costs/hierarchy.py)
         topo = several_hosts(self.task.topology) if getattr(self.backend, "supports_topology", False) else None
         on = {"topology": topo} if topo is not None else {}
@@ -145,7 +150,7 @@ class Annealer:
         pieces, devices), or None if nothing was priced; the first start's cost; runs done)."""
         rng = np.random.default_rng(self.seed)
         best: tuple[float, list[Piece], np.ndarray] | None = None
-        start_cost = None
+        start_cost = tau = None  # both set by the first start (the restarts come after the starts)
         runs, done = len(starts) + self.restarts, 0
         for r in range(runs):
             if pricer.left <= 1:  # one evaluation is kept for the returned plan's report
