@@ -74,7 +74,7 @@ from dreamshard.costs.host import HostLink, tier_ms
 from dreamshard.costs.hierarchy import topology_comm_ms
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
-from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms
+from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms, wide_grad_factor
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
@@ -92,12 +92,12 @@ OPTIONAL_TERMS = ("tables",)
 # backward returns at once without lookups, so its fixed cost is `active`'s alone (with `launch`
 # beside it a fit on shards that all have lookups could not tell the two apart).
 TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
-TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches")
+TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches", "wide_grad_bytes")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
 # The shipped calibration of each GPU, fitted to today's Triton kernel on the training families
 # (product path and L2; docs/simulator.md). The simulator prices for the GPU visible here; on a
 # machine without one, for the H200 (the calibration every simulator figure in docs/ was made with).
-SHIPPED_CALIBRATIONS = {"h100": "h100_triton.json", "h200": "h200_triton_tiles2.json"}
+SHIPPED_CALIBRATIONS = {"h100": "h100_triton_large_shards.json", "h200": "h200_triton_tiles2.json"}
 DEFAULT_CALIBRATION = SHIPPED_CALIBRATIONS["h200"]
 
 
@@ -147,9 +147,10 @@ class Calibration:
 
     @staticmethod
     def load(path: str | Path | None = None) -> "Calibration":
-        if path is None or (str(path) in SHIPPED_CALIBRATIONS.values() and not Path(path).is_file()):
-            path = None if path is None else str(path)  # a shipped one by its name
-            text = resources.files("dreamshard").joinpath("data/calibrations", path or default_calibration()).read_text()
+        shipped = resources.files("dreamshard").joinpath("data/calibrations")
+        if path is None or (not Path(path).is_file() and Path(path).name == str(path) and shipped.joinpath(str(path)).is_file()):
+            path = None if path is None else str(path)  # one of the package's files by its name
+            text = shipped.joinpath(path or default_calibration()).read_text()
         else:
             path = Path(path)
             if not path.is_file():
@@ -198,7 +199,8 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
     i % T, T = len(P), so several placements of the same tables can be stacked) goes to shard
     flat[i]: sums of the tables' terms, except SHARD_TERMS (launch: the shard has a table; active:
     it has lookups; wide_programs: its programs if any dim is over WIDE_DIM; launches: per tile
-    class, the most levels of its tables — tables of one class share each level's launch).
+    class, the most levels of its tables — tables of one class share each level's launch;
+    wide_grad_bytes: its gradient bytes weighted by its width, `terms.wide_grad_factor`).
     `columns`: compute only these (the others stay 0)."""
     cols = range(len(TERMS)) if columns is None else columns
     reps = len(flat) // max(len(P), 1)
@@ -208,7 +210,7 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
 
     out = np.zeros((n_shards, len(TERMS)))
     for j in cols:  # bincount per term: the scatter-add that makes shards
-        if TERMS[j] not in ("launch", "active", "launches"):
+        if TERMS[j] not in ("launch", "active", "launches", "wide_grad_bytes"):
             out[:, j] = np.bincount(flat, weights=stacked(P[:, j]), minlength=n_shards)
     out[:, TERMS.index("launch")] = np.bincount(flat, minlength=n_shards) > 0
     out[:, TERMS.index("active")] = np.bincount(flat, weights=stacked(P[:, TERMS.index("lookups")]), minlength=n_shards) > 0
@@ -223,11 +225,16 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
         per_class = np.zeros(n_shards * _NUM_CLASSES)
         np.maximum.at(per_class, flat * _NUM_CLASSES + stacked(cls), stacked(P[:, la]))
         out[:, la] = per_class.reshape(n_shards, _NUM_CLASSES).sum(axis=1)
+    wg = TERMS.index("wide_grad_bytes")
+    if wg in cols:
+        width = np.bincount(flat, weights=stacked(dims), minlength=n_shards)
+        grad = np.bincount(flat, weights=stacked(P[:, TERMS.index("grad_bytes")]), minlength=n_shards)
+        out[:, wg] = grad * wide_grad_factor(width)
     return out
 
 
-# terms a shard has once, whatever its tables: not a table's own backward
-_SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_programs"))
+# terms a shard has once, whatever its tables, or of all its tables together: not a table's own backward
+_SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_programs", "wide_grad_bytes"))
 
 
 def product_candidates(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarray, workload: Workload) -> tuple[np.ndarray, ...]:

@@ -27,10 +27,11 @@ from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 
 TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes",
-         "programs", "wide_programs", "masked_gather_bytes", "tiles", "masked_grad_bytes", "launches")
+         "programs", "wide_programs", "masked_gather_bytes", "tiles", "masked_grad_bytes", "launches", "wide_grad_bytes")
 # Terms a shard does not get by summing its tables' (set per shard in shard_terms): the fixed ones,
-# the forward's launch configuration (wide_programs) and the backward's launches shared per class.
-SHARD_TERMS = ("launch", "active", "wide_programs", "launches")
+# the forward's launch configuration (wide_programs), the backward's launches shared per class, and
+# its gradient reads out of a wide gradient matrix (wide_grad_bytes).
+SHARD_TERMS = ("launch", "active", "wide_programs", "launches", "wide_grad_bytes")
 SECTOR = 32  # bytes per DRAM/L2 transaction
 
 # The Triton kernel's tile geometry (costs/kernels/triton_tbe.py; that module needs triton, so it is
@@ -42,6 +43,17 @@ BWD_PMAX = 64
 BWD_MAX_TW = 256
 TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
 WIDE_DIM = 256  # a shard with a dim over this runs its forward with 8 warps and the wide branches
+# The backward reads each table's gradient columns out of the shard's [B, Σ dims] gradient: past
+# this width (Σ dims) each lookup's read costs more, by the log of the width over it (`wide_grad_factor`).
+WIDE_GRAD_WIDTH = 512
+
+
+def wide_grad_factor(width: np.ndarray) -> np.ndarray:
+    """The `wide_grad_bytes` term's weight on a shard's gradient bytes: log2(Σ dims / WIDE_GRAD_WIDTH),
+    0 below it. Measured, not derived: shards of 16–128 tables (Σ dims to ~14,000) on an H100 had
+    their backward priced 7–28% low by the other terms, more the wider they were
+    (benchmarks/gpu_large_shards.py, docs/simulator.md)."""
+    return np.maximum(np.log2(np.maximum(width, 1.0) / WIDE_GRAD_WIDTH), 0.0)
 
 
 def _pow2(dim: np.ndarray) -> np.ndarray:
@@ -182,4 +194,5 @@ def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), ca
     out[:, TERMS.index("tiles")] = g["tiles"]
     out[:, TERMS.index("masked_grad_bytes")] = np.where(g["masked_bwd"], lookups * row_bytes, 0.0)
     out[:, TERMS.index("launches")] = g["levels"]  # alone; in a shard, tables of one class share launches (shard_terms)
+    out[:, TERMS.index("wide_grad_bytes")] = out[:, TERMS.index("grad_bytes")] * wide_grad_factor(dim)  # in a shard: by its width (shard_terms)
     return out
