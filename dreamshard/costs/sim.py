@@ -74,7 +74,7 @@ from dreamshard.costs.host import HostLink, tier_ms
 from dreamshard.costs.hierarchy import topology_comm_ms
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
-from dreamshard.costs.terms import TERMS, TW_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, table_terms, wide_grad_factor
+from dreamshard.costs.terms import TERMS, TW_CLASSES, DP_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, fwd_class, table_terms, wide_grad_factor
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
@@ -91,7 +91,8 @@ OPTIONAL_TERMS = ("tables",)
 # The Triton kernel's own term sets (see the module doc): a fit for kernel "triton" uses these. Its
 # backward returns at once without lookups, so its fixed cost is `active`'s alone (with `launch`
 # beside it a fit on shards that all have lookups could not tell the two apart).
-TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes")
+TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "programs", "wide_programs", "masked_gather_bytes",
+                    "branch_lookups")
 TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches", "wide_grad_bytes")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
 # The shipped calibration of each GPU, fitted to today's Triton kernel on the training families
@@ -190,6 +191,7 @@ class Calibration:
 
 
 _NUM_CLASSES = 2 * len(TW_CLASSES)
+_NUM_FWD_CLASSES = 2 * len(DP_CLASSES)
 _CLASS = {whole: np.log2(BLOCK_WIDTH[whole]).astype(np.int64) - 4 + np.where(ALL_DIMS % BLOCK_WIDTH[whole] == 0, 0, len(TW_CLASSES)) for whole in (False, True)}
 
 
@@ -200,7 +202,8 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
     flat[i]: sums of the tables' terms, except SHARD_TERMS (launch: the shard has a table; active:
     it has lookups; wide_programs: its programs if any dim is over WIDE_DIM; launches: per tile
     class, the most levels of its tables — tables of one class share each level's launch;
-    wide_grad_bytes: its gradient bytes weighted by its width, `terms.wide_grad_factor`).
+    wide_grad_bytes: its gradient bytes weighted by its width, `terms.wide_grad_factor`;
+    branch_lookups: its lookups times the forward's branches beyond the first, `terms.fwd_class`).
     `columns`: compute only these (the others stay 0)."""
     cols = range(len(TERMS)) if columns is None else columns
     reps = len(flat) // max(len(P), 1)
@@ -210,7 +213,7 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
 
     out = np.zeros((n_shards, len(TERMS)))
     for j in cols:  # bincount per term: the scatter-add that makes shards
-        if TERMS[j] not in ("launch", "active", "launches", "wide_grad_bytes"):
+        if TERMS[j] not in ("launch", "active", "launches", "wide_grad_bytes", "branch_lookups"):
             out[:, j] = np.bincount(flat, weights=stacked(P[:, j]), minlength=n_shards)
     out[:, TERMS.index("launch")] = np.bincount(flat, minlength=n_shards) > 0
     out[:, TERMS.index("active")] = np.bincount(flat, weights=stacked(P[:, TERMS.index("lookups")]), minlength=n_shards) > 0
@@ -230,11 +233,20 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
         width = np.bincount(flat, weights=stacked(dims), minlength=n_shards)
         grad = np.bincount(flat, weights=stacked(P[:, TERMS.index("grad_bytes")]), minlength=n_shards)
         out[:, wg] = grad * wide_grad_factor(width)
+    bl = TERMS.index("branch_lookups")
+    if bl in cols:
+        # every program of the forward's one launch carries the code of every branch (one per dim
+        # class) its shard has: the more branches, the slower each lookup (measured, docs/simulator.md)
+        present = np.zeros(n_shards * _NUM_FWD_CLASSES, dtype=bool)
+        present[flat * _NUM_FWD_CLASSES + stacked(fwd_class(dims))] = True
+        branches = present.reshape(n_shards, _NUM_FWD_CLASSES).sum(axis=1)
+        lookups = np.bincount(flat, weights=stacked(P[:, TERMS.index("lookups")]), minlength=n_shards)
+        out[:, bl] = lookups * np.maximum(branches - 1, 0)
     return out
 
 
 # terms a shard has once, whatever its tables, or of all its tables together: not a table's own backward
-_SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_programs", "wide_grad_bytes"))
+_SHARD_ONLY = np.isin(np.array(TERMS), ("launch", "active", "launches", "wide_programs", "wide_grad_bytes", "branch_lookups"))
 
 
 def product_candidates(tables: Sequence[TableSpec], P: np.ndarray, bwd: np.ndarray, workload: Workload) -> tuple[np.ndarray, ...]:

@@ -27,11 +27,12 @@ from dreamshard.tables import TableSpec
 from dreamshard.tasks import Workload
 
 TERMS = ("launch", "active", "tables", "lookups", "cold_bytes", "warm_bytes", "hot_bytes", "out_bytes", "grad_bytes", "update_bytes",
-         "programs", "wide_programs", "masked_gather_bytes", "tiles", "masked_grad_bytes", "launches", "wide_grad_bytes")
+         "programs", "wide_programs", "masked_gather_bytes", "tiles", "masked_grad_bytes", "launches", "wide_grad_bytes",
+         "branch_lookups")
 # Terms a shard does not get by summing its tables' (set per shard in shard_terms): the fixed ones,
-# the forward's launch configuration (wide_programs), the backward's launches shared per class, and
-# its gradient reads out of a wide gradient matrix (wide_grad_bytes).
-SHARD_TERMS = ("launch", "active", "wide_programs", "launches", "wide_grad_bytes")
+# the forward's launch configuration (wide_programs) and branches (branch_lookups), the backward's
+# launches shared per class, and its gradient reads out of a wide gradient matrix (wide_grad_bytes).
+SHARD_TERMS = ("launch", "active", "wide_programs", "launches", "wide_grad_bytes", "branch_lookups")
 SECTOR = 32  # bytes per DRAM/L2 transaction
 
 # The Triton kernel's tile geometry (costs/kernels/triton_tbe.py; that module needs triton, so it is
@@ -42,10 +43,19 @@ BWD_UP_LANES = 2048
 BWD_PMAX = 64
 BWD_MAX_TW = 256
 TW_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
+DP_CLASSES = (4, 8, 16, 32, 64, 128, 256, 512, 1024)  # the forward's tile widths
 WIDE_DIM = 256  # a shard with a dim over this runs its forward with 8 warps and the wide branches
 # The backward reads each table's gradient columns out of the shard's [B, Σ dims] gradient: past
 # this width (Σ dims) each lookup's read costs more, by the log of the width over it (`wide_grad_factor`).
 WIDE_GRAD_WIDTH = 512
+
+
+def fwd_class(dim: np.ndarray) -> np.ndarray:
+    """triton_tbe._dim_class: the forward's branch of a dim, 0..17 (its tile width DP, and whether
+    the dim fills it). A shard's forward is one launch compiled with a branch per class it has."""
+    dim = np.asarray(dim, dtype=np.int64)
+    dp = _pow2(dim)
+    return np.log2(dp).astype(np.int64) - 2 + np.where(dp == dim, 0, len(DP_CLASSES))
 
 
 def wide_grad_factor(width: np.ndarray) -> np.ndarray:
