@@ -46,7 +46,7 @@ from dataclasses import replace
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.hardware import describe_hardware  # noqa: E402
-from dreamshard.costs.sim import SHIPPED_CALIBRATIONS, SimBackend  # noqa: E402
+from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
@@ -60,6 +60,10 @@ PER_GPU = 8  # synthetic tables per GPU
 OURS = {"lookup": {}, "size_lookup --split": {"split": True}, "neuroshard": {}, "dreamshard": {}}
 FAST = {"lookup": {}, "size_lookup --split": {"split": True}, "dreamshard --no-split": {"split": False}, "dreamshard": {}}  # the timing rows
 TIMING_TABLES = 10_000  # the target: 10,000 tables for 128 hosts × 8 GPUs in 60 s on one core
+
+# the H100 compute calibration of the committed results (the H100 default, h100_triton_large_shards.json,
+# prices shards of many tables closer: docs/simulator.md)
+CALIBRATION = "h100_triton.json"
 
 
 def tasks_for(hosts: int, topo: Topology, sets: list[str], cache: dict, tables: int | None = None) -> list[tuple[str, Task]]:
@@ -141,7 +145,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/topology_scale")
     args = ap.parse_args()
     sets = args.sets.split(",")
-    sim = SimBackend(SHIPPED_CALIBRATIONS["h100"])  # the machine simulated is of H100s: their compute and NVLink models
+    sim = SimBackend(CALIBRATION)  # the machine simulated is of H100s: their compute and NVLink models
     trp = None
     planners = {name: get_planner(name.split(" ")[0], **opts) for name, opts in OURS.items()}
     if not args.no_torchrec:

@@ -990,11 +990,13 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
 @click.option("--report", type=OUT_FILE, help="validation report JSON to write")
 @click.option("--cache-size", type=MEMORY, help="the device's L2, which the forward's repeated row gathers are priced against (H200: 60MiB)  "
               "[default: read off the CUDA device measured; with --from-records, none: every repeat may hit]")
+@click.option("--host-link", type=click.Path(exists=True, dir_okay=False),
+              help="host-memory terms to embed (benchmarks/gpu_tiers.py's host_link.json; docs/tiers.md)  [default: none: the H100's]")
 @click.option("--iters", default=DEFAULT_ITERS, show_default=True, type=ITERS)
 @click.option("--warmup", default=DEFAULT_WARMUP, show_default=True, type=WARMUP)
 @click.pass_context
-def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, device, seed, comm_model, records, from_records, report, cache_size, iters,
-              warmup) -> None:
+def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, device, seed, comm_model, records, from_records, report, cache_size, host_link,
+              iters, warmup) -> None:
     """Fit the simulator to real measurements (--backend K --out FILE), or check a fit (--validate FILE)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -1010,6 +1012,9 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     from dreamshard.validation import DataError
 
     calibration = cal.Calibration.load(validate_file) if validate_file else None
+    if host_link and validate_file:
+        raise OptionError("--host-link is for a fit (--backend KERNEL --out FILE)")
+    host = _host_link_entry(host_link) if host_link else {}  # checked before any measurement
     kernel = kernel or calibration.kernel
     dev = default_device(kernel) if device == "auto" else device
     batch_size = batch_size or (calibration.batch_size if calibration else 65_536 if dev == "cuda" else 2048)
@@ -1051,10 +1056,26 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
         fitted = cal.fit(measured, kernel, comm_info, cache_size or 0.0)
     except DataError as e:  # records that cannot be fitted: name the file they came from
         raise DataError(f"{from_records}: {e}" if from_records else str(e)) from None
+    fitted.host = host
     fitted.save(out)
     console.print(f"fitted on {fitted.fit['shards']} shards: forward MAPE {fitted.fit['fwd_mape']:.1f}%, backward {fitted.fit['bwd_mape']:.1f}%, "
                   f"total {fitted.fit['total_mape']:.1f}% (training error; validate with --validate on held-out shards)")
     console.print(f"wrote {out}")
+
+
+def _host_link_entry(path: str) -> dict:
+    """The `host` entry a calibration embeds, read from FILE and checked as the simulator reads it."""
+    from dreamshard.costs.host import HostLink
+    from dreamshard.validation import DataError
+
+    try:
+        entry = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: not a host-link JSON file ({one_line(e)})") from None
+    if not isinstance(entry, dict):
+        raise DataError(f"{path}: not a host-link JSON object (benchmarks/gpu_tiers.py writes one: host_link.json)")
+    HostLink.from_json(entry, path)
+    return entry
 
 
 def _print_validation(result: dict, calibration) -> None:

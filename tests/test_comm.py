@@ -87,9 +87,9 @@ def test_the_campaign_report_reprints_the_committed_tables():
         import comm_report
     finally:
         sys.path.pop(0)
-    text = comm_report.report([RESULTS / "h100_x4", RESULTS / "h100_x2"], RESULTS / "h100_x1_rows", ROOT / "dreamshard/data/calibrations/h100_triton.json")
+    text = comm_report.report([RESULTS / "h100_x4", RESULTS / "h100_x2"], RESULTS / "h100_x1_rows", ROOT / "dreamshard/data/calibrations/h100_triton_large_shards.json")
     assert text == (RESULTS / "report.md").read_text()
-    text = comm_report.report([RESULTS / "h200_x4", RESULTS / "h200_x2"], None, ROOT / "dreamshard/data/calibrations/h200_triton_tiles2.json",
+    text = comm_report.report([RESULTS / "h200_x4", RESULTS / "h200_x2"], None, ROOT / "dreamshard/data/calibrations/h200_triton_large_shards.json",
                               DATA_DIR / "h200_nccl_2gpu.json")
     assert text == (RESULTS / "report_h200.md").read_text()
     for gpu, D, call, coupling in (("h100", 2, "h100_x2", 0.3), ("h100", 4, "h100_x4", 0.9), ("h200", 2, "h200_x4", 0.05), ("h200", 4, "h200_x4", 0.9)):
