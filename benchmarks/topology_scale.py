@@ -17,11 +17,13 @@ Table sets, per host count H (D = 8H GPUs of 80 GB):
 Planners: `lookup` (table-wise greedy), `size_lookup --split`, `neuroshard`, `dreamshard` (its
 search, on by default) planned for the topology; `dreamshard (flat)`, the same planner given the task
 as one host of D GPUs (its plan then priced on the real topology: what planning without the hierarchy
-costs); TorchRec's planner given the same `Topology` (local_world_size 8, both bandwidths):
+costs); `dreamshard (TorchRec layouts)`, the same planner with its row splits in TorchRec's layouts
+alone (`Task.row_layouts`: row_wise and table_row_wise, what `plan --row-layouts torchrec` and the
+drop-in `ShardingPlanner` plan), so that TorchRec's estimator can price it; TorchRec's planner given the same `Topology` (local_world_size 8, both bandwidths):
 `torchrec` (table_wise) and `torchrec all` (every sharding type, its search cut at --timeout s;
 left out of tasks above --torchrec-all-max-tables tables, where it plans for minutes).
 
-Prices: `sim` our simulator (shipped H100 calibration for compute; collectives in two levels,
+Prices: `sim` our simulator (the H100 calibration `h100_triton.json` for compute; collectives in two levels,
 inside a host the shipped 4 × H100 NCCL model, between hosts 50 GB/s per GPU and 5 µs per remote
 host), `sim 1-host` the same plan priced as if all D GPUs were one NVLink island (what a flat model
 says), `torchrec est` TorchRec's own estimate of the plan on the same Topology (its perf estimators
@@ -101,9 +103,9 @@ def torchrec_estimate(plan, trp) -> float:
     return max(ranks)
 
 
-def run_one(name: str, planner, task: Task, sim: SimBackend, trp, flat: bool = False) -> dict:
+def run_one(name: str, planner, task: Task, sim: SimBackend, trp, flat: bool = False, torchrec_layouts: bool = False) -> dict:
     row = {"planner": name}
-    given = replace(task, topology=None) if flat else task
+    given = replace(task, topology=None) if flat else replace(task, row_layouts="torchrec") if torchrec_layouts else task
     t0 = time.perf_counter()
     try:
         plan = planner.plan(given)
@@ -169,6 +171,8 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
             rows.append({"hosts": hosts, "gpus": topo.devices, "set": label, **run_one("dreamshard (flat)", flat, task, sim, trp, flat=True)})
             print(json.dumps(rows[-1]), flush=True)
+            rows.append({"hosts": hosts, "gpus": topo.devices, "set": label, **run_one("dreamshard (TorchRec layouts)", flat, task, sim, trp, torchrec_layouts=True)})
+            print(json.dumps(rows[-1]), flush=True)
     for hosts in [int(h) for h in args.timing_hosts.split(",") if h]:
         topo = replace(PRESETS[args.preset], hosts=hosts)
         for label, task in tasks_for(hosts, topo, ["synthetic"], cache, TIMING_TABLES):
@@ -195,7 +199,7 @@ def write(rows: list[dict], args, total: float) -> None:
         "# Planning past one host (simulated)",
         "",
         f"`{cmd}` on {machine} (one process, OMP_NUM_THREADS={threads}), {total:.0f} s in all. Machine simulated: "
-        f"hosts of the `{args.preset}` preset ({PRESETS[args.preset].name}). Prices are our simulator's (shipped H100 compute calibration, "
+        f"hosts of the `{args.preset}` preset ({PRESETS[args.preset].name}). Prices are our simulator's (H100 compute calibration {CALIBRATION}, "
         "collectives in two levels: inside a host the shipped 4 × H100 NCCL model, between hosts 50 GB/s per GPU and 5 µs per remote host) "
         "and TorchRec 1.8's own estimator on the same Topology; nothing here was measured on GPUs. `sim 1-host`: the same plan priced as "
         "one NVLink island of all its GPUs. `split`: tables cut (rows: by rows).",

@@ -474,14 +474,18 @@ def model_defaults() -> str:
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET),
               help="for the search planners: the work of each task's search (oracle: evaluations; neuroshard: beam-search steps; dreamshard: split moves of a descent) [planner's]")
 @click.option("--budget-ms", type=click.FloatRange(1, 3.6e6), help="dreamshard: plan each task for this long, more rounds of the learned search while time is left [one round]")
+@click.option("--row-layouts", type=click.Choice(["any", "torchrec"]),  # tasks.ROW_LAYOUTS (not imported here: the CLI starts light)
+              help="the row splits a planner may make: any (rows over k devices, which our runners run) or torchrec (TorchRec's row_wise and "
+                   "table_row_wise only: the plan exports to TorchRec)  [with TABLES_FILE: any; with --tasks: each task's]")
 @click.option("--out", required=True, type=OUT_FILE, help="PLAN.json, or PLANS.jsonl with --tasks")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON document of what was planned (per plan: devices, splits, the planner's prediction, notes) instead of tables")
 @click.option("--quiet", "-q", is_flag=True, help="print the one summary line only")
 @click.pass_context
 def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, hosts, gpus_per_host, precision, optimizer, planner_name, seed, model_path, backend_name, split,
-             budget, budget_ms, out, as_json, quiet, host_memory=None) -> None:
+             budget, budget_ms, row_layouts, out, as_json, quiet, host_memory=None) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     import contextlib
+    from dataclasses import replace
 
     from dreamshard.plan import save_plans
     from dreamshard.planners import PLANNERS, get_planner
@@ -524,6 +528,8 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, h
         pool = str(Path(tables_file).resolve().parent)
         tasks = [Task(tables, devices, max_memory, Workload(precision=precision, optimizer=optimizer), pool, topology=topo,
                       host_memory_bytes=host_memory or 0).validate(str(tables_file), OptionError)]
+    if row_layouts is not None:
+        tasks = [replace(t, row_layouts=row_layouts) for t in tasks]
     limit_threads(cpu_kernel=backend_name not in (None, "sim"))
     kwargs = {"seed": seed} if "seed" in options else {}
     if model_path is not None:

@@ -14,6 +14,7 @@ storage reservation, estimates, storage checks and stats still run. It sits abov
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
@@ -180,7 +181,9 @@ class ShardingPlanner:
                 raise NoPlanError(f"TorchRec failed to take the {ours.planner} plan ({type(e).__name__}: {one_line(e)[:600]})") from None
 
     def dreamshard_plan(self, task: Task) -> Plan:
-        """The planner's plan of `task` within the constraints (the two passes of the class doc)."""
+        """The planner's plan of `task` within the constraints (the two passes of the class doc),
+        its row splits TorchRec's layouts (`Task.row_layouts`)."""
+        task = replace(task, row_layouts="torchrec")
         cons = self.constraints or {}
         kinds = {t.name: allowed_types(t.name, cons.get(t.name), offered=self.offered) for t in task.tables}
         first, redo = None, {t.name for t in task.tables}
@@ -259,7 +262,7 @@ class ShardingPlanner:
         placed: list[Shard] = []
         if free:
             try:
-                sub = planner.plan(Task(splits.specs(task, free), task.devices, room, w, task.pool, topology=task.topology))
+                sub = planner.plan(Task(splits.specs(task, free), task.devices, room, w, task.pool, topology=task.topology, row_layouts=task.row_layouts))
             except InfeasibleError as e:
                 restricted = [f"{n!r}: {list(k)}" for n, k in kinds.items() if getattr(cons.get(n), "sharding_types", None)]
                 raise InfeasibleError(one_line(e) + (f"; within the constraints' sharding_types ({', '.join(restricted[:3])}{', ...' if len(restricted) > 3 else ''})"

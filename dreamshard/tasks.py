@@ -6,7 +6,8 @@ with optional workload keys "batch_size" (default 65536), "precision" (fp16) and
 and "host_memory_bytes" (default 0): each device's host memory for tables that do not fit in HBM
 (docs/tiers.md);
 and an optional "topology" (topology.py: hosts × GPUs per host and their links) whose device count
-is the task's; a task without one is one host of its devices.
+is the task's; a task without one is one host of its devices; and "row_layouts" (ROW_LAYOUTS,
+default "any"): the row splits a planner may make, "torchrec" for TorchRec's layouts only.
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ class Workload:
         )
 
 
+# The row splits a planner may make: "any" — a table's rows over k devices (2, 4, ..., every
+# device, a host's GPUs; docs/rowwise.md), which our runners run; "torchrec" — TorchRec's row_wise
+# (every device, block r on device r) and table_row_wise (a host's GPUs in order) alone, so that the
+# plan exports to TorchRec (docs/torchrec.md)
+ROW_LAYOUTS = ("any", "torchrec")
+
+
 @dataclass
 class Task:
     tables: list[TableSpec]
@@ -106,6 +114,7 @@ class Task:
     tiers: dict[str, Tier] | None = None
     # the machine (topology.py); None: one host of `devices` GPUs
     topology: Topology | None = None
+    row_layouts: str = "any"  # ROW_LAYOUTS
 
     @property
     def machine(self) -> Topology:
@@ -121,6 +130,7 @@ class Task:
         parse_int(self.max_memory_bytes, where, "key 'max_memory_bytes'", 1, MAX_MEMORY_BYTES, error)
         self.workload.validate(where, error)
         parse_int(self.host_memory_bytes, where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, error)
+        parse_choice(self.row_layouts, where, "key 'row_layouts'", ROW_LAYOUTS, error)
         if self.topology is not None:
             self.topology.validate(f"{where}, key 'topology'", error)
             if self.topology.devices != self.devices:
@@ -156,6 +166,8 @@ class Task:
             d["host_memory_bytes"] = self.host_memory_bytes
         if self.topology is not None:
             d["topology"] = self.topology.to_json()
+        if self.row_layouts != "any":
+            d["row_layouts"] = self.row_layouts
         return d
 
 
@@ -230,7 +242,9 @@ def load_tasks(path: str | Path, tables: Sequence[TableSpec] | None = None) -> l
         if missing:
             raise TaskError(f"{where}, key 'tables': unknown table {missing[0]!r:.60}")
         host = parse_int(d.get("host_memory_bytes", 0), where, "key 'host_memory_bytes'", 0, MAX_MEMORY_BYTES, TaskError, text=False)
-        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool, host_memory_bytes=host, topology=topology_from(d, where)).validate(where))
+        layouts = parse_choice(d.get("row_layouts", "any"), where, "key 'row_layouts'", ROW_LAYOUTS, TaskError)
+        tasks.append(Task([lookup[n] for n in names], devices, cap, workload, pool, host_memory_bytes=host, topology=topology_from(d, where),
+                          row_layouts=layouts).validate(where))
     if not tasks:
         raise TaskError(f"{path}: no tasks")
     return tasks

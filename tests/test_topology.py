@@ -480,3 +480,46 @@ def test_a_backend_without_topologies_says_what_it_measured(sim, tables):
     assert "2 hosts × 8 GPUs" in report.details["topology_note"] and "topology" not in report.details
     assert "topology_note" not in evaluate_on(Here(), plan.device_tables(), plan.workload, None).details
     assert evaluate_on(sim, plan.device_tables(), plan.workload, topo).details["topology"]["hosts"] == 2
+
+
+def test_torchrec_row_layouts_keep_every_row_split_expressible(tmp_path):
+    """A task of TorchRec's row layouts (`Task.row_layouts`): the searching planners split by rows
+    only over every device (row_wise) or a host's GPUs (table_row_wise), so every plan exports to
+    TorchRec; left free, the same task's plans split rows over other sets of devices, which do not.
+    The key survives a task file, and `plan --row-layouts torchrec` sets it."""
+    from dreamshard.planners import get_planner
+    from dreamshard.torchrec_io import NotExpressibleError
+
+    topo = replace(H100, hosts=4)
+    task = Task(synth_family("onehot", 26, 0), topo.devices, topo.hbm_bytes, Workload(65_536), topology=topo)
+    for name in ("dreamshard", "neuroshard"):
+        free = get_planner(name).plan(task)
+        with pytest.raises(NotExpressibleError):
+            torchrec_shardings(free)
+        ours = get_planner(name).plan(replace(task, row_layouts="torchrec"))
+        ours.check()
+        kinds = {s["sharding_type"] for s in torchrec_shardings(ours).values()}
+        assert any(p.is_row_shard for p in ours.shards) and kinds & {"row_wise", "table_row_wise"}, kinds
+    save_tasks([replace(task, row_layouts="torchrec")], tmp_path / "t.jsonl")
+    assert load_tasks(tmp_path / "t.jsonl", task.tables)[0].row_layouts == "torchrec"
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**task.to_json(), "row_layouts": "grid"}) + "\n")
+    with pytest.raises(TaskError, match="row_layouts"):
+        load_tasks(tmp_path / "bad.jsonl", task.tables)
+    from dreamshard.tables import save_tables
+
+    save_tables(task.tables, tmp_path / "tables.csv")
+    out = tmp_path / "p.json"
+    r = invoke("plan", tmp_path / "tables.csv", "--hosts", 4, "--gpus-per-host", 8, "--max-memory", "80GB", "--planner", "dreamshard",
+               "--row-layouts", "torchrec", "--out", out, "-q")
+    assert r.exit_code == 0, r.output
+    assert torchrec_shardings(load_plans(out)[0])
+    r = invoke("export", "torchrec", out, "--out", tmp_path / "tr.json")
+    assert r.exit_code == 0, r.output
+
+
+def test_the_command_line_offers_the_tasks_row_layouts():
+    from dreamshard.cli import plan_cmd
+    from dreamshard.tasks import ROW_LAYOUTS
+
+    option = next(p for p in plan_cmd.params if p.name == "row_layouts")
+    assert tuple(option.type.choices) == ROW_LAYOUTS

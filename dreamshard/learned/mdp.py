@@ -284,7 +284,8 @@ class CutSet:
         pieces = [self.pieces[i] for i in idx]
         p = self.prepared
         prepared = Prepared(p.x[idx], p.sizes[idx], p.devices, p.cap, None if p.dims is None else p.dims[idx], p.elt)
-        task = Task([q.spec(self.task.tables[q.table]) for q in pieces], self.task.devices, self.task.max_memory_bytes, self.task.workload, self.task.pool, topology=self.task.topology)
+        task = Task([q.spec(self.task.tables[q.table]) for q in pieces], self.task.devices, self.task.max_memory_bytes, self.task.workload, self.task.pool, topology=self.task.topology,
+                    row_layouts=self.task.row_layouts)
         return task, prepared, pieces
 
 
@@ -304,7 +305,8 @@ def cut_set(task: Task, model: DreamShardModel, offered: np.ndarray | None = Non
     first = np.ones(len(pieces), bool)
     first[1:] = (owner_a[1:] != owner_a[:-1]) | (option_a[1:] != option_a[:-1])
     whole = np.flatnonzero(first & (option_a == 0))
-    ptask = Task([q.spec(task.tables[q.table]) for q in pieces], task.devices, task.max_memory_bytes, task.workload, task.pool, topology=task.topology)
+    ptask = Task([q.spec(task.tables[q.table]) for q in pieces], task.devices, task.max_memory_bytes, task.workload, task.pool, topology=task.topology,
+                 row_layouts=task.row_layouts)
     prepared = prepare(ptask, model.normalization, model.linear_features, model.kernel)
     return CutSet(task, prepared, pieces, owner_a, option_a, first, whole, legal)
 

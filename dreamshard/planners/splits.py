@@ -71,8 +71,13 @@ def host_gpus(task: Task) -> int | None:
 
 
 def task_row_parts(task: Task) -> list[int]:
-    """`row_parts` of the task's devices and, on several hosts, its GPUs per host."""
-    return row_parts(task.devices, host_gpus(task))
+    """`row_parts` of the task's devices and, on several hosts, its GPUs per host; for a task of
+    TorchRec's row layouts (`Task.row_layouts`) only those two: every device (row_wise, block r on
+    device r) and a host's GPUs (table_row_wise)."""
+    parts = row_parts(task.devices, host_gpus(task))
+    if task.row_layouts == "torchrec":
+        return [k for k in parts if k in (task.devices, host_gpus(task))]
+    return parts
 
 
 def twrw_blocks(task: Task, pieces: Sequence[Shard]) -> list[int]:
@@ -189,7 +194,7 @@ def as_task(task: Task, pieces: Sequence[Shard]) -> Task:
     piece_specs = specs(task, pieces)
     tiers = None if task.tiers is None else {spec.name: tier_of(task.tiers, task.tables[p.table].name) for p, spec in zip(pieces, piece_specs)}
     return Task(piece_specs, task.devices, task.max_memory_bytes, task.workload, task.pool, host_memory_bytes=task.host_memory_bytes, tiers=tiers,
-                topology=task.topology)
+                topology=task.topology, row_layouts=task.row_layouts)
 
 
 def split_heaviest(task: Task, proxy: Sequence[float]) -> list[Shard]:
