@@ -311,7 +311,7 @@ def hit_rates(device: str, quick: bool, run: Run) -> list[dict]:
         U = expected_unique(t, batch)
         for factor in (1.5, 4.0, 16.0):
             C = min(t.rows, int(math.ceil(factor * U)))
-            cache = RowCache(torch.zeros(t.rows, 4, device=device), torch.zeros(C, 4, device=device))  # slots only: 4 columns stand for any width
+            cache = RowCache(torch.zeros(t.rows, 4, device=device), torch.zeros(C + 1, 4, device=device))  # C slots and the spare row; 4 columns stand for any width
             try:
                 for s in range(n):
                     if s == warm:

@@ -1,10 +1,14 @@
 """Tasks whose tables are 1.5–3× the devices' HBM, planned with host memory by our planners (the tier
 stage) and by TorchRec's planner with UVM caching allowed, all priced by the simulator (issue 38's
-second target, in simulator numbers until benchmarks/gpu_tiers.py measures such plans).
+second target); and those plans measured on a GPU.
 
     PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 2   # ~25 s on 2 CPU cores
     PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim --devices 4   # ~40 s; adds its rows
     PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim/mixed --family mixed --devices 2   # a held-out family
+    ... --plans P.jsonl                                   # also append every plan to P.jsonl (made where TorchRec is installed)
+    PYTHONPATH=. python3 benchmarks/tiers_sim.py measure P.jsonl --out $OUT   # a GPU: each plan by the sequential runner (Triton TBE)
+    ... measure P.jsonl --out $OUT --resume DIR/measured.jsonl             # a call cut short: the plans it did not measure
+    .venv/bin/python benchmarks/tiers_sim.py report DIR/measured.jsonl "GPU, kernel" SECONDS       # the measured table again
 
 Tasks: `--tables` tables drawn from a `dlrm` pool (seed 12; `--family F`: that family's pool, the
 held-out ones are mixed, rmc and din), B = 65,536, fp16, SGD, on 2 and 4
@@ -40,14 +44,92 @@ from dreamshard.validation import NoPlanError  # noqa: E402
 PLANNERS = {"size_lookup": {}, "dreamshard": {}, "neuroshard": {}, "torchrec": {"reservation": 0.0}}
 
 
+def measure(argv: list[str]) -> None:
+    """Every plan of a --plans file measured by the sequential runner (Triton TBE on the GPU here,
+    comm from the shipped model), priced beside by the simulator of this GPU; OUT/measured.jsonl
+    (a line a plan, as it goes: a cut call keeps what it measured) and OUT/report.md."""
+    import json
+
+    from dreamshard.costs.runners import SequentialRunner
+    from dreamshard.plan import load_plans
+
+    ap = argparse.ArgumentParser(prog="tiers_sim.py measure")
+    ap.add_argument("plans")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="no new plan after this many seconds")
+    ap.add_argument("--resume", help="an earlier call's measured.jsonl: its rows are kept and their plans not measured again")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kernel = "triton" if args.device.startswith("cuda") else "torch"
+    runner = SequentialRunner(kernel, device=args.device, warmup=3, iters=10, input_sets=3)
+    sim = SimBackend()
+    rows, hardware = [], args.device
+    if args.resume:
+        rows = [json.loads(line) for line in Path(args.resume).read_text().splitlines() if line.strip()]
+    done = {(r["setting"], r["planner"]) for r in rows}
+    for plan in load_plans(args.plans):
+        if (plan.notes[0], plan.planner) in done:
+            continue
+        if time.monotonic() - t0 > args.budget_s:
+            break
+        row = {"setting": plan.notes[0], "planner": plan.planner, "tiers": dict(Counter(s.tier for s in plan.shards))}
+        try:
+            report = runner.evaluate_plan(plan)
+            row["measured_ms"], hardware = report.overall_ms, report.hardware
+            row["sim_ms"] = sim.evaluate_plan(plan).overall_ms
+        except Exception as e:  # noqa: BLE001 - one plan's failure is reported, the others run
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        atomic_write(out / "measured.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        print(f"[{time.monotonic() - t0:6.1f} s] {json.dumps(row)}", flush=True)
+    atomic_write(out / "report.md", measured_report(rows, f"{hardware}, {kernel}", time.monotonic() - t0))
+    print((out / "report.md").read_text())
+
+
+def measured_report(rows: list[dict], hardware: str, seconds: float) -> str:
+    """Per setting, each planner's measured step and TorchRec's; ours against TorchRec's."""
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    names = list(dict.fromkeys(r["planner"] for r in rows))
+    lines = [f"# Tables at 1.5–3× HBM, measured ({hardware}; sequential runner; {seconds:.0f} s)", "",
+             "Measured step in ms (the simulator of this GPU in brackets); `ours / TorchRec`: the best of our planners' measured steps over TorchRec's.", "",
+             "| setting | " + " | ".join(names) + " | ours / TorchRec |", "|---|" + "---|" * (len(names) + 1)]
+    for s in settings:
+        got = {r["planner"]: r for r in rows if r["setting"] == s}
+        cells = [f"{got[n]['measured_ms']:.3f} ({got[n]['sim_ms']:.3f})" if n in got and "measured_ms" in got[n]
+                 else "failed" if n in got else "no plan" if n.startswith("torchrec") else "—" for n in names]
+        ours = [r["measured_ms"] for n, r in got.items() if not n.startswith("torchrec") and "measured_ms" in r]
+        theirs = [r["measured_ms"] for n, r in got.items() if n.startswith("torchrec") and "measured_ms" in r]
+        ratio = f"{min(ours) / min(theirs):.3f}" if ours and theirs else "—"
+        lines.append(f"| {s} | " + " | ".join(cells) + f" | {ratio} |")
+    failed = [r for r in rows if "error" in r]
+    lines += [""] + [f"- failed: {r['setting']}, {r['planner']}: {r['error']}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["measure"]:
+        measure(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["report"]:  # report MEASURED.jsonl HARDWARE SECONDS: the measured table again
+        import json
+
+        rows = [json.loads(line) for line in Path(sys.argv[2]).read_text().splitlines() if line.strip()]
+        print(measured_report(rows, sys.argv[3], float(sys.argv[4])), end="")
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tables", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--devices", default="2,4", help="device counts, comma-separated (one per call keeps each call short)")
     ap.add_argument("--family", default="dlrm", help="the tables' family (its pool of 856 tables, seed 12); the held-out ones: mixed, rmc, din")
+    ap.add_argument("--planners", default=",".join(PLANNERS), help="of " + ", ".join(PLANNERS))
+    ap.add_argument("--plans", help="append every plan made to this .jsonl file (for `measure` on a GPU)")
     args = ap.parse_args()
+    chosen = {n: PLANNERS[n] for n in args.planners.split(",")}
+    made = []
     device_counts = [int(x) for x in args.devices.split(",")]
     out = Path(args.out)
     pool = synth_pool(PoolConfig(tables=856, seed=12)) if args.family == "dlrm" else synth_family(args.family, 856, 12)
@@ -60,10 +142,12 @@ def main() -> None:
                 tables = [pool[i] for i in sorted(rng.choice(len(pool), size=args.tables, replace=False))]
                 total = sum(t.bytes() for t in tables)
                 task = Task(tables, devices, int(total / ratio / devices), Workload(), host_memory_bytes=4 * total)
-                for name, options in PLANNERS.items():
+                for name, options in chosen.items():
                     t0 = time.perf_counter()
                     try:
                         plan = get_planner(name, **options).plan(task)
+                        plan.notes = [f"{args.family} {devices} dev, {ratio}x HBM, draw {seed}"] + list(plan.notes)
+                        made.append(plan)
                         ms = sim.evaluate_plan(plan).overall_ms
                         tiers = Counter(s.tier for s in plan.shards)
                         row = {"devices": devices, "ratio": ratio, "seed": seed, "planner": name, "sim_ms": round(ms, 4),
@@ -74,6 +158,10 @@ def main() -> None:
                     rows.append(row)
                     print(row, flush=True)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plans:
+        from dreamshard.plan import load_plans, save_plans
+
+        save_plans((load_plans(args.plans) if Path(args.plans).is_file() else []) + made, Path(args.plans))
     fields = ["devices", "ratio", "seed", "planner", "sim_ms", "hbm", "uvm_caching", "uvm", "planning_s", "error"]
     if (out / "results.csv").is_file():  # the other device counts' rows of an earlier call are kept
         with open(out / "results.csv", newline="") as f:
@@ -88,16 +176,17 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
+    names = [n for n in PLANNERS if any(r["planner"] == n for r in rows)]
     lines = ["# Tables at 1.5–3× HBM, planned with host memory (simulator numbers)", "",
              f"`PYTHONPATH=. python3 benchmarks/tiers_sim.py --out {args.out}{'' if args.family == 'dlrm' else ' --family ' + args.family}`: "
              f"{args.tables} tables of a {args.family} pool (seed 12), B = 65,536, fp16, SGD; "
              "simulated step in ms (default H200 calibration, default host link: not GPU measurements), mean over seeds; "
              "in brackets the shards in HBM / cached / uvm of the last seed. Each row draws its own tables (rows are not comparable with each other).", "",
-             "| devices | bytes / HBM | " + " | ".join(PLANNERS) + " |", "|---|---|" + "---|" * len(PLANNERS)]
+             "| devices | bytes / HBM | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for devices in sorted({r["devices"] for r in rows}):
         for ratio in (1.5, 2.0, 3.0):
             cells = []
-            for name in PLANNERS:
+            for name in names:
                 got = [r for r in rows if (r["devices"], r["ratio"], r["planner"]) == (devices, ratio, name)]
                 ok = [r["sim_ms"] for r in got if r["sim_ms"] != ""]
                 last = got[-1]

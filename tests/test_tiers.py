@@ -165,7 +165,7 @@ def test_row_cache_is_the_simulated_lru():
     batches = [table_bags(t, 2048, s)[1] for s in range(8)]
     C = 3 * max(int(torch.unique(b).numel()) for b in batches)
     host = torch.zeros(t.rows, 4)
-    cache = RowCache(host, torch.zeros(C, 4))
+    cache = RowCache(host, torch.zeros(C + 1, 4))  # C slots and the spare row
     for i, b in enumerate(batches):
         if i == 2:
             cache.reset_stats()
@@ -195,7 +195,8 @@ def test_prefetch_graphs_replay_the_eager_prefetch():
     C = 3 * max(int(torch.unique(b).numel()) for b in batches)
     g = torch.Generator().manual_seed(3)
     host, state = torch.rand(t.rows, 8, generator=g).cuda(), torch.rand(t.rows, generator=g).cuda()
-    caches = [RowCache(host.clone(), torch.zeros(C, 8, device="cuda"), state.clone(), torch.zeros(C, device="cuda"), graphs=graphs) for graphs in (False, True)]
+    caches = [RowCache(host.clone(), torch.zeros(C + 1, 8, device="cuda"), state.clone(), torch.zeros(C + 1, device="cuda"), graphs=graphs)
+              for graphs in (False, True)]
     for b in batches:
         slots = [c.prefetch(b) for c in caches]
         assert torch.equal(slots[0], slots[1])
@@ -211,12 +212,39 @@ def test_prefetch_graphs_replay_the_eager_prefetch():
 def test_row_cache_reports_a_batch_it_cannot_hold():
     """The prefetch does not read the GPU, so a batch of more distinct rows than slots is found
     out when the counters are read: they raise, saying the cache is too small."""
-    cache = RowCache(torch.zeros(100, 2), torch.zeros(8, 2))
+    cache = RowCache(torch.zeros(100, 2), torch.zeros(9, 2))  # 8 slots and the spare row
     cache.prefetch(torch.arange(6))
     assert cache.misses == 6 and cache.evictions == 0
     cache.prefetch(torch.arange(10, 22))
     with pytest.raises(RuntimeError, match="larger cache ratio"):
         cache.hit_rate
+    # a batch that hits rows it holds and misses more than the other slots: the rows without a
+    # slot go to the spare row, within the cache (no index past it on any device), and it is reported
+    cache = RowCache(torch.zeros(100, 2), torch.zeros(9, 2))
+    cache.prefetch(torch.arange(6))
+    slots = cache.prefetch(torch.cat([torch.arange(6), torch.arange(40, 50)]))
+    assert int(slots.max()) <= 8
+    with pytest.raises(RuntimeError, match="larger cache ratio"):
+        cache.misses
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_move_rows_stops_at_its_lists_end_whatever_the_count():
+    """The prefetch's copy kernel reads how many rows to move from GPU memory; a batch of more
+    misses than the cache's slots makes that count larger than its index lists, and the kernel
+    must stop at their end (it once read past it: an illegal address)."""
+    from dreamshard.costs.kernels.tiered import _move_rows
+
+    src = torch.arange(40.0, device="cuda").view(20, 2)
+    dst = torch.zeros(6, 2, device="cuda")
+    src_idx = torch.tensor([3, 5, -1], device="cuda")
+    dst_idx = torch.tensor([0, 4, 2], device="cuda")
+    _move_rows(src, src_idx, dst, dst_idx, torch.tensor([1000], device="cuda"))
+    torch.cuda.synchronize()
+    want = torch.zeros(6, 2)
+    want[0], want[4] = torch.tensor([6.0, 7.0]), torch.tensor([10.0, 11.0])
+    assert torch.equal(dst.cpu(), want)
 
 
 def test_row_cache_moves_rows_and_state():
@@ -225,7 +253,7 @@ def test_row_cache_moves_rows_and_state():
     g = torch.Generator().manual_seed(5)
     host, state = torch.rand(64, 3, generator=g), torch.rand(64, generator=g)
     want, want_state = host.clone(), state.clone()
-    cache = RowCache(host, torch.zeros(10, 3), state, torch.zeros(10))
+    cache = RowCache(host, torch.zeros(11, 3), state, torch.zeros(11))
     for step in range(12):
         b = torch.randint(0, 64, (14,), generator=g) % (7 + step % 3) + (step * 5) % 50
         slots = cache.prefetch(b)

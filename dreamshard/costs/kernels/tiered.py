@@ -68,7 +68,8 @@ def _move_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_
         return
     block_d = max(16, min(256, 1 << (dim - 1).bit_length()))
     block_r = max(1, 2048 // block_d)
-    _move_kernel[(triton.cdiv(n, block_r),)](src, src_idx, dst, dst_idx, count, dim, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+    _move_kernel[(triton.cdiv(n, block_r),)](src, src_idx, dst, dst_idx, count, n, dim, src.stride(0), dst.stride(0), BLOCK_R=block_r, BLOCK_D=block_d,
+                                             num_warps=4)
 
 
 try:
@@ -80,11 +81,12 @@ except ImportError:  # the CPU path needs no Triton
 if triton is not None:
 
     @triton.jit
-    def _move_kernel(src, src_idx, dst, dst_idx, count_ptr, dim, src_stride, dst_stride, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-        """dst[dst_idx[i]] = src[src_idx[i]] for i < *count_ptr, both indices >= 0."""
+    def _move_kernel(src, src_idx, dst, dst_idx, count_ptr, n, dim, src_stride, dst_stride, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        """dst[dst_idx[i]] = src[src_idx[i]] for i < *count_ptr and i < n (the lists' length: a
+        count of more misses than a cache has slots runs past them), both indices >= 0."""
         r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         count = tl.load(count_ptr)
-        live = r < count
+        live = (r < count) & (r < n)
         s = tl.load(src_idx + r, mask=live, other=-1)
         d = tl.load(dst_idx + r, mask=live, other=-1)
         live = live & (s >= 0) & (d >= 0)
@@ -117,8 +119,10 @@ def _graph_pool(device: torch.device):
 
 class RowCache:
     """An LRU, write-back HBM cache of one table's rows held in host memory (see the module doc).
-    `cache` (and `cache_state`) are the kernel's own views of the slots; `host` (and `host_state`)
-    the table in host memory.
+    `cache` (and `cache_state`) are the kernel's own views of the slots and, last, a spare row;
+    `host` (and `host_state`) the table in host memory. A batch of more distinct rows than there
+    are slots sends the rows that find none to the spare row (found out when the counters are
+    read, `_check`): the kernels never index past the cache, whatever the batch.
 
     All of the bookkeeping is tensors on the cache's device and every op has a shape the host knows
     (the batch's lookups, the slots), so a prefetch never waits for the GPU: the row → slot map
@@ -132,7 +136,9 @@ class RowCache:
     def __init__(self, host: torch.Tensor, cache: torch.Tensor, host_state: torch.Tensor | None = None, cache_state: torch.Tensor | None = None,
                  graphs: bool | None = None):
         self.host, self.cache, self.host_state, self.cache_state = host, cache, host_state, cache_state
-        self.rows, self.slots = host.shape[0], cache.shape[0]
+        self.rows, self.slots = host.shape[0], cache.shape[0] - 1  # the last row: the spare slot
+        if self.slots < 1:
+            raise ValueError(f"a row cache needs a slot and the spare row: got {cache.shape[0]} rows")
         device = self.device = cache.device
         self.slot_row = torch.full((self.slots + 1,), -1, dtype=torch.int64, device=device)  # + the spare slot
         self.slot_time = torch.full((self.slots + 1,), -1, dtype=torch.int32, device=device)
@@ -287,16 +293,16 @@ class RowCache:
         """Write every cached row back to host memory (the host copy is then the table)."""
         held = self.slot_row[:self.slots] >= 0
         if held.any():
-            self.host.index_copy_(0, self.slot_row[:self.slots][held], self.cache[held])
+            self.host.index_copy_(0, self.slot_row[:self.slots][held], self.cache[:self.slots][held])
             if self.host_state is not None:
-                self.host_state.index_copy_(0, self.slot_row[:self.slots][held], self.cache_state[held])
+                self.host_state.index_copy_(0, self.slot_row[:self.slots][held], self.cache_state[:self.slots][held])
 
     def table(self) -> torch.Tensor:
         """The table's current rows (a copy): host rows with the cached ones over them."""
         self._check()
         out = self.host.clone()
         held = self.slot_row[:self.slots] >= 0
-        out[self.slot_row[:self.slots][held]] = self.cache[held]
+        out[self.slot_row[:self.slots][held]] = self.cache[:self.slots][held]
         return out
 
     def state(self) -> torch.Tensor | None:
@@ -304,14 +310,14 @@ class RowCache:
             return None
         out = self.host_state.clone()
         held = self.slot_row[:self.slots] >= 0
-        out[self.slot_row[:self.slots][held]] = self.cache_state[held]
+        out[self.slot_row[:self.slots][held]] = self.cache_state[:self.slots][held]
         return out
 
     def load(self, w: torch.Tensor) -> None:
         """Overwrite the table (host rows and the cached copies)."""
         self.host.copy_(w)
         held = self.slot_row[:self.slots] >= 0
-        self.cache[held] = self.host[self.slot_row[:self.slots][held]]
+        self.cache[:self.slots][held] = self.host[self.slot_row[:self.slots][held]]
 
 
 def _kernel_class(kernel: str):
@@ -338,8 +344,10 @@ class TieredTBE(TBE):
         self.kernel = f"{kernel}+tiers"
         self.tiers = list(tiers)
         self.slots = [cache_rows(r, tr.cache_ratio) if tr.kind == "uvm_caching" else r for r, tr in zip(self.rows, self.tiers)]
-        # one kernel over every table, seeded as this TBE (table t of the seed); a cached table is its cache to it
-        self.inner = _kernel_class(kernel)(self.slots, self.dims, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=self.device,
+        # one kernel over every table, seeded as this TBE (table t of the seed); a cached table is its
+        # cache to it: its slots and the spare row (RowCache)
+        inner_rows = [s + 1 if tr.kind == "uvm_caching" else s for s, tr in zip(self.slots, self.tiers)]
+        self.inner = _kernel_class(kernel)(inner_rows, self.dims, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=self.device,
                                            seed=seed, host_tables=[t for t, tr in enumerate(self.tiers) if tr.kind == "uvm"], **kernel_options)
         # the cached tables: their rows (and state) in host memory, initialised as an HBM table of the same seed would be
         self.caches: dict[int, RowCache] = {}
