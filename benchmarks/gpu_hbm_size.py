@@ -57,6 +57,7 @@ def main() -> None:
     runner = SequentialRunner(kernel, device=args.device, warmup=3 if args.quick else 10, iters=3 if args.quick else 20, input_sets=3)
     sim = SimBackend()
     batch = 512 if args.quick else 65_536
+    device = device_name(args.device)
     rows_out = []
     for case, n, dim, dist, rows in cases(args.quick):
         if time.monotonic() - t0 > args.budget_s:
@@ -73,9 +74,9 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - one case's failure is reported, the others run
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows_out.append(row)
-        atomic_write(out / "summary.json", json.dumps({"device": device_name(args.device), "kernel": kernel, "batch": batch, "rows": rows_out}, indent=1))
+        atomic_write(out / "summary.json", json.dumps({"device": device, "kernel": kernel, "batch": batch, "rows": rows_out}, indent=1))
         print(f"[{time.monotonic() - t0:6.1f} s] {json.dumps(row)}", flush=True)
-    atomic_write(out / "report.md", report(device_name(args.device), rows_out))
+    atomic_write(out / "report.md", report(device, rows_out))
     print((out / "report.md").read_text())
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import time
@@ -48,8 +49,6 @@ def measure(argv: list[str]) -> None:
     """Every plan of a --plans file measured by the sequential runner (Triton TBE on the GPU here,
     comm from the shipped model), priced beside by the simulator of this GPU; OUT/measured.jsonl
     (a line a plan, as it goes: a cut call keeps what it measured) and OUT/report.md."""
-    import json
-
     from dreamshard.costs.runners import SequentialRunner
     from dreamshard.plan import load_plans
 
@@ -66,9 +65,7 @@ def measure(argv: list[str]) -> None:
     kernel = "triton" if args.device.startswith("cuda") else "torch"
     runner = SequentialRunner(kernel, device=args.device, warmup=3, iters=10, input_sets=3)
     sim = SimBackend()
-    rows, hardware = [], args.device
-    if args.resume:
-        rows = [json.loads(line) for line in Path(args.resume).read_text().splitlines() if line.strip()]
+    rows, hardware = read_rows(args.resume) if args.resume else [], args.device
     done = {(r["setting"], r["planner"]) for r in rows}
     for plan in load_plans(args.plans):
         if (plan.notes[0], plan.planner) in done:
@@ -87,6 +84,11 @@ def measure(argv: list[str]) -> None:
         print(f"[{time.monotonic() - t0:6.1f} s] {json.dumps(row)}", flush=True)
     atomic_write(out / "report.md", measured_report(rows, f"{hardware}, {kernel}", time.monotonic() - t0))
     print((out / "report.md").read_text())
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of a measured.jsonl."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def measured_report(rows: list[dict], hardware: str, seconds: float) -> str:
@@ -114,10 +116,7 @@ def main() -> None:
         measure(sys.argv[2:])
         return
     if sys.argv[1:2] == ["report"]:  # report MEASURED.jsonl HARDWARE SECONDS: the measured table again
-        import json
-
-        rows = [json.loads(line) for line in Path(sys.argv[2]).read_text().splitlines() if line.strip()]
-        print(measured_report(rows, sys.argv[3], float(sys.argv[4])), end="")
+        print(measured_report(read_rows(sys.argv[2]), sys.argv[3], float(sys.argv[4])), end="")
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)

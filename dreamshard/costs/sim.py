@@ -212,12 +212,17 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
     def stacked(values: np.ndarray) -> np.ndarray:
         return np.broadcast_to(values, (reps, len(values))).ravel()
 
+    def summed(j: int) -> np.ndarray:  # a term's sum over each shard's tables: the scatter-add that makes shards
+        return np.bincount(flat, weights=stacked(P[:, j]), minlength=n_shards)
+
     out = np.zeros((n_shards, len(TERMS)))
-    for j in cols:  # bincount per term: the scatter-add that makes shards
+    for j in cols:
         if TERMS[j] not in ("launch", "active", "launches", "wide_grad_bytes", "branch_lookups"):
-            out[:, j] = np.bincount(flat, weights=stacked(P[:, j]), minlength=n_shards)
+            out[:, j] = summed(j)
+    lk = TERMS.index("lookups")
+    lookups = out[:, lk] if lk in cols else summed(lk)
     out[:, TERMS.index("launch")] = np.bincount(flat, minlength=n_shards) > 0
-    out[:, TERMS.index("active")] = np.bincount(flat, weights=stacked(P[:, TERMS.index("lookups")]), minlength=n_shards) > 0
+    out[:, TERMS.index("active")] = lookups > 0
     wp = TERMS.index("wide_programs")
     if wp in cols:
         widest = np.zeros(n_shards)
@@ -231,9 +236,9 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
         out[:, la] = per_class.reshape(n_shards, _NUM_CLASSES).sum(axis=1)
     wg = TERMS.index("wide_grad_bytes")
     if wg in cols:
+        gb = TERMS.index("grad_bytes")
         width = np.bincount(flat, weights=stacked(dims), minlength=n_shards)
-        grad = np.bincount(flat, weights=stacked(P[:, TERMS.index("grad_bytes")]), minlength=n_shards)
-        out[:, wg] = grad * wide_grad_factor(width)
+        out[:, wg] = (out[:, gb] if gb in cols else summed(gb)) * wide_grad_factor(width)
     bl = TERMS.index("branch_lookups")
     if bl in cols:
         # every program of the forward's one launch carries the code of every branch (one per dim
@@ -241,7 +246,6 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
         present = np.zeros(n_shards * _NUM_FWD_CLASSES, dtype=bool)
         present[flat * _NUM_FWD_CLASSES + stacked(fwd_class(dims))] = True
         branches = present.reshape(n_shards, _NUM_FWD_CLASSES).sum(axis=1)
-        lookups = np.bincount(flat, weights=stacked(P[:, TERMS.index("lookups")]), minlength=n_shards)
         out[:, bl] = lookups * np.maximum(branches - 1, 0)
     return out
 

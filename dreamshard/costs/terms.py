@@ -204,5 +204,5 @@ def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), ca
     out[:, TERMS.index("tiles")] = g["tiles"]
     out[:, TERMS.index("masked_grad_bytes")] = np.where(g["masked_bwd"], lookups * row_bytes, 0.0)
     out[:, TERMS.index("launches")] = g["levels"]  # alone; in a shard, tables of one class share launches (shard_terms)
-    out[:, TERMS.index("wide_grad_bytes")] = out[:, TERMS.index("grad_bytes")] * wide_grad_factor(dim)  # in a shard: by its width (shard_terms)
+    # wide_grad_bytes and branch_lookups stay 0: a shard's, from its width and its dims' classes (shard_terms)
     return out
