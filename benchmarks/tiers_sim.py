@@ -7,7 +7,7 @@ second target); and those plans measured on a GPU.
     PYTHONPATH=. python3 benchmarks/tiers_sim.py --out benchmarks/results/tiers_sim/mixed --family mixed --devices 2   # a held-out family
     ... --plans P.jsonl                                   # also append every plan to P.jsonl (made where TorchRec is installed)
     PYTHONPATH=. python3 benchmarks/tiers_sim.py measure P.jsonl --out $OUT   # a GPU: each plan by the sequential runner (Triton TBE)
-    ... measure P.jsonl --out $OUT --resume DIR/measured.jsonl             # a call cut short: the plans it did not measure
+    ... measure P.jsonl --out $OUT --resume DIR/measured.jsonl             # a call cut short: the plans it did not measure, or that failed
     .venv/bin/python benchmarks/tiers_sim.py report DIR/measured.jsonl "GPU, kernel" SECONDS       # the measured table again
 
 Tasks: `--tables` tables drawn from a `dlrm` pool (seed 12; `--family F`: that family's pool, the
@@ -57,7 +57,7 @@ def measure(argv: list[str]) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=480.0, help="no new plan after this many seconds")
-    ap.add_argument("--resume", help="an earlier call's measured.jsonl: its rows are kept and their plans not measured again")
+    ap.add_argument("--resume", help="an earlier call's measured.jsonl: its measured rows are kept and their plans not measured again (failed ones are)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     out = Path(args.out)
@@ -65,7 +65,7 @@ def measure(argv: list[str]) -> None:
     kernel = "triton" if args.device.startswith("cuda") else "torch"
     runner = SequentialRunner(kernel, device=args.device, warmup=3, iters=10, input_sets=3)
     sim = SimBackend()
-    rows, hardware = read_rows(args.resume) if args.resume else [], args.device
+    rows, hardware = [r for r in read_rows(args.resume) if "error" not in r] if args.resume else [], args.device
     done = {(r["setting"], r["planner"]) for r in rows}
     for plan in load_plans(args.plans):
         if (plan.notes[0], plan.planner) in done:

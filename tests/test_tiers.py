@@ -33,25 +33,28 @@ def _one_thread():
 # ------------------------------------------------------------------------------------------------
 
 
-def random_tiers(rng: np.random.Generator, rows: list[int], batch: int) -> list[Tier]:
+def random_tiers(rng: np.random.Generator, rows: list[int], batch: int, small: bool = False) -> list[Tier]:
     """Every tier at least once where there are tables enough; caches that hold a batch (8 lookups a
-    bag at most) but not the table, so rows are evicted and written back."""
+    bag at most) but not the table, so rows are evicted and written back (`small`: caches of 2
+    lookups a bag, which a batch overflows)."""
     kinds = ["uvm_caching", "uvm", "hbm"] + [str(rng.choice(["hbm", "uvm", "uvm_caching"])) for _ in rows[3:]]
     out = []
     for r, k in zip(rows, kinds):
-        ratio = min(1.0, (8 * batch + 1) / r) if k == "uvm_caching" else 0.0
+        ratio = min(1.0, ((2 if small else 8) * batch + 1) / r) if k == "uvm_caching" else 0.0
         out.append(Tier(k, ratio))
     return out
 
 
-def check_tiered(kernel: str, precision: str, optimizer: str, seed: int, device: str = "cpu", steps: int = 3) -> TieredTBE:
+def check_tiered(kernel: str, precision: str, optimizer: str, seed: int, device: str = "cpu", steps: int = 3, small: bool = False) -> TieredTBE:
+    """`small`: caches smaller than a batch, with staging rows for a batch's overflow."""
     rng = np.random.default_rng(seed)
     rows, dims = random_shard(rng, 6, 300)
     rows = [max(r, 40) for r in rows]
     batch = int(rng.integers(2, 9))
-    tiers = random_tiers(rng, rows, batch)
+    tiers = random_tiers(rng, rows, batch, small)
     lr, eps = 0.05, 1e-8
-    tbe = TieredTBE(kernel, rows, dims, tiers, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=device, seed=seed)
+    tbe = TieredTBE(kernel, rows, dims, tiers, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=device, seed=seed,
+                    overflow=[8 * batch] * len(rows) if small else None)
     tbe.inner.poison_outputs = True
     for t, (r, d) in enumerate(zip(rows, dims)):
         tbe.set_weights(t, (torch.rand(r, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed * 31 + t)) * 2 - 1).to(DTYPE[precision]).to(device))
@@ -84,6 +87,19 @@ def test_tiered_torch_kernel_matches_reference(precision, optimizer, seed):
     assert any(c.misses for c in tbe.caches.values())
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_a_cache_smaller_than_a_batch_serves_its_overflow_from_host_memory(optimizer):
+    """As FBGEMM does: the misses that find no free slot are read from host memory into staging
+    rows, updated there and written back after the backward; every step against the float64
+    reference (weights and Adagrad state read back from host memory and cache)."""
+    staged = 0
+    for seed in (3, 4, 5):
+        tbe = check_tiered("torch", "fp32", optimizer, seed=seed, steps=5, small=True)
+        staged += sum(int((c._staged >= 0).sum()) for c in tbe.caches.values())
+        assert all(c.overflow for c in tbe.caches.values())
+    assert staged, "no batch overflowed a cache"
+
+
 def test_kernels_refuse_host_tables_that_are_not_tables():
     from dreamshard.costs.kernels.torch_tbe import TorchTBE
 
@@ -106,6 +122,14 @@ def test_tiered_kernel_evicts_and_writes_back():
 def test_tiered_kernel_matches_reference_cuda(kernel, precision, optimizer):
     tbe = check_tiered(kernel, precision, optimizer, seed=41 + len(kernel) + len(precision), device="cuda")
     assert tbe.caches
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_small_caches_overflow_to_host_memory_cuda(optimizer):
+    tbe = check_tiered("triton", "fp32", optimizer, seed=7, steps=5, small=True)
+    assert any(int((c._staged >= 0).sum()) for c in tbe.caches.values()), "no batch overflowed a cache"
 
 
 @pytest.mark.gpu
@@ -523,6 +547,21 @@ def test_sequential_runner_measures_a_mixed_tier_plan():
     assert all(d.fwd_comp_ms > 0 for d, n in zip(report.devices, [len(t) for t in plan.device_tables()]) if n)
     stats = report.details["tiers"]["cached_tables"]
     assert stats and all(0 <= s["hit_rate"] <= 1 and s["lookups"] > 0 for s in stats)
+
+
+def test_sequential_runner_measures_caches_smaller_than_a_batch():
+    """A plan whose caches cannot hold a batch's rows (TorchRec's planner makes such): measured, the
+    overflow served from host memory, not refused."""
+    from dataclasses import replace
+
+    from dreamshard.costs.runners import SequentialRunner
+    from dreamshard.planners import get_planner
+
+    plan = get_planner("size_lookup").plan(tight_task())
+    plan = replace(plan, shards=[replace(s, cache_ratio=0.001) if s.tier == "uvm_caching" else s for s in plan.shards])
+    assert any(s.tier == "uvm_caching" for s in plan.shards)
+    report = SequentialRunner("torch", device="cpu", warmup=1, iters=2, input_sets=2).evaluate_plan(plan, batch_size=256, precision="fp32")
+    assert report.overall_ms > 0 and report.details["tiers"]["cached_tables"]
 
 
 def test_cli_plan_and_measure_with_host_memory(tmp_path):

@@ -24,9 +24,14 @@ batch's lookups, the slots): the host never waits for the GPU, and the rows move
 GPU found missing — are moved by a small Triton kernel that reads their count from GPU memory,
 gathering the missing rows straight from the host-mapped table (no staging copy). FBGEMM's
 LRU cache (`lru_cache_populate`, `lxu_cache_lookup`) keeps its bookkeeping on the GPU too, but in
-a 32-way set-associative map: less HBM than this direct map, victims chosen within a set. The prefetch holds a whole batch, so a cache must have at least a batch's distinct rows
-(tiers.min_cache_rows sizes it so); a batch with more is found when the counters are read (they
-raise). Each table's lookup range (offsets[::B]) is given by the caller where it knows it, as a
+a 32-way set-associative map: less HBM than this direct map, victims chosen within a set. The
+tier stage gives a cache at least a batch's distinct rows (tiers.min_cache_rows); a smaller cache
+(TorchRec's planner gives some) has the misses that find no free slot served from host memory, as
+FBGEMM serves them: such a row is read into a staging row of HBM after the cache's slots for this
+batch only (not cached), updated there by the backward and written back to host memory after it
+(`overflow` staging rows: the runners give a small cache its shortfall to tiers.min_cache_rows, HBM
+beyond the plan's). A batch that outgrows the staging rows too is found when the counters are read
+(they raise). Each table's lookup range (offsets[::B]) is given by the caller where it knows it, as a
 TorchRec input carries it (the runners do); otherwise the forward reads it first, one host sync.
 """
 
@@ -119,10 +124,12 @@ def _graph_pool(device: torch.device):
 
 class RowCache:
     """An LRU, write-back HBM cache of one table's rows held in host memory (see the module doc).
-    `cache` (and `cache_state`) are the kernel's own views of the slots and, last, a spare row;
-    `host` (and `host_state`) the table in host memory. A batch of more distinct rows than there
-    are slots sends the rows that find none to the spare row (found out when the counters are
-    read, `_check`): the kernels never index past the cache, whatever the batch.
+    `cache` (and `cache_state`) are the kernel's own views of the slots, a spare row and, last,
+    `overflow` staging rows; `host` (and `host_state`) the table in host memory. The misses of a
+    batch that find no free slot take the staging rows for that batch (`write_back` after the
+    backward returns them to host memory); a batch of more still sends the rest to the spare row
+    (found out when the counters are read, `_check`): the kernels never index past the cache,
+    whatever the batch.
 
     All of the bookkeeping is tensors on the cache's device and every op has a shape the host knows
     (the batch's lookups, the slots), so a prefetch never waits for the GPU: the row → slot map
@@ -134,12 +141,17 @@ class RowCache:
     (`_move_rows`)."""
 
     def __init__(self, host: torch.Tensor, cache: torch.Tensor, host_state: torch.Tensor | None = None, cache_state: torch.Tensor | None = None,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, overflow: int = 0):
         self.host, self.cache, self.host_state, self.cache_state = host, cache, host_state, cache_state
-        self.rows, self.slots = host.shape[0], cache.shape[0] - 1  # the last row: the spare slot
-        if self.slots < 1:
-            raise ValueError(f"a row cache needs a slot and the spare row: got {cache.shape[0]} rows")
+        self.overflow = int(overflow)
+        self.rows, self.slots = host.shape[0], cache.shape[0] - 1 - self.overflow  # then the spare slot, then the staging rows
+        if self.slots < 1 or self.overflow < 0:
+            raise ValueError(f"a row cache needs a slot and the spare row: got {cache.shape[0]} rows for {self.overflow} staging rows")
         device = self.device = cache.device
+        # this batch's staged rows (host row or -1) and their rows in `cache`: what `write_back` returns
+        self._staged = torch.full((self.overflow,), -1, dtype=torch.int64, device=device)
+        self._staging = torch.arange(self.slots + 1, self.slots + 1 + self.overflow, dtype=torch.int64, device=device)
+        self._staged_count = torch.full((1,), self.overflow, dtype=torch.int64, device=device)
         self.slot_row = torch.full((self.slots + 1,), -1, dtype=torch.int64, device=device)  # + the spare slot
         self.slot_time = torch.full((self.slots + 1,), -1, dtype=torch.int32, device=device)
         self.order = torch.arange(self.slots, dtype=torch.int64, device=device)  # the slots, least recently used first
@@ -164,7 +176,7 @@ class RowCache:
     def _check(self) -> torch.Tensor:
         counts = self._counts.cpu()
         if int(counts[2]):
-            raise RuntimeError(f"{int(counts[2])} batches read more distinct rows of a table than its cache holds ({self.slots:,} rows): "
+            raise RuntimeError(f"{int(counts[2])} batches read more distinct rows of a table than its cache holds ({self.slots:,} rows, {self.overflow:,} staging): "
                                "the cache must hold a batch's rows (give it a larger cache ratio); the rows computed since are wrong")
         return counts
 
@@ -253,10 +265,14 @@ class RowCache:
         # stable partition (no sort)
         used = self.slot_time[self.order] == step
         older = torch.cumsum(~used, 0) - 1  # rank of each slot not used now, in LRU order
-        self._counts[2:].add_(k > older[-1:] + 1)  # fewer free slots than misses: the batch does not fit
+        free, X = older[-1:] + 1, self.overflow  # the slots not used now; the staging rows
+        self._counts[2:].add_(k > free + X)  # more misses than free slots and staging rows: the batch does not fit
         take = ~used & (older < k)
-        m = min(n, S)
+        m = min(n, S + X)
         victims = torch.full((m + 1,), S, dtype=torch.int64, device=dev).index_put_((torch.where(take, older, torch.full_like(older, m)),), self.order)[:m]
+        if X:  # the misses past the free slots take the staging rows, in rank order
+            j = torch.arange(m, device=dev)
+            victims = torch.where((j >= free) & (j < free + X), S + 1 + j - free, victims)
         moved = used | take
         stay = torch.cumsum(~moved, 0) - 1
         pos = torch.where(moved, stay[-1:] + torch.cumsum(moved, 0), stay)
@@ -265,7 +281,9 @@ class RowCache:
         # the missing rows in rank order (positions past the misses: -1)
         at = torch.where(miss & (rank < m), rank, torch.full_like(rank, m))
         load_rows = torch.full((m + 1,), -1, dtype=torch.int64, device=dev).index_put_((at,), rows)[:m]
-        old = self.slot_row[victims]  # the rows evicted (-1: an empty slot, or past the misses)
+        cached = victims < S  # a slot of the cache (not the spare one or a staging row)
+        vslot = victims.clamp(max=S)  # the bookkeeping's entry: staging rows share the spare one, which holds no row
+        old = self.slot_row[vslot]  # the rows evicted (-1: an empty slot, past the misses, or staged)
         evicted = old >= 0
         n_evicted = evicted.sum()
         self._counts[:2].add_(torch.stack([k[0], n_evicted]))
@@ -281,13 +299,24 @@ class RowCache:
             _move_rows(self.host_state.view(-1, 1), load_rows, self.cache_state.view(-1, 1), victims, k)
         spare_row = torch.full_like(old, self.rows)
         self.row_slot.index_put_((torch.where(evicted, old, spare_row),), self._minus1)
-        self.row_slot.index_put_((torch.where(load_rows >= 0, load_rows, spare_row),), victims.to(torch.int32))
-        self.slot_row.index_put_((victims,), load_rows)  # past the misses: -1 into the spare slot
-        self.slot_time.index_put_((victims,), step.expand(m))
+        self.row_slot.index_put_((torch.where((load_rows >= 0) & cached, load_rows, spare_row),), victims.to(torch.int32))
+        self.slot_row.index_put_((vslot,), torch.where(cached, load_rows, torch.full_like(load_rows, -1)))  # the spare entry stays -1
+        self.slot_time.index_put_((vslot,), step.expand(m))
+        if X:  # the staged rows, for `write_back`: staging row i holds this batch's (free + i)-th miss
+            i = free + torch.arange(X, device=dev)
+            self._staged.copy_(torch.where(i < torch.minimum(k, torch.full_like(k, m)), load_rows[i.clamp(max=m - 1)], torch.full_like(i, -1)))
         self.row_slot[-1:].fill_(S)  # the spare entry back to the spare slot (a kernel, not a host write, which would wait for the GPU)
         out = torch.empty_like(new)
         out[order] = new
         return out
+
+    def write_back(self) -> None:
+        """The staged rows of the last batch (and their state), updated by its backward, back to host
+        memory (no host sync: the copy reads which rows from GPU memory)."""
+        if self.overflow:
+            _move_rows(self.cache, self._staging, self.host, self._staged, self._staged_count)
+            if self.host_state is not None:
+                _move_rows(self.cache_state.view(-1, 1), self._staging, self.host_state.view(-1, 1), self._staged, self._staged_count)
 
     def flush(self) -> None:
         """Write every cached row back to host memory (the host copy is then the table)."""
@@ -329,7 +358,10 @@ class TieredTBE(TBE):
     """A TBE of tables in tiers (see the module doc): `tiers[t]` says where table t's rows live."""
 
     def __init__(self, kernel: str, rows: Sequence[int], dims: Sequence[int], tiers: Sequence[Tier], precision: str = "fp16", optimizer: str = "sgd",
-                 lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cpu", seed: int = 0, **kernel_options) -> None:
+                 lr: float = 0.01, eps: float = 1e-8, device: str | torch.device = "cpu", seed: int = 0, overflow: Sequence[int] | None = None,
+                 **kernel_options) -> None:
+        """`overflow[t]`: staging rows of table t's cache for the misses a batch has beyond its free
+        slots (RowCache; 0 where absent)."""
         super().__init__(rows, dims, precision, optimizer, lr, eps, device, seed)
         if len(tiers) != self.num_tables:
             raise ValueError(f"{len(tiers)} tiers for {self.num_tables} tables")
@@ -346,7 +378,8 @@ class TieredTBE(TBE):
         self.slots = [cache_rows(r, tr.cache_ratio) if tr.kind == "uvm_caching" else r for r, tr in zip(self.rows, self.tiers)]
         # one kernel over every table, seeded as this TBE (table t of the seed); a cached table is its
         # cache to it: its slots and the spare row (RowCache)
-        inner_rows = [s + 1 if tr.kind == "uvm_caching" else s for s, tr in zip(self.slots, self.tiers)]
+        self.overflow = [int(x) if tr.kind == "uvm_caching" else 0 for x, tr in zip(overflow or [0] * self.num_tables, self.tiers)]
+        inner_rows = [s + 1 + x if tr.kind == "uvm_caching" else s for s, x, tr in zip(self.slots, self.overflow, self.tiers)]
         self.inner = _kernel_class(kernel)(inner_rows, self.dims, precision=precision, optimizer=optimizer, lr=lr, eps=eps, device=self.device,
                                            seed=seed, host_tables=[t for t, tr in enumerate(self.tiers) if tr.kind == "uvm"], **kernel_options)
         # the cached tables: their rows (and state) in host memory, initialised as an HBM table of the same seed would be
@@ -359,7 +392,7 @@ class TieredTBE(TBE):
             host_state = None
             if self.optimizer == "rowwise_adagrad":
                 host_state = host_mapped(self.rows[t], torch.float32, self.device).zero_()
-            self.caches[t] = RowCache(host, self.inner.weights(t), host_state, self.inner.optimizer_state(t))
+            self.caches[t] = RowCache(host, self.inner.weights(t), host_state, self.inner.optimizer_state(t), overflow=self.overflow[t])
 
     # ---------------------------------------------------------------- weights
     def weights(self, t: int) -> torch.Tensor:
@@ -408,3 +441,5 @@ class TieredTBE(TBE):
 
     def backward(self, grad_output: torch.Tensor) -> None:
         self.inner.backward(grad_output)
+        for cache in self.caches.values():
+            cache.write_back()

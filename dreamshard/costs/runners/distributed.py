@@ -197,10 +197,13 @@ def measure_placement(job: dict, shards: list[list[TableSpec]], rank: int, world
     return result
 
 
-def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, optimizer: str, device, seed: int = 0, tiers=None):
+def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, optimizer: str, device, seed: int = 0, tiers=None,
+                      batch_size: int | None = None):
     """The shard's TBE, checked with one tiny forward/backward so that an unsupported combination
     (fp16 in a CPU kernel, say) fails here, with a message that says what to do. `tiers` (one
-    tiers.Tier per table): a shard with tables outside HBM runs as kernels/tiered.py's TieredTBE."""
+    tiers.Tier per table): a shard with tables outside HBM runs as kernels/tiered.py's TieredTBE,
+    a cache smaller than a batch of `batch_size` needs (tiers.min_cache_rows) given the shortfall
+    as staging rows, so that its overflow is served from host memory as FBGEMM serves it."""
     from dreamshard.costs.kernels import make_tbe
     from dreamshard.streams import shard_batch
 
@@ -208,7 +211,12 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
         if tiers is not None and any(t.kind != "hbm" for t in tiers):
             from dreamshard.costs.kernels.tiered import TieredTBE
 
-            tbe = TieredTBE(kernel, [t.rows for t in tables], [t.dim for t in tables], tiers, precision=precision, optimizer=optimizer, device=device, seed=seed)
+            from dreamshard.tiers import cache_rows, min_cache_rows
+
+            overflow = [max(0, min_cache_rows(t, batch_size) - cache_rows(t.rows, tr.cache_ratio)) if batch_size and tr.kind == "uvm_caching" else 0
+                        for t, tr in zip(tables, tiers)]
+            tbe = TieredTBE(kernel, [t.rows for t in tables], [t.dim for t in tables], tiers, precision=precision, optimizer=optimizer, device=device, seed=seed,
+                            overflow=overflow)
         else:
             tbe = make_tbe(kernel, [t.rows for t in tables], [t.dim for t in tables], precision=precision, optimizer=optimizer, device=device, seed=seed)
         ix, off = shard_batch(tables, 4, step=10**6, device=device)

@@ -104,7 +104,7 @@ class SequentialRunner(CostBackend):
             from dreamshard.tiers import HBM
 
             tiers = [HBM if t is None else t for t in tiers]
-        tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, self.device, self.seed, tiers)
+        tbe = build_checked_tbe(self.kernel, tables, precision, optimizer, self.device, self.seed, tiers, batch_size)
         # a row cache fed the same few batches in turn would soon hold them all: a shard with a cache
         # gets a distinct batch every step, so that its hits are those of a stream
         sets = max(self.input_sets, self.warmup + self.iters) if hasattr(tbe, "caches") and tbe.caches else self.input_sets
