@@ -9,6 +9,7 @@ second target); and those plans measured on a GPU.
     PYTHONPATH=. python3 benchmarks/tiers_sim.py measure P.jsonl --out $OUT   # a GPU: each plan by the sequential runner (Triton TBE)
     ... measure P.jsonl --out $OUT --resume DIR/measured.jsonl             # a call cut short: the plans it did not measure, or that failed
     .venv/bin/python benchmarks/tiers_sim.py report DIR/measured.jsonl "GPU, kernel" SECONDS       # the measured table again
+    .venv/bin/python benchmarks/tiers_sim.py reprice P.jsonl DIR/measured.jsonl CALIBRATION  # its sim_ms by today's simulator
 
 Tasks: `--tables` tables drawn from a `dlrm` pool (seed 12; `--family F`: that family's pool, the
 held-out ones are mixed, rmc and din), B = 65,536, fp16, SGD, on 2 and 4
@@ -86,6 +87,20 @@ def measure(argv: list[str]) -> None:
     print((out / "report.md").read_text())
 
 
+def reprice(plans: str, measured: str, calibration: str) -> None:
+    """Each measured row's sim_ms again, its plan priced by today's simulator with `calibration`
+    (the GPU's default, named: the price the measuring GPU gives)."""
+    from dreamshard.plan import load_plans
+
+    sim = SimBackend(calibration=calibration)
+    price = {(p.notes[0], p.planner): sim.evaluate_plan(p).overall_ms for p in load_plans(plans)}
+    rows = read_rows(measured)
+    for r in rows:
+        if "measured_ms" in r:
+            r["sim_ms"] = price[(r["setting"], r["planner"])]
+    atomic_write(Path(measured), "".join(json.dumps(r) + "\n" for r in rows))
+
+
 def read_rows(path: str) -> list[dict]:
     """The rows of a measured.jsonl."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
@@ -114,6 +129,9 @@ def measured_report(rows: list[dict], hardware: str, seconds: float) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["measure"]:
         measure(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["reprice"]:  # reprice PLANS.jsonl MEASURED.jsonl CALIBRATION: sim_ms again, by today's simulator
+        reprice(*sys.argv[2:5])
         return
     if sys.argv[1:2] == ["report"]:  # report MEASURED.jsonl HARDWARE SECONDS: the measured table again
         print(measured_report(read_rows(sys.argv[2]), sys.argv[3], float(sys.argv[4])), end="")

@@ -223,7 +223,8 @@ def hit_rate(table: TableSpec, rows_cached: int, batch_size: int = REFERENCE_BAT
 
     with λ_g the groups' per-batch rates at this batch size, L = Σ n_g λ_g lookups and
     U = Σ n_g (1 - e^{-λ_g}) distinct rows a batch. A cache smaller than a batch's distinct rows
-    cannot run (the prefetch must hold them all): 0 is returned for it. That is the steady state;
+    (C < U) holds part of the last batch's rows, T < 1: its overflow is read into staging rows once
+    a batch (kernels/tiered.py), so a batch's repeats still hit. That is the steady state;
     with `batches`, the mean over batches `warmup`..`batches`-1 of a cache that started empty
     (batch t can only hit rows read in its t batches before: T becomes min(T, t)), what a short
     measurement sees."""
@@ -235,12 +236,10 @@ def hit_rate(table: TableSpec, rows_cached: int, batch_size: int = REFERENCE_BAT
     first = -np.expm1(-lam)
     U = float(n @ first)
     C = float(rows_cached)
-    if C < U and C < table.rows:
-        return 0.0
     if C >= n.sum() - 0.5 or C >= table.rows:
         T = math.inf  # every row fits: after its first touch a row never misses
     else:
-        lo, hi = 1.0, 2.0
+        lo, hi = (1e-12, 1.0) if C < U else (1.0, 2.0)
         while float(n @ -np.expm1(-lam * hi)) < C and hi < 1e15:
             lo, hi = hi, hi * 2
         for _ in range(60):  # bisection on log T: D(T) increases in T

@@ -368,11 +368,11 @@ def test_distributed_runner_measures_a_row_wise_plan():
 
 
 def test_planners_import_no_cost_backend():
-    """The scorer's collective rule is costs/comm.py's arithmetic (costs/hierarchy.py's on several hosts), the kernel features costs/terms.py's counts and costs/paths.py's path model; no backend comes with them."""
+    """The scorer's collective rule is costs/comm.py's arithmetic (costs/hierarchy.py's on several hosts), the host tiers' costs/host.py's, the kernel features costs/terms.py's counts and costs/paths.py's path model; no backend comes with them."""
     code = ("import sys, dreamshard.planners as p; p.dreamshard.lazy.load(); p.neuroshard.lazy.load(); "
             "print(sorted(m for m in sys.modules if m.startswith('dreamshard.costs')))")  # with the nets the planners bind when built
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.hierarchy', 'dreamshard.costs.paths', 'dreamshard.costs.terms']"
+    assert out.strip() == "['dreamshard.costs', 'dreamshard.costs.comm', 'dreamshard.costs.hierarchy', 'dreamshard.costs.host', 'dreamshard.costs.paths', 'dreamshard.costs.terms']"
 
 
 def test_the_beam_goes_past_its_depth_only_while_each_step_gains(planners):

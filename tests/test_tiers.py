@@ -15,7 +15,7 @@ from test_kernels import DTYPE, TOL_FWD, assert_updates, random_batch, random_sh
 
 from dreamshard.costs.kernels.tiered import RowCache, TieredTBE
 from dreamshard.tables import TableSpec
-from dreamshard.tiers import Tier, hit_rate, simulate_lru
+from dreamshard.tiers import Tier, expected_unique, hit_rate, simulate_lru
 
 CUDA = torch.cuda.is_available()
 
@@ -128,7 +128,7 @@ def test_tiered_kernel_matches_reference_cuda(kernel, precision, optimizer):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 def test_small_caches_overflow_to_host_memory_cuda(optimizer):
-    tbe = check_tiered("triton", "fp32", optimizer, seed=7, steps=5, small=True)
+    tbe = check_tiered("triton", "fp32", optimizer, seed=7, device="cuda", steps=5, small=True)
     assert any(int((c._staged >= 0).sum()) for c in tbe.caches.values()), "no batch overflowed a cache"
 
 
@@ -196,6 +196,27 @@ def test_row_cache_is_the_simulated_lru():
         slots = cache.prefetch(b)
         assert torch.equal(cache.slot_row[slots], b)  # every lookup maps to the slot holding its row
     assert abs(cache.hit_rate - simulate_lru([b.numpy() for b in batches], C, t.rows, warmup=2)) < 0.01
+
+
+def test_cache_smaller_than_a_batch_hits_as_predicted():
+    """A cache of a fraction of a batch's distinct rows, its overflow staged (RowCache overflow):
+    its hit rate within 5 points of tiers.hit_rate's (Che's T below one batch)."""
+    from dreamshard.streams import table_bags
+
+    for rows, pooling, distribution in (STREAM_TABLES[0], STREAM_TABLES[3]):
+        t = stream_table(rows, pooling, distribution)
+        batches = [table_bags(t, 2048, s)[1] for s in range(8)]
+        U = expected_unique(t, 2048)
+        for share in (0.1, 0.6):
+            C = int(share * U)
+            staging = int(3 * U)
+            cache = RowCache(torch.zeros(t.rows, 2), torch.zeros(C + 1 + staging, 2), overflow=staging)
+            for i, b in enumerate(batches):
+                if i == 3:
+                    cache.reset_stats()
+                cache.prefetch(b)
+            predicted = hit_rate(t, C, 2048, batches=8, warmup=3)
+            assert abs(cache.hit_rate - predicted) < 0.05, f"{distribution}, cache {share} of a batch: measured {cache.hit_rate:.3f}, predicted {predicted:.3f}"
 
 
 def test_prefetch_pads_batches_by_at_most_an_eighth():
@@ -316,8 +337,10 @@ def test_prefetch_and_forward_never_wait_for_the_gpu():
 def test_hit_rate_edges():
     t = stream_table(10_000, 2.0, "zipf:1.0")
     assert hit_rate(t, t.rows, 4096) == 1.0  # every row fits
-    assert hit_rate(t, 1, 4096) == 0.0  # a cache that cannot hold a batch does not run
-    rates = [hit_rate(t, c, 4096) for c in (3000, 5000, 8000)]
+    U = expected_unique(t, 4096)
+    repeats = 1 - U / (4096 * 2.0)  # a batch's repeats hit even where the cache holds almost nothing of it
+    assert repeats <= hit_rate(t, 1, 4096) < repeats + 0.01
+    rates = [hit_rate(t, c, 4096) for c in (1, 500, 0.5 * U, 3000, 5000, 8000)]
     assert rates == sorted(rates)
 
 

@@ -43,6 +43,12 @@ blocks on the G GPUs of one host) as the simulator does: a state row carries a t
 piece's share of its table's dim in a column of its own, whose sum over a host's GPUs is that
 host's reduce-scatter buffer (`hierarchy.twrw_ms`), its pooled output crossing hosts in the
 all-to-all (`hierarchy.twrw_traffic`).
+
+A task with memory tiers (the tier stage's, tier_stage.py): the cost net was trained on HBM
+tables, so a host-tier piece carries in one more column what its tier adds to its device's step,
+priced as the simulator prices it (`host.shard_ms`, pure arithmetic on the host link's measured
+rates, HostLink's defaults: not a cost backend), added to the device's forward compute; without it
+the searches placed host-tier tables as if they were in HBM.
 """
 
 from __future__ import annotations
@@ -54,11 +60,14 @@ import numpy as np
 
 from dreamshard.costs.comm import DEFAULT_GPU, CommModel, alltoall_bytes_array, alltoall_ms, load_comm_model, relayout_ms, rowwise_ms
 from dreamshard.costs.hierarchy import alltoall_topo_ms, inter_host_ms, rowwise_topo_ms, twrw_ms, twrw_traffic
+from dreamshard.costs.host import HostLink, shard_ms
 from dreamshard.learned.mdp import NumpyCostNet
 from dreamshard.learned.nets import COST_COMPONENTS, DreamShardModel, plan_cost
 from dreamshard.plan import Shard
 from dreamshard.planners import splits
 from dreamshard.tasks import Task
+from dreamshard.tier_stage import with_task_tier
+from dreamshard.tiers import cache_rows
 from dreamshard.topology import several_hosts
 
 COMM = COST_COMPONENTS.index("comm_ms")
@@ -95,10 +104,11 @@ class PieceScorer:
         self._a2a = self._rw + 1  # the column of a piece's all-to-all width
         self._rc = self._a2a + 1  # the column of a row piece's columns in its device's TBE output (the copies around the exchange)
         self._tw = self._rc + 1  # the column of a table-row-wise piece's share of its table's dim (several hosts)
+        self._tier = self._tw + 1  # the column of what a host-tier piece's tier adds to its device's step (units)
         self._slot: dict[Shard, int] = {}
         # Indexed by slot, filled up to len(_slot); grown geometrically, so that the searches' many
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
-        self.table = np.zeros((0, self._tw + 1), np.float32)  # state rows
+        self.table = np.zeros((0, self._tier + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
 
     def slots(self, pieces: list[list[Shard]]) -> np.ndarray:
@@ -119,7 +129,7 @@ class PieceScorer:
         if not new:
             return
         x = self.model.features(splits.specs(self.task, new), self.task.workload)
-        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 4), np.float32)], axis=1)
+        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 5), np.float32)], axis=1)
         blocks = splits.twrw_blocks(self.task, new)
         for r, p, block in zip(rows, new, blocks):
             if p.is_row_shard:  # not in the all-to-all: its share of the reduce-scatter instead
@@ -130,6 +140,14 @@ class PieceScorer:
                 r[self._rc] = t.dim
             else:
                 r[self._a2a] = p.width
+        if self.task.tiers is not None:
+            w, link = self.task.workload, HostLink()
+            for r, p in zip(rows, new):
+                p = with_task_tier(self.task, p)
+                if p.tier != "hbm":
+                    spec = p.spec(self.task.tables[p.table])
+                    fwd, bwd, _, _ = shard_ms(link, spec, p.tier, cache_rows(spec.rows, p.cache_ratio), w.batch_size, w.elt_bytes, w.optimizer == "rowwise_adagrad")
+                    r[self._tier] = (fwd + bwd) / self.net.scale
         n, k = len(self._slot), len(new)
         if n + k > len(self.table):
             size = max(2 * len(self.table), n + k)
@@ -157,13 +175,14 @@ class PieceScorer:
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """The state of empty devices, [*shape, R]."""
         state = self.net.empty(shape)
-        return np.concatenate([state, np.zeros((*shape, 4), state.dtype)], axis=-1)
+        return np.concatenate([state, np.zeros((*shape, 5), state.dtype)], axis=-1)
 
     def device_costs(self, state: np.ndarray) -> np.ndarray:
         """[..., D, R] device states of whole plans → [..., D, 3] (fwd, bwd, comm) units: the
         heads', or with the model's `CommFormula` the comm model's all-to-all in place of the comm
         head's (the row-wise exchange is added by `score` and `predicted`)."""
         costs = self.net.costs(state[..., : self.net.nP])
+        costs[..., 0] += state[..., self._tier]  # host tiers (module docstring)
         comm = self.model.comm
         w = self.task.workload
         if self.topology is not None:  # the two-level all-to-all in place of the one-host head's (module docstring)
