@@ -53,7 +53,7 @@ def _plan_setting(job) -> str:
     labels = [lb for lb in bench.PAPER_COLUMNS + bench.FIELD_COLUMNS if lb not in args.skip]
     lines = []
     try:
-        bench.run_suite(bench.Run(Path(out)), [setting], SimBackend(), args.seeds, args.train_budget, args.oracle_budget,
+        bench.run_suite(bench.Run(Path(out)), [setting], SimBackend(args.calibration), args.seeds, args.train_budget, args.oracle_budget,
                         say=lines.append, labels=labels, deadline=T0 + args.budget_s, splits=args.splits)
     except Exception:  # one setting's failure is reported; the others' rows are kept
         import traceback
@@ -68,6 +68,7 @@ def plan_cmd(args) -> None:
     if args.resume and Path(args.resume) != out:
         shutil.copytree(args.resume, out, dirs_exist_ok=True)
     chosen = bench.quick_settings() if args.quick else bench.settings(args.suite.split(","), args.tasks, args.family_tasks, args.test_tasks)
+    chosen = [c for c in chosen if args.devices in (None, c.devices)]
     if args.quick:
         args.train_budget, args.oracle_budget = 0, min(args.oracle_budget, 1000)
     # the largest settings first: they take longest
@@ -176,9 +177,76 @@ def write_measured(out: Path, args, gpus: int, counts: list[int], left: int) -> 
     print(json.dumps(summary), flush=True)
 
 
+def measure_distributed(args) -> None:
+    """Every distinct test plan of as many devices as there are GPUs, by the distributed runner (one
+    process per GPU, NCCL, Triton TBE; `--batch` plans per start of its processes) and, in the same
+    call, by the sequential runner on GPU 0: OUT/distributed.csv and OUT/sequential.csv (the
+    columns of measured.csv; `dreamshard bench report RUN --costs OUT/distributed.csv` gives the
+    distributed tables), OUT/pairs.jsonl (both reports of every plan) and summary.json."""
+    import torch
+
+    from dreamshard.costs.hardware import describe_hardware, software_versions
+    from dreamshard.costs.runners import DistributedRunner, SequentialRunner
+    from dreamshard.plan import Plan
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device_type, kernel = ("cpu", "torch") if args.cpu else ("cuda", "triton")
+    gpus = 4 if args.cpu else torch.cuda.device_count()  # gloo processes on a CPU: any count
+    done = bench.read_costs(out / "distributed.csv") if (out / "distributed.csv").exists() else {}
+    plans = [(key, Plan.from_json(doc)) for task in test_tasks(Path(args.folder, "plans.jsonl"), set(done)) for key, doc in task]
+    plans = [(k, p) for k, p in plans if p.devices == gpus]
+    print(f"[{time.monotonic() - T0:6.1f}s] {len(plans)} plans of {gpus} devices on {gpus} {device_type} device(s)", flush=True)
+    warm, iters = (1, 2) if args.quick else (3, 10)
+    dist = DistributedRunner(kernel, device_type, warmup=warm, iters=iters)
+    seq = SequentialRunner(kernel, None, device_type, warmup=warm, iters=iters)
+    files = {name: open(out / f"{name}.csv", "a", newline="") for name in ("distributed", "sequential")}
+    writers = {name: csv.DictWriter(fh, COLUMNS) for name, fh in files.items()}
+    for name, fh in files.items():
+        if fh.tell() == 0:
+            writers[name].writeheader()
+    measured = 0
+    for start in range(0, len(plans), args.batch):
+        if time.monotonic() - T0 > args.budget_s:
+            break
+        batch = plans[start:start + args.batch]
+        if args.quick:
+            from gpu_comm import shrunk
+
+            batch = [(k, shrunk(p)) for k, p in batch]
+        workload = batch[0][1].workload.with_overrides(256, "fp32") if args.quick else None
+        t = time.monotonic()
+        reports = dist.evaluate_many([p.device_tables() for _, p in batch], workload or batch[0][1].workload)
+        for (key, plan), rep in zip(batch, reports):
+            s = seq.evaluate_plan(plan, 256 if args.quick else None, "fp32" if args.quick else None)
+            for name, r in (("distributed", rep), ("sequential", s)):
+                writers[name].writerow({"setting": key[0], "seed": key[1], "task": key[2], "plan": key[3], "measured_ms": f"{r.overall_ms:.5f}",
+                                        "max_device_ms": f"{max(d.total_ms for d in r.devices):.5f}",
+                                        "comm_ms": f"{max(d.fwd_comm_ms + d.bwd_comm_ms for d in r.devices):.5f}",
+                                        "wall_s": f"{(time.monotonic() - t) / len(batch):.2f}", "gpu": f"{gpus} x {device_type}"})
+            with open(out / "pairs.jsonl", "a") as fh:
+                fh.write(json.dumps({"key": list(key), "planner": plan.planner, "distributed": rep.to_json(), "sequential": s.to_json()}) + "\n")
+            measured += 1
+        for fh in files.values():
+            fh.flush()
+        print(f"[{time.monotonic() - T0:6.1f}s] {measured} of {len(plans)} plans", flush=True)
+    for fh in files.values():
+        fh.close()
+    how = {"distributed.csv": f"the distributed runner ({kernel}, {'gloo' if args.cpu else 'NCCL'}: one process per device, the collectives measured)",
+           "sequential.csv": f"the sequential runner ({kernel}, device 0: each plan's shards in turn; collectives from the comm model shipped for the device and the plan's device count)"}
+    summary = {"device": describe_hardware(device_type, gpus), "versions": software_versions(), "how": how,
+               "measured_this_call": measured, "left": len(plans) - measured, "wall_s": round(time.monotonic() - T0, 1),
+               "command": " ".join(["benchmarks/gpu_bench.py", *sys.argv[1:]])}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary), flush=True)
+
+
 def measure_cmd(args) -> None:
     import torch
 
+    if args.distributed:
+        measure_distributed(args)
+        return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,7 +273,7 @@ def _train_one(job) -> str:
 
     setting, folder, name, args = job
     train, _, _ = bench.tasks_of(setting, 0, {})
-    bench.train_models(setting, 0, train, SimBackend(), Path(folder) / "models", args.train_budget, [name], say=lambda line: None)
+    bench.train_models(setting, 0, train, SimBackend(args.calibration), Path(folder) / "models", args.train_budget, [name], say=lambda line: None)
     return f"trained {name} for {setting.name} at {time.monotonic() - T0:.0f} s"
 
 
@@ -226,6 +294,7 @@ def all_cmd(args) -> None:
         chosen, args.oracle_budget = bench.quick_settings(), min(args.oracle_budget, 1000)
     else:
         chosen = bench.settings(args.suite.split(","), args.tasks, args.family_tasks, args.test_tasks)
+    chosen = [c for c in chosen if args.devices in (None, c.devices)]
     measured = measured_keys(out) | {k for p in out.glob("earlier-*.csv") for k in bench.read_costs(p)}
     ctx = mp.get_context("spawn")
     gpus = 1 if args.cpu else torch.cuda.device_count()
@@ -287,6 +356,8 @@ def main() -> None:
     suite.add_argument("--oracle-budget", type=int, default=4000)
     suite.add_argument("--jobs", type=int, default=os.cpu_count())
     suite.add_argument("--quick", action="store_true")
+    suite.add_argument("--devices", type=int, help="only the settings of this many devices")
+    suite.add_argument("--calibration", help="the simulator's calibration the planners train and search on (default: this machine's GPU's, or the CPU default)")
     p = sub.add_parser("plan", parents=[suite], help="the suite planned on this machine's CPUs, a process per setting")
     p.add_argument("--skip", default="", help="comma-separated planner labels left out (torchrec where TorchRec is not installed)")
     p.add_argument("--budget-s", type=float, default=560.0, help="no task is begun after this many seconds")
@@ -300,6 +371,8 @@ def main() -> None:
     m.add_argument("--resume")
     m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
     m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
+    m.add_argument("--distributed", action="store_true", help="the plans of as many devices as GPUs by the distributed runner beside the sequential one (measure_distributed)")
+    m.add_argument("--batch", type=int, default=8, help="--distributed: plans per start of its processes")
     m.set_defaults(run=measure_cmd)
     a = sub.add_parser("all", parents=[suite], help="plan (the machine's CPUs) and measure (every GPU) at once: OUT/rows.jsonl, OUT/measured.csv")
     a.add_argument("--work", default="/tmp/gpu_bench", help="the per-setting run folders (plans and models stay here)")

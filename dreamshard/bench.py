@@ -531,8 +531,9 @@ def write_report(run: Run, costs_file: Path | None = None, out: Path | None = No
             raise OptionError(f"{costs_file}: none of its costs belong to a complete test task of {run.folder}")
         summary = costs_file.with_name("summary.json")
         about = json.loads(summary.read_text()) if summary.exists() else {}
-        source = (f"measured on {about['device']}, {about.get('runner', '')}, each plan on one GPU; collectives from the comm model shipped for the GPU and the plan's device count ({costs_file.name})"
-                  if "device" in about else f"measured ({costs_file.name})")
+        how = about.get("how", {}).get(costs_file.name,  # a summary.json of several files says how each was measured
+                                       f"{about.get('runner', '')}, each plan on one GPU; collectives from the comm model shipped for the GPU and the plan's device count")
+        source = f"measured on {about['device']}, {how} ({costs_file.name})" if "device" in about else f"measured ({costs_file.name})"
     else:
         source = ", ".join(sorted({r["source"] for r in rows if r.get("source")}))
     out = out or run.folder
