@@ -54,6 +54,12 @@ def rate(fit: dict, what: str) -> str:
     return head + f"{fit['bandwidth_GBps']:.1f} GB/s"
 
 
+def copies(fit: dict) -> str:
+    """The column copies' fit (comm.copies_ms) as a formula per direction."""
+    return "; ".join(f"{d}: {fit[d]['latency_ms'] * 1e3:.1f} µs + all-to-all bytes / {fit[d]['a2a_GBps']:.0f} GB/s + row bytes / {fit[d]['row_GBps']:.0f} GB/s"
+                     for d in ("fwd", "bwd"))
+
+
 def pct(x: float) -> str:
     return f"{x:+.1%}"
 
@@ -88,7 +94,8 @@ def report(dirs: list[Path], sequential: Path | None = None, calibration: Path |
             held = m.fit_details.get("held_out", {})
             for op in ("all_to_all", "reduce_scatter", "all_gather", "relayout"):
                 e = held.get(op)
-                formula = m.describe().rsplit(" (", 1)[0] if op == "all_to_all" else rate(getattr(m, op), "ring bytes" if op != "relayout" else "bytes read and written")
+                formula = (m.describe().rsplit(" (", 1)[0] if op == "all_to_all" else copies(m.relayout) if op == "relayout" and "fwd" in m.relayout
+                           else rate(getattr(m, op), "ring bytes" if op != "relayout" else "bytes read and written"))
                 rows.append([D, op.replace("_", "-"), formula, f"{e['median_rel_error']:.1%} / {e['max_rel_error']:.1%} ({e['points']})" if e else "n/a"])
         lines += ["**Comm models** (fitted on the calibration set; error on the held-out patterns: median / max (points))", ""]
         lines += table(["devices", "collective", "model", "held-out error"], rows) + [""]

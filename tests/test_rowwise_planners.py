@@ -23,9 +23,9 @@ from dreamshard.planners.scoring import COMM, PieceScorer, greedy_batch
 from dreamshard.tables import TableSpec
 from dreamshard.tasks import Task, Workload
 
-# One hot table (pooling 150 over 200k rows, dim 128) that sets the step, and small ones: hot
+# One hot table (pooling 300 over 200k rows, dim 128) that sets the step, and small ones: hot
 # enough that a shipped model prices a row split of it as a gain on 2 or 4 devices.
-HOT = TableSpec("hot", 200_000, 128, 150.0, distribution="zipf:1.05", seed=11)
+HOT = TableSpec("hot", 200_000, 128, 300.0, distribution="zipf:1.05", seed=11)
 SMALL = [TableSpec(f"s{i}", 2_000 * (i + 1), 32, 2.0 + i, distribution="zipf:1.1", seed=20 + i) for i in range(5)]
 SPLITTING = [("dreamshard", {"split": True}), ("neuroshard", {"beam": 2, "depth": 3, "top": 4, "caps": 3})]
 NEEDS = re.compile(r"^cannot place (\d+) tables needing .* \((\d+) bytes\) on (\d+) devices with .* \((\d+) bytes\) in all")

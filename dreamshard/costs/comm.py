@@ -25,7 +25,7 @@ ring_bytes = N · (D−1)/D, N = B · Σ dim · elt, fitted per collective (``Co
 / ``all_gather``; a model without them derives them from its all-to-all fit, `collective_ms`).
 A device with row shards copies its columns out of its TBE output before the collectives and its
 gradients in after (`relayout_forward` / `relayout_backward`, priced by `relayout_ms` from the
-model's ``relayout`` fit).
+model's ``relayout`` fit: per direction, a latency and a rate for each kind of column, `copies_ms`).
 
 Calibration (``measure_comm``, ``calibrate``) runs every collective as the distributed runner
 issues and times it (one process per device: gloo on CPU, NCCL on CUDA) over a designed set of
@@ -191,8 +191,8 @@ def relayout_ms(comm: dict, a2a_dims, row_dims, batch_size: int, elt):
     """(forward ms[..., D], backward ms[..., D]) of the column copies of a device that holds row
     shards (`relayout_forward` / `relayout_backward`): its TBE output has its all-to-all columns
     (`a2a_dims`) and its row shards' columns (`row_dims`) side by side, so both are copied out
-    before the collectives and their gradients copied in after: 2 · B · (a2a + row) · elt bytes
-    read and written each way, at the comm model's fitted ``relayout`` rate. The forward copies come
+    before the collectives and their gradients copied in after: 2 · B · a2a · elt and 2 · B · row ·
+    elt bytes read and written each way, priced by `copies_ms`. The forward copies come
     before the all-to-all and the reduce-scatter, which every rank leaves together: every device
     pays the slowest device's; the backward ones are each device's own. 0 for a device without
     row shards (its output goes to the all-to-all as it is) or where the model has no fit."""
@@ -201,9 +201,34 @@ def relayout_ms(comm: dict, a2a_dims, row_dims, batch_size: int, elt):
     if not fit:
         z = np.zeros_like(rows)
         return z, z
-    moved = 2.0 * batch_size * (np.asarray(a2a_dims, dtype=np.float64) + rows) * elt
-    own = np.where(rows > 0, bytes_ms(fit, moved), 0.0)
-    return np.broadcast_to(own.max(axis=-1, keepdims=True), own.shape).copy(), own
+    a2a = np.asarray(a2a_dims, dtype=np.float64)
+    fwd, bwd = (np.where(rows > 0, copies_ms(fit, d, 2.0 * batch_size * a2a * elt, 2.0 * batch_size * rows * elt), 0.0) for d in ("fwd", "bwd"))
+    return np.broadcast_to(fwd.max(axis=-1, keepdims=True), fwd.shape).copy(), bwd
+
+
+def copies_ms(fit: dict, direction: str, a2a_bytes, row_bytes):
+    """ms of one direction's column copies moving `a2a_bytes` of all-to-all columns and `row_bytes`
+    of row-shard columns (read and written): a fit per direction (``fit[direction]``: latency, a
+    rate for each kind of column — the row shards' columns are gathered or scattered by index, the
+    all-to-all's copied as a block, and the backward makes one more pass; `fit_relayout`), or a
+    model's older fit of their sum (`bytes_ms`)."""
+    f = fit.get(direction)
+    if f is None:
+        return bytes_ms(fit, np.asarray(a2a_bytes, dtype=np.float64) + row_bytes)
+    return f["latency_ms"] + np.asarray(a2a_bytes, dtype=np.float64) / (f["a2a_GBps"] * 1e6) + np.asarray(row_bytes, dtype=np.float64) / (f["row_GBps"] * 1e6)
+
+
+def relayout_problem(fit) -> str | None:
+    """What is wrong with a relayout fit (`copies_ms`: per direction, or an older `bytes_ms` one), or None."""
+    if not isinstance(fit, dict) or "fwd" not in fit:
+        return comm_params_problem(fit)
+    for d in ("fwd", "bwd"):
+        f = fit.get(d)
+        for key, ok in (("latency_ms", lambda v: v >= 0), ("a2a_GBps", lambda v: v > 0), ("row_GBps", lambda v: v > 0)):
+            v = f.get(key) if isinstance(f, dict) else None
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
+                return f"{d}.{key} must be a finite number {'>= 0' if key == 'latency_ms' else '> 0'}, got {v!r:.40}"
+    return None
 
 
 def comm_params_problem(params, serial_required: bool = False) -> str | None:
@@ -231,6 +256,47 @@ def check_collective_fit(fit, what: str) -> None:
     problem = None if fit is None else comm_params_problem(fit)
     if problem:
         raise ValueError(f"{what}: {problem}")
+
+
+def fit_relayout(points: Iterable[dict]) -> dict:
+    """The `copies_ms` fit of the column copies from relayout points ({"direction", "a2a_cols",
+    "row_cols", "rows", "bytes", "ms"}): per direction, latency + all-to-all bytes / a2a_GBps + row
+    bytes / row_GBps, minimising Σ ((pred − t)/t)² with every term >= 0."""
+    pts = list(points)
+    out: dict = {}
+    for d in ("fwd", "bwd"):
+        mine = [p for p in pts if p.get("direction") == d]
+        if len(mine) < 3:
+            raise ValueError(f"fitting the {d} copies needs at least 3 widths, got {len(mine)}")
+        X, t = np.array([_copy_bytes(p) for p in mine]), np.array([float(p["ms"]) for p in mine])
+        lat, inv_a, inv_r = _nonnegative_lstsq(np.column_stack([np.ones(len(mine)), X]) / t[:, None], np.ones(len(mine)))
+        if inv_a <= 0 or inv_r <= 0:
+            raise ValueError(f"cannot fit the {d} copies: their time does not grow with both kinds of columns; measure wider ones")
+        out[d] = {"latency_ms": float(lat), "a2a_GBps": float(1e-6 / inv_a), "row_GBps": float(1e-6 / inv_r)}
+    rel = np.array([abs(point_ms({RELAYOUT: out}, p) / float(p["ms"]) - 1.0) for p in pts])
+    return {**out, "points": len(pts), "median_rel_error": float(np.median(rel)), "max_rel_error": float(rel.max())}
+
+
+def _nonnegative_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """argmin ||A x − y|| over x >= 0, for a few columns: the best unconstrained fit on every subset
+    of them (the others 0) that comes out non-negative."""
+    n = A.shape[1]
+    best, x_best = math.inf, np.zeros(n)
+    for mask in range(1, 1 << n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        x, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+        if (x >= 0).all():
+            r = A[:, cols] @ x - y
+            if float(r @ r) < best:
+                best, x_best = float(r @ r), np.zeros(n)
+                x_best[cols] = x
+    return x_best
+
+
+def _copy_bytes(p: dict) -> tuple[float, float]:
+    """(all-to-all bytes, row-shard bytes) a relayout point's copies read and write."""
+    elt = float(p["bytes"]) / (2.0 * p["rows"] * (p["a2a_cols"] + p["row_cols"]))
+    return 2.0 * p["rows"] * p["a2a_cols"] * elt, 2.0 * p["rows"] * p["row_cols"] * elt
 
 
 def fit_collective(points: Iterable[dict], **meta) -> dict:
@@ -283,8 +349,11 @@ class CommModel:
                                        "coupling": self.coupling, "knee_bytes": self.knee_bytes, "knee_bandwidth_GBps": self.knee_bandwidth_GBps})
         if problem:
             raise ValueError(f"comm model: {problem}")
-        for kind in (*COLLECTIVES, RELAYOUT):
+        for kind in COLLECTIVES:
             check_collective_fit(getattr(self, kind), f"comm model {kind}")
+        problem = None if self.relayout is None else relayout_problem(self.relayout)
+        if problem:
+            raise ValueError(f"comm model relayout: {problem}")
 
     def params(self) -> dict:
         """The parameters `alltoall_ms` and `collective_ms` read (as a simulator calibration's ``comm`` holds them)."""
@@ -424,7 +493,8 @@ def point_ms(comm: dict, p: dict) -> float:
     if op in COLLECTIVES:
         return float(collective_ms(comm, op, p["buffer_bytes"], p["devices"]))
     if op == RELAYOUT:
-        return float(bytes_ms(comm[RELAYOUT], p["bytes"]))
+        fit = comm[RELAYOUT]
+        return float(copies_ms(fit, p["direction"], *_copy_bytes(p)) if "fwd" in fit else bytes_ms(fit, p["bytes"]))
     send, recv, rank = _point_traffic(p)
     return float(np.atleast_1d(alltoall_ms(comm, send, recv))[rank])
 
@@ -791,7 +861,10 @@ def fit_comm(points: Sequence[dict], **meta) -> CommModel:
     fit = [p for p in runner_like if p.get("set", "fit") == "fit"]
     held = [p for p in runner_like if p.get("set") == "held_out"]
     a2a = [p for p in fit if p.get("op", "all_to_all") == "all_to_all"]
-    collectives = {kind: fit_collective([p for p in fit if p.get("op") == kind]) for kind in (*COLLECTIVES, RELAYOUT) if any(p.get("op") == kind for p in fit)}
+    collectives = {kind: fit_collective([p for p in fit if p.get("op") == kind]) for kind in COLLECTIVES if any(p.get("op") == kind for p in fit)}
+    copies = [p for p in fit if p.get("op") == RELAYOUT]
+    if copies:
+        collectives[RELAYOUT] = fit_relayout(copies) if all("a2a_cols" in p for p in copies) else fit_collective(copies)
     model = CommModel.fit(a2a, measurements=points, **collectives, **meta)
     if held:
         model.fit_details["held_out"] = model.errors(held)
