@@ -48,7 +48,7 @@ A task with memory tiers (the tier stage's, tier_stage.py): the cost net was tra
 tables, so a host-tier piece carries in one more column what its tier adds to its device's step,
 priced as the simulator prices it (`host.shard_ms`, pure arithmetic on the host link's measured
 rates, HostLink's defaults: not a cost backend), added to the device's forward compute; without it
-the searches placed host-tier tables as if they were in HBM.
+the searches would place host-tier tables as if they were in HBM.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from dreamshard.tiers import cache_rows
 from dreamshard.topology import several_hosts
 
 COMM = COST_COMPONENTS.index("comm_ms")
+EXTRA_COLUMNS = 5  # a state row's columns after the net's: row-wise dim, all-to-all width, row columns, table-row-wise dim, host tiers
 
 
 def comm_params(comm_model: str | Path | CommModel | None, devices: int = 2) -> dict:
@@ -129,7 +130,7 @@ class PieceScorer:
         if not new:
             return
         x = self.model.features(splits.specs(self.task, new), self.task.workload)
-        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), 5), np.float32)], axis=1)
+        rows = np.concatenate([self.net.rows(x.astype(np.float32)), np.zeros((len(new), EXTRA_COLUMNS), np.float32)], axis=1)
         blocks = splits.twrw_blocks(self.task, new)
         for r, p, block in zip(rows, new, blocks):
             if p.is_row_shard:  # not in the all-to-all: its share of the reduce-scatter instead
@@ -175,7 +176,7 @@ class PieceScorer:
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """The state of empty devices, [*shape, R]."""
         state = self.net.empty(shape)
-        return np.concatenate([state, np.zeros((*shape, 5), state.dtype)], axis=-1)
+        return np.concatenate([state, np.zeros((*shape, EXTRA_COLUMNS), state.dtype)], axis=-1)
 
     def device_costs(self, state: np.ndarray) -> np.ndarray:
         """[..., D, R] device states of whole plans → [..., D, 3] (fwd, bwd, comm) units: the

@@ -210,7 +210,6 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
     try:
         if tiers is not None and any(t.kind != "hbm" for t in tiers):
             from dreamshard.costs.kernels.tiered import TieredTBE
-
             from dreamshard.tiers import cache_rows, min_cache_rows
 
             overflow = [max(0, min_cache_rows(t, batch_size) - cache_rows(t.rows, tr.cache_ratio)) if batch_size and tr.kind == "uvm_caching" else 0
