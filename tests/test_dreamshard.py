@@ -834,7 +834,7 @@ def test_cli_train_options(pool, tmp_path):
 
 def test_no_learned_module_or_planner_imports_a_cost_backend():
     """The layering rule (data → task → planner → plan → cost backend): learned and planner
-    modules may use the comm model's arithmetic (costs/comm.py; on several hosts costs/hierarchy.py), the per-table work counts
+    modules may use the comm model's arithmetic (costs/comm.py; on several hosts costs/hierarchy.py), the host tiers' (costs/host.py), the per-table work counts
     (costs/terms.py) and the backward paths' model (costs/paths.py), never a backend — not at
     import and not inside a function."""
     import ast
@@ -843,7 +843,7 @@ def test_no_learned_module_or_planner_imports_a_cost_backend():
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1] / "dreamshard"
-    allowed = {"dreamshard.costs", "dreamshard.costs.comm", "dreamshard.costs.hierarchy", "dreamshard.costs.terms", "dreamshard.costs.paths", "dreamshard.costs.base", "dreamshard.costs.hardware"}
+    allowed = {"dreamshard.costs", "dreamshard.costs.comm", "dreamshard.costs.hierarchy", "dreamshard.costs.host", "dreamshard.costs.terms", "dreamshard.costs.paths", "dreamshard.costs.base", "dreamshard.costs.hardware"}
     for package in ("learned", "planners"):
         for path in sorted((root / package).glob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):

@@ -468,6 +468,7 @@ class NumpyCostNet:
         self.Wo1, self.bo1, self.wo2, self.bo2 = Wo1, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
         self.nP = self.W1.shape[1]
         self.scale = float(cost_net.scale)
+        self._w2_compute, self._b2_compute = self.W2blk[:2].reshape(-1), float(self.b2[:2].sum())  # `compute`: the fwd and bwd heads' second layers
 
     def encode(self, x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """(shard-vector encodings [T, H], head pre-activations [T, nP]) of table features [T, F]."""
@@ -492,6 +493,12 @@ class NumpyCostNet:
         at these sizes)."""
         h = np.maximum(pre, 0.0)
         return np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, self.W2blk.shape[1]), self.W2blk) + self.b2
+
+    def compute(self, pre: np.ndarray) -> np.ndarray:
+        """[...] forward + backward compute of `costs` (its first two heads) in one product: what
+        the searches' greedy places by, step after step."""
+        k = self.W2blk.shape[1]
+        return np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
 
     def overall(self, csum: np.ndarray) -> np.ndarray:
         """[..., D, H] shard vectors → [...] the overall head's cost, units."""

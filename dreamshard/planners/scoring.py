@@ -116,7 +116,14 @@ class PieceScorer:
         """[C, n] the slots of C candidate piece lists of n pieces each, new pieces measured first.
         Index `table` and `bytes` with it (after the call: they may grow)."""
         slot = self._slot
-        out = np.array([[slot.get(p, -1) for p in ps] for ps in pieces], np.int64).reshape(len(pieces), -1)
+        # candidates share most of their piece objects: each distinct object is looked up once (a
+        # Shard's hash is a tuple's, by far the dearest part of a search's many lookups)
+        seen: dict[int, int] = {}
+        for ps in pieces:
+            for p in ps:
+                if id(p) not in seen:
+                    seen[id(p)] = slot.get(p, -1)
+        out = np.array([[seen[id(p)] for p in ps] for ps in pieces], np.int64).reshape(len(pieces), -1)
         missing = np.argwhere(out < 0).tolist()
         if missing:
             self.measure(pieces[c][k] for c, k in missing)
@@ -171,7 +178,7 @@ class PieceScorer:
     def alone(self, rows: np.ndarray) -> np.ndarray:
         """[..., R] piece rows → [...] each piece's predicted compute (fwd + bwd) on a device of
         its own, units: what the search planners rank pieces by."""
-        return self.net.costs(rows[..., : self.net.nP] + self.net.b1)[..., :2].sum(-1)
+        return self.net.compute(rows[..., : self.net.nP] + self.net.b1)
 
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         """The state of empty devices, [*shape, R]."""
@@ -303,10 +310,12 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     slots = scorer.slots(pieces)  # [C, n]
     rows = scorer.table[slots]  # [C, n, R]
     nP = net.nP
-    constraints = [splits.row_groups(task, ps) for ps in pieces]
-    pins = np.array([c[0] for c in constraints], np.int64).reshape(C, n)
-    groups = np.array([c[1] for c in constraints], np.int64).reshape(C, n)
-    blocks = np.array([splits.twrw_blocks(task, ps) for ps in pieces], np.int64).reshape(C, n)  # table-row-wise: block r on GPU r of one host
+    # the row pieces' constraints, of the candidates that have row pieces (a row piece's state row
+    # has its columns in the TBE output, `_rc`; most candidates have none)
+    pins, groups, blocks = np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64)
+    for c in np.flatnonzero((scorer.table[slots, scorer._rc] > 0).any(1)).tolist():
+        pins[c], groups[c] = splits.row_groups(task, pieces[c])
+        blocks[c] = splits.twrw_blocks(task, pieces[c])  # table-row-wise: block r on GPU r of one host
     order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")  # [C, n]
     E = C * S  # episode e = candidate e // S at cap e % S
     cand = np.repeat(np.arange(C), S)
@@ -357,7 +366,7 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
         if hosted[step]:
             m = block[step] >= 0
             host_of[es[m], group[step][m]] = a[m] // G
-        comp[at] = net.costs(placed[:, :nP])[:, :2].sum(-1)
+        comp[at] = net.compute(placed[:, :nP])
         chosen[step] = a
     devices = np.empty((E, n), np.int64)
     devices[es, piece] = chosen
