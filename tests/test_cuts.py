@@ -95,12 +95,23 @@ def test_episodes_of_cuts_place_the_chosen_pieces_as_a_task_of_them_would(pool):
         with torch.no_grad():
             alone = rollout(model.cost_net, model.policy, EpisodeBatch.of([prepared]), greedy=True, keep_room=True)
         idx = np.flatnonzero(active[e])
-        assert canonical(together.placement[e, idx]) == canonical(alone.placement[0])
+        # the pieces of one cut are alike (the same table, the same width): which of two alike pieces
+        # a device takes may differ with the tensor shapes' float sums, and the plan is the same
+        keys = [(int(s.owner[i]), s.pieces[i].stop - s.pieces[i].start) for i in idx]
+        assert by_device(together.placement[e, idx], keys) == by_device(alone.placement[0], keys)
         assert (together.placement[e, ~active[e]] == -1).all()
         assert torch.allclose(together.device_costs[e].sort(0).values, alone.device_costs[0].sort(0).values, atol=1e-4)
         assert bool(fstuck[e]) == bool(alone.stuck[0])
-        assert canonical(fast[e, idx]) == canonical(alone.placement[0])
+        assert by_device(fast[e, idx], keys) == by_device(alone.placement[0], keys)
         assert np.allclose(np.sort(fcosts[e], axis=0), np.sort(alone.device_costs[0].numpy(), axis=0), atol=1e-4)
+
+
+def by_device(placement, keys) -> dict[int, list]:
+    """Each device's pieces, as sorted keys, the devices relabelled in order of first use (`canonical`)."""
+    out: dict[int, list] = {}
+    for d, k in zip(canonical(placement), keys):
+        out.setdefault(d, []).append(k)
+    return {d: sorted(v) for d, v in out.items()}
 
 
 def test_sampled_plans_with_cuts_are_plans_of_pieces_within_memory(pool):
