@@ -170,3 +170,32 @@ def test_gpu_bench_all_on_a_cpu(tmp_path):
     measured = bench.read_costs(out / "measured.csv")
     assert measured and all(v > 0 for v in measured.values())
     assert bench.cells(bench.with_costs(rows, measured))
+
+
+@pytest.mark.long
+def test_gpu_bench_measures_with_both_runners_on_a_cpu(tmp_path):
+    """benchmarks/gpu_bench.py plan --devices 4, then measure --distributed on a CPU (4 gloo
+    processes, the torch kernel, small tables): each plan of the run's first test task in both
+    runners' files, the same keys, and a summary saying how each file was measured."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run, out = tmp_path / "run", tmp_path / "out"
+    script = [sys.executable, str(root / "benchmarks/gpu_bench.py")]
+    r = subprocess.run(script + ["plan", "--quick", "--devices", "4", "--splits", "test", "--jobs", "2", "--out", str(run)],
+                       capture_output=True, text=True, cwd=root, timeout=1500)  # a hang guard only
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = (run / "plans.jsonl").read_text().splitlines()
+    first = [ln for ln in lines if json.loads(ln)["notes"][:3] == json.loads(lines[0])["notes"][:3]][:3]
+    assert first and all(json.loads(ln)["devices"] == 4 for ln in first)
+    (run / "plans.jsonl").write_text("\n".join(first) + "\n")
+    r = subprocess.run(script + ["measure", str(run), "--out", str(out), "--distributed", "--cpu", "--quick", "--batch", "2"],
+                       capture_output=True, text=True, cwd=root, timeout=1500)
+    assert r.returncode == 0, r.stderr[-2000:]
+    dist, seq = bench.read_costs(out / "distributed.csv"), bench.read_costs(out / "sequential.csv")
+    assert len(dist) == len(first) and set(dist) == set(seq) and all(v > 0 for v in (*dist.values(), *seq.values()))
+    how = json.loads((out / "summary.json").read_text())["how"]
+    assert "distributed runner" in how["distributed.csv"] and "sequential runner" in how["sequential.csv"]
