@@ -101,6 +101,14 @@ def _queue_iter(queues):
             break
 
 
+def cost_row(key: tuple, report, wall_s: float, gpu: str) -> dict:
+    """One line of a measured CSV (COLUMNS): the plan's key, its report's step, slowest device and
+    comm, the seconds it took."""
+    return {"setting": key[0], "seed": key[1], "task": key[2], "plan": key[3], "measured_ms": f"{report.overall_ms:.5f}",
+            "max_device_ms": f"{max(d.total_ms for d in report.devices):.5f}",
+            "comm_ms": f"{max(d.fwd_comm_ms + d.bwd_comm_ms for d in report.devices):.5f}", "wall_s": f"{wall_s:.2f}", "gpu": gpu}
+
+
 def _measure_share(job) -> int:
     """GPU `gpu` measures the plans of `tasks` (lists of (key, plan JSON), one list per task; or a
     tuple of queues of them, each ended by None) into OUT/measured-<gpu>.csv, beginning no task
@@ -131,10 +139,7 @@ def _measure_share(job) -> int:
                     plan = shrunk(plan)
                 t0 = time.monotonic()
                 report = runner.evaluate_plan(plan, 256 if args.quick else None)
-                writer.writerow({"setting": key[0], "seed": key[1], "task": key[2], "plan": key[3], "measured_ms": f"{report.overall_ms:.5f}",
-                                 "max_device_ms": f"{max(d.total_ms for d in report.devices):.5f}",
-                                 "comm_ms": f"{max(d.fwd_comm_ms + d.bwd_comm_ms for d in report.devices):.5f}",
-                                 "wall_s": f"{time.monotonic() - t0:.2f}", "gpu": device})
+                writer.writerow(cost_row(key, report, time.monotonic() - t0, device))
                 fh.flush()
                 done += 1
     return done
@@ -201,6 +206,7 @@ def measure_distributed(args) -> None:
     dist = DistributedRunner(kernel, device_type, warmup=warm, iters=iters)
     seq = SequentialRunner(kernel, None, device_type, warmup=warm, iters=iters)
     files = {name: open(out / f"{name}.csv", "a", newline="") for name in ("distributed", "sequential")}
+    pairs = open(out / "pairs.jsonl", "a")
     writers = {name: csv.DictWriter(fh, COLUMNS) for name, fh in files.items()}
     for name, fh in files.items():
         if fh.tell() == 0:
@@ -220,17 +226,13 @@ def measure_distributed(args) -> None:
         for (key, plan), rep in zip(batch, reports):
             s = seq.evaluate_plan(plan, 256 if args.quick else None, "fp32" if args.quick else None)
             for name, r in (("distributed", rep), ("sequential", s)):
-                writers[name].writerow({"setting": key[0], "seed": key[1], "task": key[2], "plan": key[3], "measured_ms": f"{r.overall_ms:.5f}",
-                                        "max_device_ms": f"{max(d.total_ms for d in r.devices):.5f}",
-                                        "comm_ms": f"{max(d.fwd_comm_ms + d.bwd_comm_ms for d in r.devices):.5f}",
-                                        "wall_s": f"{(time.monotonic() - t) / len(batch):.2f}", "gpu": f"{gpus} x {device_type}"})
-            with open(out / "pairs.jsonl", "a") as fh:
-                fh.write(json.dumps({"key": list(key), "planner": plan.planner, "distributed": rep.to_json(), "sequential": s.to_json()}) + "\n")
+                writers[name].writerow(cost_row(key, r, (time.monotonic() - t) / len(batch), f"{gpus} x {device_type}"))
+            pairs.write(json.dumps({"key": list(key), "planner": plan.planner, "distributed": rep.to_json(), "sequential": s.to_json()}) + "\n")
             measured += 1
-        for fh in files.values():
+        for fh in (*files.values(), pairs):
             fh.flush()
         print(f"[{time.monotonic() - T0:6.1f}s] {measured} of {len(plans)} plans", flush=True)
-    for fh in files.values():
+    for fh in (*files.values(), pairs):
         fh.close()
     how = {"distributed.csv": f"the distributed runner ({kernel}, {'gloo' if args.cpu else 'NCCL'}: one process per device, the collectives measured)",
            "sequential.csv": f"the sequential runner ({kernel}, device 0: each plan's shards in turn; collectives from the comm model shipped for the device and the plan's device count)"}

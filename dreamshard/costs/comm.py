@@ -262,6 +262,8 @@ def fit_relayout(points: Iterable[dict]) -> dict:
     """The `copies_ms` fit of the column copies from relayout points ({"direction", "a2a_cols",
     "row_cols", "rows", "bytes", "ms"}): per direction, latency + all-to-all bytes / a2a_GBps + row
     bytes / row_GBps, minimising Σ ((pred − t)/t)² with every term >= 0."""
+    from scipy.optimize import nnls
+
     pts = list(points)
     out: dict = {}
     for d in ("fwd", "bwd"):
@@ -269,28 +271,12 @@ def fit_relayout(points: Iterable[dict]) -> dict:
         if len(mine) < 3:
             raise ValueError(f"fitting the {d} copies needs at least 3 widths, got {len(mine)}")
         X, t = np.array([_copy_bytes(p) for p in mine]), np.array([float(p["ms"]) for p in mine])
-        lat, inv_a, inv_r = _nonnegative_lstsq(np.column_stack([np.ones(len(mine)), X]) / t[:, None], np.ones(len(mine)))
+        (lat, inv_a, inv_r), _ = nnls(np.column_stack([np.ones(len(mine)), X]) / t[:, None], np.ones(len(mine)))
         if inv_a <= 0 or inv_r <= 0:
             raise ValueError(f"cannot fit the {d} copies: their time does not grow with both kinds of columns; measure wider ones")
         out[d] = {"latency_ms": float(lat), "a2a_GBps": float(1e-6 / inv_a), "row_GBps": float(1e-6 / inv_r)}
     rel = np.array([abs(point_ms({RELAYOUT: out}, p) / float(p["ms"]) - 1.0) for p in pts])
     return {**out, "points": len(pts), "median_rel_error": float(np.median(rel)), "max_rel_error": float(rel.max())}
-
-
-def _nonnegative_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """argmin ||A x − y|| over x >= 0, for a few columns: the best unconstrained fit on every subset
-    of them (the others 0) that comes out non-negative."""
-    n = A.shape[1]
-    best, x_best = math.inf, np.zeros(n)
-    for mask in range(1, 1 << n):
-        cols = [j for j in range(n) if mask >> j & 1]
-        x, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
-        if (x >= 0).all():
-            r = A[:, cols] @ x - y
-            if float(r @ r) < best:
-                best, x_best = float(r @ r), np.zeros(n)
-                x_best[cols] = x
-    return x_best
 
 
 def _copy_bytes(p: dict) -> tuple[float, float]:
