@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -58,13 +59,14 @@ from dreamshard.costs.host import HostLink  # noqa: E402
 from dreamshard.costs.sim import Calibration, SimBackend  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.tables import TableSpec  # noqa: E402
-from dreamshard.tiers import Tier, cache_rows, expected_unique, hit_rate  # noqa: E402
+from dreamshard.tiers import Tier, cache_rows, expected_unique, hit_rate, repeat_misses  # noqa: E402
 
 
 class Run:
-    def __init__(self, out: Path, budget_s: float):
-        self.out, self.t0, self.budget = out, time.monotonic(), budget_s
-        self.summary: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    def __init__(self, out: Path, budget_s: float, resume: bool = False):
+        """`resume`: OUT/summary.json's run, its elapsed time kept (--refit)."""
+        self.out, self.t0, self.budget, self.resumed = out, time.monotonic(), budget_s, resume
+        self.summary: dict = json.loads((out / "summary.json").read_text()) if resume else {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
         out.mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
@@ -72,7 +74,8 @@ class Run:
 
     def save(self, key: str, value) -> None:
         self.summary[key] = value
-        self.summary["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        if not self.resumed:
+            self.summary["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         atomic_write(self.out / "summary.json", json.dumps(self.summary, indent=1, default=str))
         print(f"[{self.summary['elapsed_s']:6.1f} s] {key}: {json.dumps(value, default=str)[:300]}", flush=True)
 
@@ -169,13 +172,22 @@ def one_table_plan(tier: Tier, table: TableSpec, batch: int, devices: int = 1):
     return Plan(task, [Shard(0, 0, 0, table.dim, tier=tier.kind, cache_ratio=tier.cache_ratio)], "gpu_tiers")
 
 
-SPEED_TABLES = {"one": "zipf:1.0", "cold": "uniform"}  # part 3's tables by name: their index streams
+# part 3's tables by name: their index streams (the uvm forward's fit wants several shares of repeated lookups)
+SPEED_TABLES = {"one": "zipf:1.0", "cold": "uniform", "warm": "zipf:0.6", "steep": "zipf:1.3"}
+
+
+# and a grid for the uvm fit over pooling, skew and rows: name "p<pooling>a<zipf α>r<rows>"
+UVM_GRID = [f"p{p:g}a{a:g}r{r}" for p in (1, 16, 64) for a in (0.6, 1.0, 1.3) for r in (4_000_000,)] + [f"p{p:g}a1r500000" for p in (16, 64)]
 
 
 def speed_table(quick: bool, name: str = "one") -> TableSpec:
     from dreamshard.bins import reuse_bins
 
-    rows, dim, pf, dist = (2_000_000, 64, 4.0, SPEED_TABLES[name]) if not quick else (50_000, 32, 2.0, SPEED_TABLES[name])
+    if name in SPEED_TABLES:
+        rows, dim, pf, dist = (2_000_000, 64, 4.0, SPEED_TABLES[name]) if not quick else (50_000, 32, 2.0, SPEED_TABLES[name])
+    else:
+        pf, alpha, rows = (float(x) for x in re.fullmatch(r"p([\d.]+)a([\d.]+)r(\d+)", name).groups())
+        rows, dim, dist = (int(rows), 64, f"zipf:{alpha:g}") if not quick else (int(rows) // 100, 32, f"zipf:{alpha:g}")
     return TableSpec(name, rows, dim, pf, tuple(reuse_bins(rows, pf, dist)), distribution=dist, seed=1)
 
 
@@ -183,14 +195,18 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
     """One table in each tier at B (and, for the fit of the prefetch's terms, in HBM and cached at
     two ratios at B/4: another number of lookups); and a cold table (uniform lookups) in HBM and
     cached at the smallest caches that hold a batch, at B and B/4: hit rates of ~10–35%, where
-    most lookups miss (the fit's per-miss term)."""
+    most lookups miss (the fit's per-miss term). Every table also in `uvm` (at B and B/4), and two
+    more skews and a grid over pooling, skew and rows (UVM_GRID) in HBM and `uvm`: the uvm fit over
+    shares of repeated lookups."""
     from dreamshard.costs.runners import SequentialRunner
 
     big = 65_536 if not quick else 512
     runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 10, iters=3 if quick else 20, input_sets=3)
     out = []
-    cases = [(speed_table(quick), big, (0.05, 0.1, 0.25, 0.5), True), (speed_table(quick), big // 4, (0.1, 0.5), False),
-             (speed_table(quick, "cold"), big, (0.0, 2.0), False), (speed_table(quick, "cold"), big // 4, (0.0,), False)]
+    cases = [(speed_table(quick), big, (0.05, 0.1, 0.25, 0.5), True), (speed_table(quick), big // 4, (0.1, 0.5), True),
+             (speed_table(quick, "cold"), big, (0.0, 2.0), True), (speed_table(quick, "cold"), big // 4, (0.0,), True),
+             (speed_table(quick, "warm"), big, (), True), (speed_table(quick, "steep"), big, (), True)]
+    cases += [(speed_table(quick, name), big, (), True) for name in UVM_GRID]
     for table, batch, ratios, with_uvm in cases:
         rows, dim, pf = table.rows, table.dim, table.pooling_factor
         need = expected_unique(table, batch) * 1.3 / rows
@@ -201,7 +217,8 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
             try:
                 m = runner.evaluate_plan(plan)
                 s = sim.evaluate_plan(plan)
-                row = {"table": table.name, "tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf, "row_bytes": dim * 2, "rows": rows,
+                row = {"table": table.name, "tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf,
+                       "unique": expected_unique(table, batch), "row_bytes": dim * 2, "rows": rows,
                        "fwd_ms": m.devices[0].fwd_comp_ms, "bwd_ms": m.devices[0].bwd_comp_ms, "sim_fwd_ms": s.devices[0].fwd_comp_ms, "sim_bwd_ms": s.devices[0].bwd_comp_ms}
                 cached = m.details.get("tiers", {}).get("cached_tables", [])
                 if cached:
@@ -245,11 +262,15 @@ def fit_tlb(grid: dict) -> dict:
     return {"tlb_reach_bytes": R, "tlb_miss_ns": c, "tlb_page_bytes": float(min(fits)[1])}
 
 
-def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
-    """The calibration's `host` entry from parts 2 and 3: the row rates measured in part 2, the uvm
-    kernel's share of them, and the prefetch's three work terms fitted (non-negative least squares)
-    to each cached run's forward less the HBM forward at its batch and the rows it moved at the
-    measured rates: fixed + per million lookups + per million slots + per million missed lookups."""
+def fit_host(speed_rows: list[dict], link: dict, device_name: str, quick: bool = False) -> dict:
+    """The calibration's `host` entry from parts 2 and 3: the row rates measured in part 2; the uvm
+    forward fitted to each uvm run's forward less the HBM forward at its batch, as the time of its
+    distinct rows and of its repeated lookups that miss a window of recent rows, at the measured
+    rates (the window's bytes on a log grid, the two weights by non-negative least squares on
+    relative errors → `uvm_window_bytes`, `uvm_efficiency`, `uvm_repeat_share`); the backward's
+    scale on two random gathers of its distinct rows (least squares); and the prefetch's work terms fitted to
+    each cached run's forward less the HBM forward and the rows it moved at the measured rates:
+    fixed + per million lookups + per million slots + per million missed lookups."""
     from scipy.optimize import nnls
 
     base = HostLink()
@@ -261,12 +282,31 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
     hbm = {key(r): r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
     out: dict = {}
     uvm = [r for r in speed_rows if r.get("tier") == "uvm" and "fwd_ms" in r and key(r) in hbm]
-    eff = base.uvm_efficiency
-    if uvm:
-        r = uvm[0]
-        sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
-        ideal = r["lookups"] * sector / (host.rate_GBps(sector) * 1e6) + host.tlb_ms(r["lookups"], table_bytes(r), False)
-        eff = min(1.0, ideal / max(r["fwd_ms"] - hbm[key(r)], 1e-6))
+    uvm_terms = {}
+    if len(uvm) >= 2:
+        # the tables fit within the TLB's reach (256 MB): no translation term
+        sectors = [math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes for r in uvm]
+        ms_row = [b / (host.rate_GBps(b) * 1e6) for b in sectors]
+        y_fwd = np.array([r["fwd_ms"] - hbm[key(r)] for r in uvm])
+        tables = {r["table"]: speed_table(quick, r["table"]) for r in uvm}
+
+        def fwd_fit(window: float):  # (relative rms error, coefficients, design) of the window's best weights
+            A = np.array([[r["unique"] * m, repeat_misses(tables[r["table"]], r["batch"], window / b) * m] for r, m, b in zip(uvm, ms_row, sectors)])
+            x, _ = nnls(A / y_fwd[:, None], np.ones(len(uvm)))  # relative errors: tables of 0.05–10 ms alike
+            return float(np.sqrt(np.mean((A @ x / y_fwd - 1) ** 2))), x, A
+
+        window = min(np.geomspace(2**14, 2**30, 161), key=lambda w: fwd_fit(w)[0])
+        _, x, A = fwd_fit(window)
+        if x[0] > 0:
+            uvm_terms = {"uvm_efficiency": float(1 / x[0]), "uvm_repeat_share": float(x[1] / x[0]), "uvm_window_bytes": float(window)}
+        # the backward: its distinct rows read and written back, against two random gathers of them
+        bwd_hbm = {key(r): r["bwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "bwd_ms" in r}
+        a = np.array([2 * r["unique"] * m for r, m in zip(uvm, ms_row)])
+        y = np.array([r["bwd_ms"] - bwd_hbm[key(r)] for r in uvm])
+        uvm_terms["uvm_backward_scale"] = float(max(a @ y, 0.0) / (a @ a))
+        out["uvm_points"] = [{"table": r["table"], "batch": r["batch"], "lookups": r["lookups"], "unique": r["unique"], "link_ms": float(yf),
+                              "fitted_ms": float(f @ x), "bwd_link_ms": float(yb), "bwd_fitted_ms": float(ab * uvm_terms["uvm_backward_scale"])}
+                             for r, f, yf, ab, yb in zip(uvm, A, y_fwd, a, y)]
     A, y, pts = [], [], []
     for r in speed_rows:
         if r.get("tier") != "uvm_caching" or "fwd_ms" not in r or key(r) not in hbm:
@@ -285,10 +325,10 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str) -> dict:
         terms = {"prefetch_fixed_ms": float(x[0]), "prefetch_ms_per_mlookup": float(x[1]), "prefetch_ms_per_mslot": float(x[2]), "prefetch_ms_per_mmiss": float(x[3])}
         for p, a in zip(pts, A):
             p["fitted_ms"] = float(np.dot(a, x))
-    fitted = replace(host, uvm_efficiency=eff, **terms, source=f"fitted by benchmarks/gpu_tiers.py on {device_name}")
+    fitted = replace(host, **uvm_terms, **terms, source=f"fitted by benchmarks/gpu_tiers.py on {device_name}")
     out["host"] = fitted.to_json()
     out["points"] = pts
-    out["fitted"] = ["row_GBps"] * bool(rates) + ["tlb_reach_bytes", "tlb_miss_ns", "tlb_page_bytes"] * (len(grid) > 1) + ["uvm_efficiency"] * bool(uvm) + sorted(terms)
+    out["fitted"] = ["row_GBps"] * bool(rates) + ["tlb_reach_bytes", "tlb_miss_ns", "tlb_page_bytes"] * (len(grid) > 1) + sorted(uvm_terms) + sorted(terms)
     return out
 
 
@@ -579,12 +619,18 @@ def report(summary: dict) -> str:
         h = fit["host"]
         lines += ["", "## Fitted host terms (calibration `host` entry: host_link.json)", "",
                   f"- fitted: {', '.join(fit['fitted']) or 'nothing'} (row rates: the table above)",
-                  f"- uvm_efficiency {h['uvm_efficiency']:.3f}; prefetch: {h['prefetch_fixed_ms']:.4f} ms + {h['prefetch_ms_per_mlookup']:.4f} ms per M lookups + "
+                  f"- uvm forward: efficiency {h['uvm_efficiency']:.3f}, repeated lookups beyond a {h.get('uvm_window_bytes', 0.0) / 1024:.0f} KB window read again at {h.get('uvm_repeat_share', 1.0):.3f}; prefetch: {h['prefetch_fixed_ms']:.4f} ms + {h['prefetch_ms_per_mlookup']:.4f} ms per M lookups + "
                   f"{h['prefetch_ms_per_mslot']:.4f} ms per M slots + {h.get('prefetch_ms_per_mmiss', 0.0):.4f} ms per M missed lookups",
                   f"- address translation: reach {h.get('tlb_reach_bytes', 0) / 2**30:.2f} GB, {h.get('tlb_miss_ns', 0):.1f} ns a miss, pages of {h.get('tlb_page_bytes', 0) / 1024:g} KB", "",
                   "| table | batch | slots | hit rate | prefetch work ms (measured) | fitted | rows moved ms |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {p.get('table', 'one')} | {p['batch']} | {p['slots']} | {p.get('hit_rate', nan):.3f} | {p['prefetch_work_ms']:.3f} | {p.get('fitted_ms', nan):.3f} | {p['moved_ms']:.3f} |"
                   for p in fit.get("points", [])]
+        if fit.get("uvm_points"):
+            lines += ["", f"The uvm forward and backward: their time beyond the HBM kernel's, measured and fitted (forward: distinct rows and the repeated "
+                      f"lookups beyond a window of {h.get('uvm_window_bytes', 0.0) / 1024:.0f} KB of recent rows, at the row rates; backward: {h.get('uvm_backward_scale', 1.0):.3f} of two random gathers of the distinct rows)", "",
+                      "| table | batch | lookups | distinct rows | forward measured ms | fitted | backward measured ms | fitted |", "|---|---|---|---|---|---|---|---|"]
+            lines += [f"| {p['table']} | {p['batch']} | {p['lookups']:.0f} | {p['unique']:.0f} | {p['link_ms']:.3f} | {p['fitted_ms']:.3f} | "
+                      f"{p.get('bwd_link_ms', nan):.3f} | {p.get('bwd_fitted_ms', nan):.3f} |" for p in fit["uvm_points"]]
     hr = [r for r in summary.get("hit_rates", []) if "measured" in r]
     if hr:
         d = np.abs([r["diff_points"] for r in hr])
@@ -653,6 +699,24 @@ def report(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def refit(run: Run, out: Path, quick: bool) -> SimBackend:
+    """The host entry fitted to the run's parts 2 and 3 (`fit_host`), written to OUT/host_link.json,
+    and the one-table runs priced with it; → the simulator with it."""
+    fit = fit_host(run.summary["speed"], run.summary["host_link"], run.summary["device"], quick)
+    run.save("host_fit", fit)
+    cal = Calibration.load()
+    cal.host = fit["host"]
+    sim = SimBackend(cal)
+    # the calibration snippet: a calibration file's `host` entry (dreamshard calibrate's output takes it as is)
+    atomic_write(out / "host_link.json", json.dumps(cal.host, indent=1))
+    for r in run.summary["speed"]:
+        if "fwd_ms" in r:
+            s = sim.evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), speed_table(quick, r["table"]), r["batch"]))
+            r["sim_fwd_ms_fitted"], r["sim_bwd_ms_fitted"] = s.devices[0].fwd_comp_ms, s.devices[0].bwd_comp_ms
+    run.save("speed", run.summary["speed"])
+    return sim
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -660,11 +724,18 @@ def main() -> None:
     ap.add_argument("--kernel", default=None, help="default: triton on CUDA, torch on a CPU")
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--quick", action="store_true", help="logic check: tiny sizes")
-    ap.add_argument("--skip", default="", help="parts not to run, of 1, 4, 6 and 7 (e.g. 1,4,6)")
+    ap.add_argument("--skip", default="", help="parts not to run, of 1, 4, 5, 6 and 7 (e.g. 1,4,6; 7 probes 5's plans)")
+    ap.add_argument("--refit", action="store_true", help="no GPU: fit the host entry again to OUT/summary.json's parts 2 and 3 "
+                    "(host_link.json, the one-table rows' fitted prices, report.md; the plans keep the prices of their call)")
     args = ap.parse_args()
+    if args.refit:
+        run = Run(Path(args.out), 0.0, resume=True)
+        refit(run, Path(args.out), args.quick)
+        atomic_write(Path(args.out) / "report.md", report(run.summary))
+        return
     skip = {int(x) for x in args.skip.split(",") if x.strip()}
-    if skip - {1, 4, 6, 7}:
-        ap.error(f"--skip: parts 1, 4, 6 and 7 can be skipped (the others feed them), got {args.skip}")
+    if skip - {1, 4, 5, 6, 7}:
+        ap.error(f"--skip: parts 1, 4, 5, 6 and 7 can be skipped (2 and 3 feed them), got {args.skip}")
     kernel = args.kernel or ("triton" if args.device.startswith("cuda") else "torch")
     run = Run(Path(args.out), args.budget_s)
     run.save("device", torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu")
@@ -680,22 +751,12 @@ def main() -> None:
     speed_rows = speed(kernel, args.device, args.quick, sims["default"])
     run.save("speed", speed_rows)
     if "random_rows" in link:
-        fit = fit_host(speed_rows, link, run.summary["device"])
-        run.save("host_fit", fit)
-        cal = Calibration.load()
-        cal.host = fit["host"]
-        sims["measured"] = SimBackend(cal)
-        # the calibration snippet: a calibration file's `host` entry (dreamshard calibrate's output takes it as is)
-        atomic_write(Path(args.out) / "host_link.json", json.dumps(cal.host, indent=1))
-        for r in speed_rows:
-            if "fwd_ms" in r:
-                s = sims["measured"].evaluate_plan(one_table_plan(Tier(r["tier"], r["cache_ratio"]), speed_table(args.quick, r["table"]), r["batch"]))
-                r["sim_fwd_ms_fitted"], r["sim_bwd_ms_fitted"] = s.devices[0].fwd_comp_ms, s.devices[0].bwd_comp_ms
-        run.save("speed", speed_rows)
+        sims["measured"] = refit(run, Path(args.out), args.quick)
     if 4 not in skip:
         run.save("hit_rates", hit_rates(args.device, args.quick, run))
     plans: list = []
-    mixed_plans(kernel, args.device, args.quick, run, sims, plans)
+    if 5 not in skip:
+        mixed_plans(kernel, args.device, args.quick, run, sims, plans)
     if 6 not in skip:
         full_pool(kernel, args.device, args.quick, run, sims)
     if 7 not in skip:

@@ -79,8 +79,8 @@ PEERS = ("autoshard", "rnn")
 # "The shipped model"): kernel-term features, weighed by the cost net's linear part too, the comm
 # model's all-to-all, every training table alone in the prior, and the cost net refined on plans
 # around its own search (priced by the prior). Its budget and prior are the flags' defaults.
-DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "search_plans": 3000}
-WITH_PRIOR = ("prior_singles", "search_plans")  # priced by the prior: left out without one
+DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "prior_span": 24, "search_plans": 3000}
+WITH_PRIOR = ("prior_singles", "prior_span", "search_plans")  # priced by the prior: left out without one
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
 GUESS_PLAN_S = 1.0  # seconds per measured plan before any is timed (H200: ~0.7 s for 20–60 tables on 2–8 devices)
 # seconds a peer spends per measured plan beyond measuring it (learning; autoshard: a V-trace step

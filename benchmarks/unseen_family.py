@@ -2,13 +2,14 @@
 trained on the simulator without one training family, then that family's development tasks
 planned, beside the same recipe trained on every family and `oracle`.
 
-    .venv/bin/python benchmarks/unseen_family.py                  # --family hot: ~10 min on a 2-core CPU
+    .venv/bin/python benchmarks/unseen_family.py                  # --family hot: ~15 min on a 2-core CPU
     .venv/bin/python benchmarks/unseen_family.py --family wide --out runs/unseen_wide.md
 
 The held-out families measure this on a GPU, where the cost net's error on new tables and the
 search's reach are mixed together. Here the simulator (H100 calibration) is both what the models
 are trained against — the recipe of `gpu_train_shipped.py`: 60 measured plans, a prior of 4,000,
-the refinement around the search — and what prices the plans, so a model's only handicap on the
+the span tables in the prior, the refinement around the search — and what prices the plans (a
+model without the span tables beside: the recipe before them), so a model's only handicap on the
 left-out family is not having seen it: what the learned policy and cut net propose there, and how
 far the search gets from it. The tasks are `dev_tasks.py`'s (2 of 60 tables on 4 devices and 2 of
 120 on 8, pools of seed 5, 16 GB); `oracle` anneals on the same simulator (4,000 evaluations).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dev_tasks import CALIBRATION, ORACLE_BUDGET, POOL_SEED, SETTINGS, evaluate  # noqa: E402
-from gpu_train_shipped import PLANNERS, config, training_tasks  # noqa: E402
+from gpu_train_shipped import DREAMSHARD_OPTIONS, PLANNERS, config, training_tasks  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import TRAINING_FAMILIES  # noqa: E402
@@ -39,23 +41,26 @@ from dreamshard.planners import get_planner  # noqa: E402
 from dreamshard.tasks import Workload  # noqa: E402
 
 BUDGET, PRIOR_PLANS = 60, 4_000  # the shipped recipe's (gpu_train_shipped.py)
+SPAN = DREAMSHARD_OPTIONS["prior_span"]
 
 
-def trained(path: Path, families: tuple[str, ...]) -> Path:
-    """The shipped recipe on the simulator over `families`' training tasks, at `path` (kept if there)."""
+def trained(path: Path, families: tuple[str, ...], span: int = SPAN) -> Path:
+    """The shipped recipe on the simulator over `families`' training tasks (with `span` tasks of
+    span tables in its prior, Config.prior_span), at `path` (kept if there)."""
     if path.is_file():
         return path
     sim = SimBackend(CALIBRATION)
     tasks = training_tasks(12, 300, Workload(65_536), families)
-    print(f"training {path} on {len(tasks)} tasks of {', '.join(families)} ...", flush=True)
-    PLANNERS["dreamshard"].fit(tasks, sim, path, config("dreamshard", BUDGET, 65_536, PRIOR_PLANS), progress=False, prior=SimBackend(CALIBRATION))
+    print(f"training {path} on {len(tasks)} tasks of {', '.join(families)} (prior_span {span}) ...", flush=True)
+    cfg = replace(config("dreamshard", BUDGET, 65_536, PRIOR_PLANS), prior_span=span)
+    PLANNERS["dreamshard"].fit(tasks, sim, path, cfg, progress=False, prior=SimBackend(CALIBRATION))
     return path
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="hot", choices=TRAINING_FAMILIES, help="the training family left out  [%(default)s]")
-    ap.add_argument("--models", default="runs/unseen_family", help="folder for the two models (reused when there)")
+    ap.add_argument("--models", default="runs/unseen_family", help="folder for the three models (reused when there)")
     ap.add_argument("--out", default="benchmarks/results/unseen_family.md")
     args = ap.parse_args()
     import torch
@@ -69,6 +74,10 @@ def main() -> None:
     planners = {
         f"dreamshard, trained without {args.family}": get_planner("dreamshard", model=str(without)),
         f"dreamshard, trained without {args.family}, no annealing": get_planner("dreamshard", model=str(without), anneal=0),
+    }
+    no_span = trained(models / f"without_{args.family}_no_span.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), 0)
+    planners[f"dreamshard, trained without {args.family}, no span tasks in its prior"] = get_planner("dreamshard", model=str(no_span))
+    planners |= {
         "dreamshard, trained on every family": get_planner("dreamshard", model=str(every)),
         "oracle": get_planner("oracle", backend=sim, budget=ORACLE_BUDGET),
     }

@@ -242,6 +242,22 @@ def _din(n: int, seed: int) -> list[TableSpec]:
     return _specs("din", seed, rows, np.full(n, TAOBAO_DIM), pf, _zipf(rng.uniform(0.6, 1.2, n)))
 
 
+def span_tables(n: int, seed: int) -> list[TableSpec]:
+    """Tables spread over the shapes the tool accepts rather than over one model's: dims multiples
+    of 4 log-uniform in 4–1,024 (the kernel's range), rows log-uniform 10–10^8 (at most
+    MAX_TABLE_BYTES), pooling log-uniform 0.1–500, zipf α uniform in 0–1.4. Not a family (no
+    planner is judged on them): a cost net's simulator prior draws tasks of them beside the training
+    families' (`learned.dreamshard.Config.prior_span`) so that it has seen every shape once."""
+    rng = _rng("span", seed)
+    dims = np.clip(np.round(_log_uniform(rng, DIM_MULTIPLE, MAX_DIM, n) / DIM_MULTIPLE) * DIM_MULTIPLE, DIM_MULTIPLE, MAX_DIM).astype(np.int64)
+    rows = _cap_rows(np.round(_log_uniform(rng, 10, 1e8, n)), dims)
+    pf = _log_uniform(rng, 0.1, 500.0, n)
+    return table_specs([f"{SPAN_PREFIX}{i}" for i in range(n)], rows, dims, pf, _zipf(rng.uniform(0.0, 1.4, n)), _stream_seeds("span", seed, n))
+
+
+SPAN_PREFIX = "span"  # no family's prefix starts so (family_of gives None)
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (

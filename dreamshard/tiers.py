@@ -236,24 +236,54 @@ def hit_rate(table: TableSpec, rows_cached: int, batch_size: int = REFERENCE_BAT
     first = -np.expm1(-lam)
     U = float(n @ first)
     C = float(rows_cached)
-    if C >= n.sum() - 0.5 or C >= table.rows:
-        T = math.inf  # every row fits: after its first touch a row never misses
-    else:
-        lo, hi = (1e-12, 1.0) if C < U else (1.0, 2.0)
-        while float(n @ -np.expm1(-lam * hi)) < C and hi < 1e15:
-            lo, hi = hi, hi * 2
-        for _ in range(60):  # bisection on log T: D(T) increases in T
-            mid = math.sqrt(lo * hi)
-            if float(n @ -np.expm1(-lam * mid)) < C:
-                lo = mid
-            else:
-                hi = mid
-        T = math.sqrt(lo * hi)
+    T = math.inf if C >= n.sum() - 0.5 or C >= table.rows else _che_time(lam, n, C, U)  # inf: every row fits, never misses after its first touch
     ts = [T] if batches is None else [min(T, float(t)) for t in range(warmup, batches)]
     if L <= 0 or not ts:
         return 1.0
     rates = [((L - U) + float(n @ (first * -np.expm1(-lam * min(t, 1e300))))) / L for t in ts]
     return min(1.0, max(0.0, sum(rates) / len(rates)))
+
+
+def _che_time(lam: np.ndarray, n: np.ndarray, C: float, U: float) -> float:
+    """T with D(T) = Σ_g n_g (1 - e^{-λ_g T}) = C rows (in batches; U = D(1))."""
+    lo, hi = (1e-12, 1.0) if C < U else (1.0, 2.0)
+    while float(n @ -np.expm1(-lam * hi)) < C and hi < 1e15:
+        lo, hi = hi, hi * 2
+    for _ in range(60):  # bisection on log T: D(T) increases in T
+        mid = math.sqrt(lo * hi)
+        if float(n @ -np.expm1(-lam * mid)) < C:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+def repeat_misses(table: TableSpec, batch_size: int, window_rows: float) -> float:
+    """Expected lookups of a batch, beyond each row's first, whose row is not among the last
+    `window_rows` distinct rows read: an LRU window over one batch's stream, Che's approximation as
+    in `hit_rate` (the window holds the rows read in the last T of the batch, D(T) = window_rows).
+    A row of rate λ is read as a Poisson process over the batch [0, 1]; a lookup at t misses if the
+    row's previous lookup is more than T before it and within the batch:
+    ∫_T^1 λ (e^{-λT} - e^{-λt}) dt = λ(1 - T) e^{-λT} - (e^{-λT} - e^{-λ}) per row.
+    What a `uvm` forward reads over the host link again (costs/host.py)."""
+    return _repeat_misses(int(table.rows), float(table.pooling_factor), tuple(float(x) for x in table.bins), int(batch_size), float(window_rows))
+
+
+@lru_cache(maxsize=65536)
+def _repeat_misses(rows: int, pooling_factor: float, bins: tuple[float, ...], batch_size: int, window_rows: float) -> float:
+    lam, n = _groups(rows, pooling_factor, bins)
+    if not len(lam):
+        return 0.0
+    lam = lam * (batch_size / REFERENCE_BATCH)
+    first = -np.expm1(-lam)
+    U = float(n @ first)
+    if window_rows <= 0:
+        return float(n @ (lam - first))
+    if window_rows >= U:
+        return 0.0
+    T = _che_time(lam, n, window_rows, U)
+    kept = np.exp(-lam * T)
+    return float(n @ (lam * (1 - T) * kept - (kept - np.exp(-lam))))
 
 
 def min_cache_rows(table: TableSpec, batch_size: int) -> int:

@@ -802,6 +802,28 @@ def test_options_train_save_load_plan(pool, tmp_path):
         assert "\n" not in str(e.value)
 
 
+def test_prior_span_adds_tasks_of_span_tables_to_the_prior(pool, tmp_path):
+    """Config.prior_span: tasks of span tables like the training tasks (table counts, devices,
+    memory) priced by the prior beside theirs (plans and tables alone); the RL stays on the training tasks."""
+    from dataclasses import replace
+
+    from dreamshard.families import family_of
+    from dreamshard.learned.dreamshard import span_tasks
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 4, (6, 10), 3, 10**12, seed=1)
+    cfg = small_config(iterations=1, kernel_features=True, prior_plans=20, prior_epochs=1, prior_singles=True, prior_span=3)
+    span = span_tasks(cfg, tasks)
+    assert len(span) == 3 and span_tasks(replace(cfg, prior_span=0), tasks) == []
+    assert all(6 <= len(t.tables) <= 10 and t.devices == 3 and t.max_memory_bytes == 10**12 for t in span)
+    assert all(family_of(x.name) is None for t in span for x in t.tables)
+    model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"))
+    row = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[0])
+    assert row["prior/plans"] == 20 + len({x for t in [*tasks, *span] for x in t.tables})
+    assert model.meta["config"]["prior_span"] == 3
+    with pytest.raises(ValueError, match="prior_span adds tasks to the prior's: set prior_plans >= 1 too"):
+        small_config(prior_span=2)
+
+
 def test_cli_train_options(pool, tmp_path):
     from dreamshard.cli import cli
     from dreamshard.tables import save_tables
@@ -817,7 +839,8 @@ def test_cli_train_options(pool, tmp_path):
                        (["--comm", "model", "--backend", "torch", "--runner", "distributed"], "--comm model: the distributed runner measures real all-to-alls"),
                        (["--prior-singles", "--planner", "rnn"], "--prior-singles is for --planner dreamshard, not rnn"),
                        (["--cost-linear"], "cost_linear weighs the kernel features: set kernel_features true too"),
-                       (["--prior-singles"], "prior_singles needs a prior")):
+                       (["--prior-singles"], "prior_singles needs a prior"), (["--prior-span", "3"], "prior_span adds tasks to the prior's"),
+                       (["--prior-span", "3", "--planner", "rnn"], "--prior-span is for --planner dreamshard, not rnn")):
         r = CliRunner().invoke(cli, base + extra)
         assert r.exit_code == 2 and r.output.count("\n") == 1 and msg in r.output, r.output
     r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model"])
@@ -825,11 +848,11 @@ def test_cli_train_options(pool, tmp_path):
     model = DreamShardModel.load(tmp_path / "m.pt")
     assert model.kernel is not None and model.comm is not None and model.meta["config"]["comm"] == "model"
     # the shipped model's recipe: the linear part and the tables alone in the prior
-    r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model", "--cost-linear", "--prior-plans", "6", "--prior-singles",
+    r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model", "--cost-linear", "--prior-plans", "6", "--prior-singles", "--prior-span", "2",
                                         "--calibration", "dreamshard/data/calibrations/cpu_fbgemm.json", "--out", str(tmp_path / "r.pt")])
     assert r.exit_code == 0, r.output
     model = DreamShardModel.load(tmp_path / "r.pt")
-    assert model.cost_net.linear == model.kernel.width and model.meta["config"]["prior_singles"]
+    assert model.cost_net.linear == model.kernel.width and model.meta["config"]["prior_singles"] and model.meta["config"]["prior_span"] == 2
 
 
 def test_no_learned_module_or_planner_imports_a_cost_backend():

@@ -28,6 +28,7 @@ from dreamshard.families import (
     family_of,
     hits_per_row,
     shard_bucket,
+    span_tables,
     synth_family,
     table_buckets,
 )
@@ -87,6 +88,18 @@ def test_dlrm_family_is_the_old_pool(tmp_path):
         assert hashlib.sha256(repr(drawn).encode()).hexdigest() == digest
         np.testing.assert_allclose(np.array([t.bins for t in tables]).sum(axis=0), bin_sums, rtol=1e-8, atol=1e-9)
         assert tables == synth_pool(PoolConfig(tables=n, seed=seed))
+
+
+def test_span_tables_cover_the_accepted_shapes_and_are_no_family():
+    """The cost net's prior draws them (Config.prior_span): seeded, spread over the kernel's dims,
+    rows and pooling the tool accepts, every table named outside the families."""
+    tables = span_tables(300, 0)
+    assert tables == span_tables(300, 0) and tables != span_tables(300, 1)
+    dims, rows, pf = _arrays(tables)
+    assert ((dims >= MIN_DIM) & (dims <= MAX_DIM) & (dims % DIM_MULTIPLE == 0)).all() and dims.min() <= 8 and dims.max() >= 512
+    assert rows.min() < 1_000 and rows.max() > 10**7 and max(t.bytes() for t in tables) <= MAX_TABLE_BYTES
+    assert pf.min() < 0.5 and pf.max() > 100
+    assert all(family_of(t.name) is None for t in tables)
 
 
 def test_wide_has_wide_and_odd_dims():

@@ -181,6 +181,48 @@ def test_hit_rate_from_bins_within_5_points_of_lru(rows, pooling, distribution):
         assert abs(predicted - measured) < 0.05, f"{distribution} rows {rows}: cache {C}: predicted {predicted:.3f}, LRU {measured:.3f}"
 
 
+def _window_misses(stream: np.ndarray, window: int) -> int:
+    """Lookups of the stream, beyond each row's first, whose row is not among the last `window`
+    distinct rows read (an LRU of `window` rows replayed)."""
+    from collections import OrderedDict
+
+    lru: OrderedDict = OrderedDict()
+    seen, misses = set(), 0
+    for r in stream.tolist():
+        if r in lru:
+            lru.move_to_end(r)
+        else:
+            misses += r in seen
+            seen.add(r)
+            lru[r] = None
+            if len(lru) > window:
+                lru.popitem(last=False)
+    return misses
+
+
+@pytest.mark.parametrize("rows, pooling, distribution", STREAM_TABLES[:4] + [(20_000, 30.0, "zipf:1.3")])
+def test_repeat_misses_follow_an_lru_window_over_the_stream(rows, pooling, distribution):
+    """tiers.repeat_misses (the uvm forward's repeated reads, costs/host.py) from the bins alone
+    against an LRU window replayed on the table's index stream, windows from none to more than a
+    batch: within 10% of the repeats from 300 rows (the fitted window is ~1,000 rows of 128 bytes).
+    Smaller windows over the hottest tables are over-predicted (zipf 1.3, pooling 30: by 13% of the
+    repeats at 100 rows, 26% at 10): the bins do not resolve the head's rates that finely."""
+    from dreamshard.streams import table_bags
+    from dreamshard.tiers import repeat_misses
+
+    B = 2048
+    t = stream_table(rows, pooling, distribution)
+    stream = table_bags(t, B, 0)[1].numpy()
+    U, L = len(np.unique(stream)), len(stream)
+    assert repeat_misses(t, B, 0) == pytest.approx(t.pooling_factor * B - expected_unique(t, B), rel=1e-3)  # no window: every repeat
+    assert repeat_misses(t, B, 2 * L) == 0.0
+    got = [repeat_misses(t, B, w) for w in (0, 10, 100, 300, 1000)]
+    assert all(a >= b for a, b in zip(got, got[1:]))  # a larger window serves more
+    for window in sorted({300, 1000, U // 3}):
+        measured, predicted = _window_misses(stream, window), repeat_misses(t, B, window)
+        assert abs(predicted - measured) < 0.1 * (L - U) + 20, f"{distribution}: window {window}: predicted {predicted:.0f}, replayed {measured} of {L - U} repeats"
+
+
 def test_row_cache_is_the_simulated_lru():
     """The kernels' cache (RowCache, torch ops) hits as the reference simulation does."""
     from dreamshard.streams import table_bags

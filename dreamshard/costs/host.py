@@ -5,9 +5,12 @@ Per step, for a shard of L lookups, U distinct rows (expected, from its reuse bi
 and rows of r bytes (r rounded up to the link's 32-byte sector), the link moving rows of that size
 at `row_GBps(r)` (GPU gathers and scatters of random rows of host-mapped memory, measured by
 benchmarks/gpu_tiers.py per row size):
-  - ``uvm``: the forward reads a row over the host link per lookup (L·r at the kernel's share
-    `uvm_efficiency` of the gather rate); the backward reads and writes back each distinct row
-    (2·U·r) — the kernel's gathers and updates go to host memory;
+  - ``uvm``: the forward reads each distinct row over the host link, and its repeated lookups
+    again unless the row was read within the last `uvm_window_bytes` of distinct rows (the GPU's
+    caches: tiers.repeat_misses, M of them), at a weight `uvm_repeat_share`: (U + s·M)·r at the
+    kernel's share `uvm_efficiency` of the gather rate; the backward reads
+    and writes back each distinct row (2·U·r, in row order, at `uvm_backward_scale` of two random
+    gathers' time) — the kernel's gathers and updates go to host memory;
   - ``uvm_caching``: the prefetch before the forward (kernels/tiered.py `RowCache.prefetch`) costs
     its GPU work — `prefetch_fixed_ms` (its ~30 small launches), `prefetch_ms_per_mlookup` per
     million lookups (sorting them, the map look-up, the slot rewrite), `prefetch_ms_per_mslot`
@@ -45,13 +48,13 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from dreamshard.tiers import expected_unique, hit_rate
+from dreamshard.tiers import expected_unique, hit_rate, repeat_misses
 from dreamshard.validation import DataError, parse_float
 
 
 # GPU gathers of random rows from host-mapped memory (a 256 MB table), GB/s by row bytes: the committed
 # run of benchmarks/gpu_tiers.py (benchmarks/results/gpu_tiers/host_link.json: NVIDIA H100 80GB HBM3, PCIe Gen5)
-H100_ROW_GBPS = ((32, 19.7), (64, 40.5), (128, 49.2), (256, 49.4), (512, 49.4))
+H100_ROW_GBPS = ((32, 22.6), (64, 42.3), (128, 50.0), (256, 48.8), (512, 49.9))
 
 
 _RENAMED = {"cache_fixed_ms": "prefetch_fixed_ms", "cache_ms_per_mlookup": "prefetch_ms_per_mlookup"}  # the first host entries' names
@@ -66,15 +69,18 @@ class HostLink:
     sector_bytes: float = 32.0  # a row read over the link moves whole 32-byte sectors (as the simulator's gathers)
     row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
     # the prefetch's work, the uvm kernel's rate and the address translation, fitted there too
-    uvm_efficiency: float = 1.0  # the uvm kernel's share of the gather rate
-    prefetch_fixed_ms: float = 0.318  # the prefetch's fixed cost per cached shard (its CUDA graph's launch and its kernels' gaps)
-    prefetch_ms_per_mlookup: float = 0.315  # per million lookups: their sort, the map look-up, the rewrite
-    prefetch_ms_per_mslot: float = 0.108  # per million cache slots: their LRU order, a few elementwise passes
+    uvm_efficiency: float = 0.923  # the uvm kernel's share of the gather rate
+    uvm_repeat_share: float = 0.751  # the weight of a uvm forward's repeated lookups that miss the window, against a first read
+    uvm_window_bytes: float = 106464.0  # the distinct rows' bytes within which a uvm forward's repeated lookup is served on the GPU
+    uvm_backward_scale: float = 0.581  # the uvm backward's row time over two random gathers of its rows
+    prefetch_fixed_ms: float = 0.325  # the prefetch's fixed cost per cached shard (its CUDA graph's launch and its kernels' gaps)
+    prefetch_ms_per_mlookup: float = 0.348  # per million lookups: their sort, the map look-up, the rewrite
+    prefetch_ms_per_mslot: float = 0.110  # per million cache slots: their LRU order, a few elementwise passes
     prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0: hit rates 6-36% measured)
     # the GPU's address translation of host memory (see tlb_misses): what its TLB covers, the cost of a
     # miss beyond the rows' own bytes, and the page a sorted stream of rows misses once at most
-    tlb_reach_bytes: float = 0.88e9
-    tlb_miss_ns: float = 26.6
+    tlb_reach_bytes: float = 0.89e9
+    tlb_miss_ns: float = 26.0
     tlb_page_bytes: float = 2.0 * 2**20
     source: str = "defaults: fitted by benchmarks/gpu_tiers.py on NVIDIA H100 80GB HBM3 (benchmarks/results/gpu_tiers)"
 
@@ -175,9 +181,10 @@ def shard_ms(link: HostLink, spec, kind: str, slots: int, batch_size: int, elt: 
     unique = expected_unique(spec, batch_size)
     table = spec.rows * row  # host bytes of the shard's rows
     # the forward gathers rows in lookup order; the backward reads and writes its distinct rows in row order
-    fwd = lookups * sector_row * per_ms / max(link.uvm_efficiency, 1e-6) + link.tlb_ms(lookups, table, False)
-    bwd = 2 * unique * sector_row * per_ms + 2 * link.tlb_ms(unique, table, True)
-    moved = lookups * sector_row + 2 * unique * sector_row
+    reads = unique + link.uvm_repeat_share * repeat_misses(spec, batch_size, link.uvm_window_bytes / sector_row)
+    fwd = reads * sector_row * per_ms / max(link.uvm_efficiency, 1e-6) + link.tlb_ms(reads, table, False)
+    bwd = 2 * unique * sector_row * per_ms * link.uvm_backward_scale + 2 * link.tlb_ms(unique, table, True)
+    moved = reads * sector_row + 2 * unique * sector_row
     if adagrad:  # the state's 4 bytes a row: a sector each
         bwd += 2 * unique * link.sector_bytes / (link.rate_GBps(link.sector_bytes) * 1e6) + 2 * link.tlb_ms(unique, spec.rows * 4.0, True)
         moved += 2 * unique * 4

@@ -54,7 +54,8 @@ import torch
 from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, check_training_tasks, complete, decay_lr, finished_run, make_config, mape, measure, numpy_rng_restorer, run_meta, spearman
 from dreamshard.learned.mdp import CutSet, EpisodeBatch, FastPlayer, Prepared, best_placement, cut_set, plan_cuts, predict, prepare, rollout, rollout_cuts
 from dreamshard.learned.nets import SCORES, CommFormula, DreamShardModel, KernelFeatures, Measured, ReplayBuffer, collate, plan_cost
-from dreamshard.tasks import Task
+from dreamshard.families import span_tables
+from dreamshard.tasks import Task, sample_tasks
 from dreamshard.validation import OptionError
 
 if TYPE_CHECKING:
@@ -86,6 +87,12 @@ class Config(BudgetConfig):
     # (docs/dreamshard.md, "The shipped model"). Needs the "fixed" normalization (a table's features
     # then do not depend on the tables beside it)
     prior_singles: bool = False
+    # with a prior: `prior_span` more tasks for the prior's plans, its tables alone and the
+    # refinement's search, of tables spread over every shape the tool accepts (families.span_tables)
+    # rather than the training families': the net's fit of the prior then reaches shapes no training
+    # family has (a net trained without one family priced it 8–10% low on the simulator,
+    # benchmarks/unseen_family.py). The RL and the measurements stay on the training tasks.
+    prior_span: int = 0
     # with a prior: after the last iteration, about `search_plans` plans around the planner's own
     # search on the training tasks (`train`'s `search`: its plans as they are and perturbed by a few
     # moves, swaps and halvings), priced by the prior; then `search_steps` cost-net steps on them
@@ -147,13 +154,15 @@ class Config(BudgetConfig):
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        for f in ("prior_plans", "prior_epochs", "search_plans", "search_steps"):
+        for f in ("prior_plans", "prior_epochs", "prior_span", "search_plans", "search_steps"):
             if getattr(self, f) < 0:
                 raise OptionError(f"{f} must be >= 0, got {getattr(self, f)}")
         if not 0 <= self.prior_share < 1:
             raise OptionError(f"prior_share must be in [0, 1) (a share of every cost batch), got {self.prior_share}")
         if self.prior_singles and not (self.prior_plans and self.normalization == "fixed"):
             raise OptionError("prior_singles needs a prior (prior_plans >= 1) and normalization 'fixed' (a table's features the same alone as in a task)")
+        if self.prior_span and not self.prior_plans:
+            raise OptionError("prior_span adds tasks to the prior's: set prior_plans >= 1 too")
         if self.search_plans and not self.prior_plans:
             raise OptionError("search_plans are priced by the prior: set prior_plans >= 1 too")
         return self
@@ -587,7 +596,9 @@ def train(
     prior_row: dict = {}
     if start == 0 and cfg.prior_plans:
         t0 = time.time()
-        prior_buffer, prior_loss = fit_prior(cfg, model, tasks, prepared, sets, prior, rng, gen, bar)
+        span = span_tasks(cfg, tasks)
+        prior_buffer, prior_loss = fit_prior(cfg, model, [*tasks, *span], prepared + [prepare(t, cfg.normalization, cfg.linear_features, model.kernel) for t in span],
+                                             None if sets is None else sets + [cut_set(t, model) for t in span], prior, rng, gen, bar)
         prior_row = {"prior/plans": len(prior_buffer), "prior/loss": prior_loss, "prior/seconds": time.time() - t0}
         if cfg.prior_share == 0:
             prior_buffer = ReplayBuffer()
@@ -672,12 +683,25 @@ def train(
     for net in model.nets():
         net.eval()
     if unrefined(cfg, model):  # after the last iteration (a resumed finished run without it: now)
-        model.meta["search"] = refine(cfg, model, tasks, search, prior, (buffer, prior_buffer), rng, bar)
+        model.meta["search"] = refine(cfg, model, [*tasks, *span_tasks(cfg, tasks)], search, prior, (buffer, prior_buffer), rng, bar)
         save_checkpoint(cfg.iterations)
     bar.close()
     checkpoint.check_unchanged()
     model.save(out)
     return model
+
+
+def span_tasks(cfg: Config, tasks: Sequence[Task]) -> list[Task]:
+    """`Config.prior_span` tasks of `families.span_tables` (a pool of 300, the run's seed): table
+    counts in the training tasks' range, their device counts in turn, their memory and workload."""
+    if not cfg.prior_span:
+        return []
+    pool = span_tables(300, cfg.seed)
+    counts = (min(len(t.tables) for t in tasks), max(len(t.tables) for t in tasks))
+    devices = sorted({t.devices for t in tasks})
+    ref = tasks[0]
+    return [t for k in range(cfg.prior_span)
+            for t in sample_tasks(pool, 1, counts, devices[k % len(devices)], ref.max_memory_bytes, seed=100 + k, workload=ref.workload)]
 
 
 def unrefined(cfg: Config, model: DreamShardModel) -> bool:
