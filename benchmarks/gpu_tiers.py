@@ -121,6 +121,7 @@ def correctness(kernel: str, device: str) -> list[dict]:
 
 
 TABLE_SIZES = (1 << 28, 1 << 30, 1 << 32, 1 << 34)  # 256 MB to 16 GB: the pools' tables reach ~10 GB
+SPARSE_ROWS, SPARSE_ROW_BYTES = 16_384, 128  # the sparse sorted gathers: a row per 16 KB to 1 MB of table
 
 
 def host_link(device: str, quick: bool) -> dict:
@@ -141,7 +142,7 @@ def host_link(device: str, quick: bool) -> dict:
     sizes = TABLE_SIZES if not quick else (1 << 22, 1 << 24)
     whole = host_mapped(sizes[-1] // 2, torch.float16, device)
     whole.fill_(1.0)
-    gather = {}
+    gather, sparse = {}, {}
     for size in sizes:
         gather[size] = {}
         for row_bytes in (32, 64, 128, 256, 512):
@@ -156,8 +157,17 @@ def host_link(device: str, quick: bool) -> dict:
             ms_sorted = timed(lambda: torch.index_select(table, 0, ordered, out=buf), device)
             gather[size][row_bytes] = {"rows": k, "read_GBps": k * row_bytes / ms_read / 1e6, "write_GBps": k * row_bytes / ms_write / 1e6,
                                        "sorted_read_GBps": k * row_bytes / ms_sorted / 1e6}
+        # a sparse sorted stream (a prefetch's loads and write-backs: a few rows of a large table,
+        # in row order) touches a page per row: what the page of the GPU's translation is
+        k = SPARSE_ROWS if not quick else 256  # (as stored below)
+        dim, rows_total = SPARSE_ROW_BYTES // 2, size // SPARSE_ROW_BYTES
+        table = whole[:rows_total * dim].view(rows_total, dim)
+        idx = torch.randint(0, rows_total, (k,), device=device).sort().values
+        buf = torch.empty(k, dim, dtype=torch.float16, device=device)
+        sparse[size] = timed(lambda: torch.index_select(table, 0, idx, out=buf), device) * 1e6 / k
     del whole
     out["random_rows"] = gather
+    out["sparse_sorted_ns"], out["sparse_sorted_rows"] = sparse, SPARSE_ROWS if not quick else 256
     return out
 
 
@@ -233,12 +243,13 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
     return out
 
 
-def fit_tlb(grid: dict) -> dict:
+def fit_tlb(grid: dict, sparse: dict | None = None, sparse_rows: int = SPARSE_ROWS) -> dict:
     """HostLink's address-translation terms from part 2's gathers (`grid`: table bytes → row bytes →
     rates): a row's time beyond its bytes at the smallest table's rate is tlb_miss_ns × the share of
-    accesses that miss, 1 - R/T (random order), or of the pages touched (row order: the sorted
-    gathers give the page). R and the cost by least squares over a grid of R; the page the size of
-    those tried that fits the sorted gathers best."""
+    accesses that miss, 1 - R/T (random order), or of the pages touched (row order). R and the cost
+    by least squares over a grid of R; the page, a power of two from 4 KB to 2 MB, that fits best the sparse
+    sorted gathers (`sparse`: table bytes → ns a row of `sparse_rows` sorted rows; a page per row or
+    fewer, as a prefetch's streams) where measured, else the dense sorted ones (a page is touched whatever its size)."""
     base = grid[min(grid)]
     ns = lambda v, b, key: b / v[key]  # noqa: E731 - GB/s is bytes per ns
     pts = [(t, b, ns(v, b, "read_GBps") - ns(base[b], b, "read_GBps")) for t, by_row in grid.items() for b, v in by_row.items()]
@@ -254,10 +265,13 @@ def fit_tlb(grid: dict) -> dict:
         return {}
     _, R, c = best
     fits = []
-    for page in (4096, 65536, 2 << 20):
+    for page in (2**p for p in range(12, 22)):  # 4 KB to 2 MB
         link = HostLink(tlb_reach_bytes=R, tlb_miss_ns=c, tlb_page_bytes=page)
-        err = sum((ns(v, b, "sorted_read_GBps") - ns(base[b], b, "sorted_read_GBps") - link.tlb_ms(v["rows"], t, True) * 1e6 / v["rows"]) ** 2
-                  for t, by_row in grid.items() for b, v in by_row.items())
+        if sparse and len(sparse) > 1:
+            err = sum((v - sparse[min(sparse)] - link.tlb_ms(sparse_rows, t, True) * 1e6 / sparse_rows) ** 2 for t, v in sparse.items())
+        else:
+            err = sum((ns(v, b, "sorted_read_GBps") - ns(base[b], b, "sorted_read_GBps") - link.tlb_ms(v["rows"], t, True) * 1e6 / v["rows"]) ** 2
+                      for t, by_row in grid.items() for b, v in by_row.items())
         fits.append((err, page))
     return {"tlb_reach_bytes": R, "tlb_miss_ns": c, "tlb_page_bytes": float(min(fits)[1])}
 
@@ -276,7 +290,8 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str, quick: bool =
     base = HostLink()
     grid = {int(t): {int(b): v for b, v in by_row.items()} for t, by_row in link.get("random_rows", {}).items()}
     rates = tuple(sorted((float(b), v["read_GBps"]) for b, v in grid[min(grid)].items())) if grid else ()
-    host = replace(HostLink(row_GBps=rates or base.row_GBps), **(fit_tlb(grid) if len(grid) > 1 else {}))
+    sparse = {int(t): float(v) for t, v in link.get("sparse_sorted_ns", {}).items()}
+    host = replace(HostLink(row_GBps=rates or base.row_GBps), **(fit_tlb(grid, sparse, int(link.get("sparse_sorted_rows", SPARSE_ROWS))) if len(grid) > 1 else {}))
     table_bytes = lambda r: r["rows"] * r["row_bytes"]  # noqa: E731
     key = lambda r: (r.get("table", "one"), r["batch"])  # noqa: E731
     hbm = {key(r): r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
@@ -604,6 +619,10 @@ def report(summary: dict) -> str:
             lines += ["", "Random rows gathered from (and scattered to) host-mapped memory, GB/s read / write, by row and table size:", "",
                       "| table | " + " | ".join(f"{b} B rows" for b in widths) + " |", "|---" * (len(widths) + 1) + "|"]
             lines += [f"| {int(t) / 2**30:g} GB | " + " | ".join(f"{v[b]['read_GBps']:.1f} / {v[b]['write_GBps']:.1f}" for b in widths) + " |" for t, v in rr.items()]
+        sp = link.get("sparse_sorted_ns", {})
+        if sp:
+            lines += ["", f"{link.get('sparse_sorted_rows')} sorted rows of {SPARSE_ROW_BYTES} B gathered from a table of "
+                      + ", ".join(f"{int(t) / 2**30:g} GB: {v:.1f} ns a row" for t, v in sp.items())]
         lines += [""]
     lines += ["## One table per tier (measured vs simulated, ms)", "", "sim: HostLink's defaults; fitted: with the host entry fitted below", "",
               "| table | tier | cache ratio | batch | fwd | bwd | sim fwd | sim bwd | fitted fwd | fitted bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -730,7 +749,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.refit:
         run = Run(Path(args.out), 0.0, resume=True)
-        refit(run, Path(args.out), args.quick)
+        refit(run, Path(args.out), run.summary.get("quick", args.quick))
         atomic_write(Path(args.out) / "report.md", report(run.summary))
         return
     skip = {int(x) for x in args.skip.split(",") if x.strip()}
@@ -740,6 +759,7 @@ def main() -> None:
     run = Run(Path(args.out), args.budget_s)
     run.save("device", torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu")
     run.save("kernel", kernel)
+    run.save("quick", args.quick)
     if 1 not in skip:
         run.save("correctness", correctness(kernel, args.device))
     try:

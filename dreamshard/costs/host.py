@@ -54,7 +54,7 @@ from dreamshard.validation import DataError, parse_float
 
 # GPU gathers of random rows from host-mapped memory (a 256 MB table), GB/s by row bytes: the committed
 # run of benchmarks/gpu_tiers.py (benchmarks/results/gpu_tiers/host_link.json: NVIDIA H100 80GB HBM3, PCIe Gen5)
-H100_ROW_GBPS = ((32, 22.6), (64, 42.3), (128, 50.0), (256, 48.8), (512, 49.9))
+H100_ROW_GBPS = ((32, 21.7), (64, 41.7), (128, 49.9), (256, 50.2), (512, 48.6))
 
 
 _RENAMED = {"cache_fixed_ms": "prefetch_fixed_ms", "cache_ms_per_mlookup": "prefetch_ms_per_mlookup"}  # the first host entries' names
@@ -69,19 +69,19 @@ class HostLink:
     sector_bytes: float = 32.0  # a row read over the link moves whole 32-byte sectors (as the simulator's gathers)
     row_GBps: tuple[tuple[float, float], ...] = H100_ROW_GBPS  # (row bytes, GB/s) of random-row gathers: H100 measured
     # the prefetch's work, the uvm kernel's rate and the address translation, fitted there too
-    uvm_efficiency: float = 0.923  # the uvm kernel's share of the gather rate
-    uvm_repeat_share: float = 0.751  # the weight of a uvm forward's repeated lookups that miss the window, against a first read
+    uvm_efficiency: float = 0.875  # the uvm kernel's share of the gather rate
+    uvm_repeat_share: float = 0.694  # the weight of a uvm forward's repeated lookups that miss the window, against a first read
     uvm_window_bytes: float = 106464.0  # the distinct rows' bytes within which a uvm forward's repeated lookup is served on the GPU
-    uvm_backward_scale: float = 0.581  # the uvm backward's row time over two random gathers of its rows
+    uvm_backward_scale: float = 0.573  # the uvm backward's row time over two random gathers of its rows
     prefetch_fixed_ms: float = 0.325  # the prefetch's fixed cost per cached shard (its CUDA graph's launch and its kernels' gaps)
-    prefetch_ms_per_mlookup: float = 0.348  # per million lookups: their sort, the map look-up, the rewrite
-    prefetch_ms_per_mslot: float = 0.110  # per million cache slots: their LRU order, a few elementwise passes
+    prefetch_ms_per_mlookup: float = 0.347  # per million lookups: their sort, the map look-up, the rewrite
+    prefetch_ms_per_mslot: float = 0.109  # per million cache slots: their LRU order, a few elementwise passes
     prefetch_ms_per_mmiss: float = 0.0  # per million missed lookups: their slots, the map's updates (fitted 0: hit rates 6-36% measured)
     # the GPU's address translation of host memory (see tlb_misses): what its TLB covers, the cost of a
     # miss beyond the rows' own bytes, and the page a sorted stream of rows misses once at most
-    tlb_reach_bytes: float = 0.89e9
-    tlb_miss_ns: float = 26.0
-    tlb_page_bytes: float = 2.0 * 2**20
+    tlb_reach_bytes: float = 0.88e9
+    tlb_miss_ns: float = 26.2
+    tlb_page_bytes: float = 512.0 * 1024
     source: str = "defaults: fitted by benchmarks/gpu_tiers.py on NVIDIA H100 80GB HBM3 (benchmarks/results/gpu_tiers)"
 
     def rate_GBps(self, row_bytes: float) -> float:
