@@ -8,8 +8,8 @@ planned, beside the same recipe trained on every family and `oracle`.
 The held-out families measure this on a GPU, where the cost net's error on new tables and the
 search's reach are mixed together. Here the simulator (H100 calibration) is both what the models
 are trained against — the recipe of `gpu_train_shipped.py`: 60 measured plans, a prior of 4,000,
-the span tables in the prior, the refinement around the search — and what prices the plans (a
-model without the span tables beside: the recipe before them), so a model's only handicap on the
+the span tables in the prior, the refinement around the search — and what prices the plans (and
+a model without the span tables beside), so a model's only handicap on the
 left-out family is not having seen it: what the learned policy and cut net propose there, and how
 far the search gets from it. The tasks are `dev_tasks.py`'s (2 of 60 tables on 4 devices and 2 of
 120 on 8, pools of seed 5, 16 GB); `oracle` anneals on the same simulator (4,000 evaluations).
