@@ -142,7 +142,7 @@ def host_link(device: str, quick: bool) -> dict:
     sizes = TABLE_SIZES if not quick else (1 << 22, 1 << 24)
     whole = host_mapped(sizes[-1] // 2, torch.float16, device)
     whole.fill_(1.0)
-    gather, sparse = {}, {}
+    gather, sparse, sparse_write = {}, {}, {}
     for size in sizes:
         gather[size] = {}
         for row_bytes in (32, 64, 128, 256, 512):
@@ -165,9 +165,11 @@ def host_link(device: str, quick: bool) -> dict:
         idx = torch.randint(0, rows_total, (k,), device=device).sort().values
         buf = torch.empty(k, dim, dtype=torch.float16, device=device)
         sparse[size] = timed(lambda: torch.index_select(table, 0, idx, out=buf), device) * 1e6 / k
+        # and written (a prefetch's write-backs): not fitted yet, reported beside the reads
+        sparse_write[size] = timed(lambda: table.index_copy_(0, idx, buf), device) * 1e6 / k
     del whole
     out["random_rows"] = gather
-    out["sparse_sorted_ns"], out["sparse_sorted_rows"] = sparse, SPARSE_ROWS if not quick else 256
+    out["sparse_sorted_ns"], out["sparse_sorted_write_ns"], out["sparse_sorted_rows"] = sparse, sparse_write, SPARSE_ROWS if not quick else 256
     return out
 
 
@@ -623,6 +625,9 @@ def report(summary: dict) -> str:
         if sp:
             lines += ["", f"{link.get('sparse_sorted_rows')} sorted rows of {SPARSE_ROW_BYTES} B gathered from a table of "
                       + ", ".join(f"{int(t) / 2**30:g} GB: {v:.1f} ns a row" for t, v in sp.items())]
+            spw = link.get("sparse_sorted_write_ns", {})
+            if spw:
+                lines += ["", "and written to it: " + ", ".join(f"{int(t) / 2**30:g} GB: {v:.1f} ns a row" for t, v in spw.items())]
         lines += [""]
     lines += ["## One table per tier (measured vs simulated, ms)", "", "sim: HostLink's defaults; fitted: with the host entry fitted below", "",
               "| table | tier | cache ratio | batch | fwd | bwd | sim fwd | sim bwd | fitted fwd | fitted bwd | hit measured | hit predicted |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -58,7 +58,7 @@ def test_parts_2_and_3_on_a_cpu_fit_a_host_entry_and_refit_it(tmp_path):
         assert key in first
     HostLink.from_json(first)  # a calibration's host entry as it is
     summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["host_link"]["sparse_sorted_ns"]) >= 2 and summary["host_fit"]["uvm_points"]
+    assert len(summary["host_link"]["sparse_sorted_ns"]) >= 2 and len(summary["host_link"]["sparse_sorted_write_ns"]) >= 2 and summary["host_fit"]["uvm_points"]
     refit = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--refit"], capture_output=True, text=True, timeout=600)
     assert refit.returncode == 0, refit.stderr[-2000:]
     assert json.loads((out / "host_link.json").read_text()) == first
