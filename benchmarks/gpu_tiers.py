@@ -229,8 +229,7 @@ def speed(kernel: str, device: str, quick: bool, sim: SimBackend) -> list[dict]:
             try:
                 m = runner.evaluate_plan(plan)
                 s = sim.evaluate_plan(plan)
-                row = {"table": table.name, "tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf,
-                       "unique": expected_unique(table, batch), "row_bytes": dim * 2, "rows": rows,
+                row = {"table": table.name, "tier": tier.kind, "cache_ratio": round(tier.cache_ratio, 4), "batch": batch, "lookups": batch * pf, "row_bytes": dim * 2, "rows": rows,
                        "fwd_ms": m.devices[0].fwd_comp_ms, "bwd_ms": m.devices[0].bwd_comp_ms, "sim_fwd_ms": s.devices[0].fwd_comp_ms, "sim_bwd_ms": s.devices[0].bwd_comp_ms}
                 cached = m.details.get("tiers", {}).get("cached_tables", [])
                 if cached:
@@ -296,7 +295,7 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str, quick: bool =
     host = replace(HostLink(row_GBps=rates or base.row_GBps), **(fit_tlb(grid, sparse, int(link.get("sparse_sorted_rows", SPARSE_ROWS))) if len(grid) > 1 else {}))
     table_bytes = lambda r: r["rows"] * r["row_bytes"]  # noqa: E731
     key = lambda r: (r.get("table", "one"), r["batch"])  # noqa: E731
-    hbm = {key(r): r["fwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}
+    hbm = {key(r): r for r in speed_rows if r.get("tier") == "hbm" and "fwd_ms" in r}  # each table and batch in HBM: what the tiers add to
     out: dict = {}
     uvm = [r for r in speed_rows if r.get("tier") == "uvm" and "fwd_ms" in r and key(r) in hbm]
     uvm_terms = {}
@@ -304,11 +303,12 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str, quick: bool =
         # the tables fit within the TLB's reach (256 MB): no translation term
         sectors = [math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes for r in uvm]
         ms_row = [b / (host.rate_GBps(b) * 1e6) for b in sectors]
-        y_fwd = np.array([r["fwd_ms"] - hbm[key(r)] for r in uvm])
+        y_fwd = np.array([r["fwd_ms"] - hbm[key(r)]["fwd_ms"] for r in uvm])
         tables = {r["table"]: speed_table(quick, r["table"]) for r in uvm}
+        unique = [expected_unique(tables[r["table"]], r["batch"]) for r in uvm]
 
         def fwd_fit(window: float):  # (relative rms error, coefficients, design) of the window's best weights
-            A = np.array([[r["unique"] * m, repeat_misses(tables[r["table"]], r["batch"], window / b) * m] for r, m, b in zip(uvm, ms_row, sectors)])
+            A = np.array([[u * m, repeat_misses(tables[r["table"]], r["batch"], window / b) * m] for r, u, m, b in zip(uvm, unique, ms_row, sectors)])
             x, _ = nnls(A / y_fwd[:, None], np.ones(len(uvm)))  # relative errors: tables of 0.05–10 ms alike
             return float(np.sqrt(np.mean((A @ x / y_fwd - 1) ** 2))), x, A
 
@@ -317,13 +317,12 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str, quick: bool =
         if x[0] > 0:
             uvm_terms = {"uvm_efficiency": float(1 / x[0]), "uvm_repeat_share": float(x[1] / x[0]), "uvm_window_bytes": float(window)}
         # the backward: its distinct rows read and written back, against two random gathers of them
-        bwd_hbm = {key(r): r["bwd_ms"] for r in speed_rows if r.get("tier") == "hbm" and "bwd_ms" in r}
-        a = np.array([2 * r["unique"] * m for r, m in zip(uvm, ms_row)])
-        y = np.array([r["bwd_ms"] - bwd_hbm[key(r)] for r in uvm])
+        a = np.array([2 * u * m for u, m in zip(unique, ms_row)])
+        y = np.array([r["bwd_ms"] - hbm[key(r)]["bwd_ms"] for r in uvm])
         uvm_terms["uvm_backward_scale"] = float(max(a @ y, 0.0) / (a @ a))
-        out["uvm_points"] = [{"table": r["table"], "batch": r["batch"], "lookups": r["lookups"], "unique": r["unique"], "link_ms": float(yf),
+        out["uvm_points"] = [{"table": r["table"], "batch": r["batch"], "lookups": r["lookups"], "unique": u, "link_ms": float(yf),
                               "fitted_ms": float(f @ x), "bwd_link_ms": float(yb), "bwd_fitted_ms": float(ab * uvm_terms["uvm_backward_scale"])}
-                             for r, f, yf, ab, yb in zip(uvm, A, y_fwd, a, y)]
+                             for r, u, f, yf, ab, yb in zip(uvm, unique, A, y_fwd, a, y)]
     A, y, pts = [], [], []
     for r in speed_rows:
         if r.get("tier") != "uvm_caching" or "fwd_ms" not in r or key(r) not in hbm:
@@ -331,7 +330,7 @@ def fit_host(speed_rows: list[dict], link: dict, device_name: str, quick: bool =
         sector = math.ceil(r["row_bytes"] / host.sector_bytes) * host.sector_bytes
         moved_ms = ((r["misses_per_step"] + r["evictions_per_step"]) * sector / (host.rate_GBps(sector) * 1e6)
                     + host.tlb_ms(r["misses_per_step"], table_bytes(r), True) + host.tlb_ms(r["evictions_per_step"], table_bytes(r), True))
-        rest = r["fwd_ms"] - hbm[key(r)] - moved_ms
+        rest = r["fwd_ms"] - hbm[key(r)]["fwd_ms"] - moved_ms
         misses = r["lookups"] * (1 - r["measured_hit_rate"])  # as the simulator counts them: L·(1 − h)
         A.append([1.0, r["lookups"] / 1e6, r["slots"] / 1e6, misses / 1e6])
         y.append(rest)

@@ -313,7 +313,7 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     # the row pieces' constraints, of the candidates that have row pieces (a row piece's state row
     # has its columns in the TBE output, `_rc`; most candidates have none)
     pins, groups, blocks = np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64)
-    for c in np.flatnonzero((scorer.table[slots, scorer._rc] > 0).any(1)).tolist():
+    for c in np.flatnonzero((rows[..., scorer._rc] > 0).any(1)).tolist():
         pins[c], groups[c] = splits.row_groups(task, pieces[c])
         blocks[c] = splits.twrw_blocks(task, pieces[c])  # table-row-wise: block r on GPU r of one host
     order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")  # [C, n]
