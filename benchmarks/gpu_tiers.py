@@ -27,9 +27,10 @@ Parts, in order, each written to $OUT as soon as it ends (summary.json rewritten
      with every shard in HBM (measured and priced), so that the report splits the error into the
      compute of the placement and the tiers' own cost, device by device, beside each cache's
      predicted and measured hit rate.
-  6. the full pool (the issue's target): the 856-table `dlrm` pool on 8 devices of 24 GB with host
-     memory, planned by size_lookup (`dreamshard plan`'s default) and dreamshard, measured device by
-     device beside the simulator's price;
+  6. the full pools (the issue's target): each family's pool of `--pools` (default: the 856-table
+     `dlrm` pool) on 8 devices of 24 GB with host memory, planned by `--pool-planners` (default
+     size_lookup, `dreamshard plan`'s default, and dreamshard), measured device by device beside
+     the simulator's price;
   7. the tiered forward taken apart on the mixed plans' devices with caches: each prefetch and the
      kernel's forward timed on the GPU, the host's issue time beside, each prefetch's price.
 `--budget-s` (default 270) stops parts 4 to 7 early; a run cut short keeps what it measured.
@@ -445,43 +446,53 @@ def mixed_plans(kernel: str, device: str, quick: bool, run: Run, sims: dict[str,
 # ---------------------------------------------------------------------------------------------- 6
 
 
-def full_pool(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, SimBackend]) -> list[dict]:
-    """The issue's target: the 856-table `dlrm` pool (`data synth --seed 0`) on 8 devices of 24 GB
-    with host memory, planned as `dreamshard plan` does (size_lookup, the default) and by
-    dreamshard, measured device by device by the sequential runner on this one GPU."""
+def full_pool(kernel: str, device: str, quick: bool, run: Run, sims: dict[str, SimBackend], pools: list[str], planners: list[str]) -> list[dict]:
+    """The issue's target: each family's full pool (`data synth --family F --seed 0`; `dlrm`: its
+    856 tables) on 8 devices of 24 GB with host memory, planned by each of `planners` (size_lookup
+    is `dreamshard plan`'s default), measured device by device by the sequential runner on this
+    one GPU; pool by pool, each pool's plans in order."""
     from dreamshard.costs.runners import SequentialRunner
-    from dreamshard.planners import get_planner
-    from dreamshard.synth import PoolConfig, synth_pool
+    from dreamshard.families import synth_family
     from dreamshard.tasks import Task, Workload
 
     gb = 1 << 30
-    pool = synth_pool(PoolConfig(tables=856 if not quick else 40, seed=0))
-    devices, hbm = (8, 24 * gb) if not quick else (2, int(sum(t.bytes() for t in pool) / 1.5 / 2))
-    task = Task(pool, devices, hbm, Workload(batch_size=65_536 if not quick else 512), host_memory_bytes=512 * gb if not quick else 4 * hbm)
     runner = SequentialRunner(kernel, device=device, warmup=3 if quick else 5, iters=2 if quick else 10, input_sets=3)
     out = []
-    for name in ("size_lookup", "dreamshard"):
-        if run.left() < 90:
-            break
-        try:
-            plan = get_planner(name).plan(task)
-            t0 = time.monotonic()
-            m = runner.evaluate_plan(plan)
-            row = {"planner": name, "tables": len(pool), "devices": devices, "hbm_gb": hbm / gb, "measured_ms": m.overall_ms, "seconds": round(time.monotonic() - t0, 1),
-                   "tiers": {x: sum(s.tier == x for s in plan.shards) for x in ("hbm", "uvm", "uvm_caching")},
-                   "measured_devices": phases(m),
-                   "measured_caches": m.details.get("tiers", {}).get("cached_tables", [])}
-            for label, sim in sims.items():
-                r = sim.evaluate_plan(plan)
-                row[f"sim_ms_{label}"] = r.overall_ms
-                row[f"sim_err_{label}"] = (r.overall_ms - m.overall_ms) / m.overall_ms
-                row[f"sim_devices_{label}"] = phases(r)
-                row[f"sim_caches_{label}"] = r.details.get("tiers", {}).get("cached_shards", [])
-        except Exception as e:  # noqa: BLE001
-            row = {"planner": name, "error": f"{type(e).__name__}: {str(e)[:300]}", "trace": traceback.format_exc()[-800:]}
-        out.append(row)
-        run.save("full_pool", out)
+    for family in pools:
+        pool = synth_family(family, 40 if quick else None, seed=0)
+        devices, hbm = (8, 24 * gb) if not quick else (2, int(sum(t.bytes() for t in pool) / 1.5 / 2))
+        task = Task(pool, devices, hbm, Workload(batch_size=65_536 if not quick else 512), host_memory_bytes=512 * gb if not quick else 4 * hbm)
+        for name in planners:
+            if run.left() < 90:
+                return out
+            out.append(_full_pool_plan(family, name, task, runner, sims))
+            run.save("full_pool", out)
     return out
+
+
+def _full_pool_plan(family: str, name: str, task, runner, sims: dict[str, SimBackend]) -> dict:
+    """One full-pool plan made by planner `name`, measured and priced (part 6)."""
+    from dreamshard.planners import get_planner
+
+    gb = 1 << 30
+    try:
+        plan = get_planner(name).plan(task)
+        t0 = time.monotonic()
+        m = runner.evaluate_plan(plan)
+        row = {"pool": family, "planner": name, "tables": len(task.tables), "devices": task.devices, "hbm_gb": task.max_memory_bytes / gb,
+               "measured_ms": m.overall_ms, "seconds": round(time.monotonic() - t0, 1),
+               "tiers": {x: sum(s.tier == x for s in plan.shards) for x in ("hbm", "uvm", "uvm_caching")},
+               "measured_devices": phases(m),
+               "measured_caches": m.details.get("tiers", {}).get("cached_tables", [])}
+        for label, sim in sims.items():
+            r = sim.evaluate_plan(plan)
+            row[f"sim_ms_{label}"] = r.overall_ms
+            row[f"sim_err_{label}"] = (r.overall_ms - m.overall_ms) / m.overall_ms
+            row[f"sim_devices_{label}"] = phases(r)
+            row[f"sim_caches_{label}"] = r.details.get("tiers", {}).get("cached_shards", [])
+        return row
+    except Exception as e:  # noqa: BLE001
+        return {"pool": family, "planner": name, "error": f"{type(e).__name__}: {str(e)[:300]}", "trace": traceback.format_exc()[-800:]}
 
 
 # ---------------------------------------------------------------------------------------------- 7
@@ -686,17 +697,17 @@ def report(summary: dict) -> str:
                              f"{c['predicted_hit_rate']:.3f} | {', '.join(f'{g:.3f}' for g in got) or 'n/a'} |")
     fp = [r for r in summary.get("full_pool", []) if "measured_ms" in r]
     if fp:
-        lines += ["", "## The full pool: 856 `dlrm` tables (seed 0), 8 devices of 24 GB and host memory (sequential runner, comm modelled)", "",
-                  "| planner | tiers | measured ms | sim (defaults) | err | sim (fitted here) | err | seconds |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "## The full pools: each family's pool (seed 0), 8 devices of 24 GB and host memory (sequential runner, comm modelled)", "",
+                  "| pool | tables | planner | tiers | measured ms | sim (defaults) | err | sim (fitted here) | err | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in fp:
-            lines.append(f"| {r['planner']} | {r['tiers']} | {r['measured_ms']:.3f} | {r.get('sim_ms_default', nan):.3f} | {100 * r.get('sim_err_default', nan):+.1f}% | "
+            lines.append(f"| {r.get('pool', 'dlrm')} | {r['tables']} | {r['planner']} | {r['tiers']} | {r['measured_ms']:.3f} | {r.get('sim_ms_default', nan):.3f} | {100 * r.get('sim_err_default', nan):+.1f}% | "
                          f"{r.get('sim_ms_measured', nan):.3f} | {100 * r.get('sim_err_measured', nan):+.1f}% | {r['seconds']} |")
         label = "measured" if "sim_devices_measured" in fp[0] else "default"
         lines += ["", f"Each device's compute, measured / simulated (ms; the simulator with the {'host entry fitted here' if label == 'measured' else 'defaults'})", "",
-                  "| planner | device | fwd | bwd |", "|---|---|---|---|"]
+                  "| pool | planner | device | fwd | bwd |", "|---|---|---|---|---|"]
         for r in fp:
             for d, (m, x) in enumerate(zip(r["measured_devices"], r[f"sim_devices_{label}"])):
-                lines.append(f"| {r['planner']} | {d} | {m[0]:.3f} / {x[0]:.3f} | {m[1]:.3f} / {x[1]:.3f} |")
+                lines.append(f"| {r.get('pool', 'dlrm')} | {r['planner']} | {d} | {m[0]:.3f} / {x[0]:.3f} | {m[1]:.3f} / {x[1]:.3f} |")
     pr = summary.get("probe", [])
     if pr:
         lines += ["", "## The tiered forward taken apart (devices of the mixed plans with caches)", "",
@@ -748,6 +759,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--quick", action="store_true", help="logic check: tiny sizes")
     ap.add_argument("--skip", default="", help="parts not to run, of 1, 4, 5, 6 and 7 (e.g. 1,4,6; 7 probes 5's plans)")
+    ap.add_argument("--pools", default="dlrm", help="part 6: the families whose full pools are planned and measured, in order (default: dlrm)")
+    ap.add_argument("--pool-planners", default="size_lookup,dreamshard", help="part 6: the planners of each pool, in order")
     ap.add_argument("--refit", action="store_true", help="no GPU: fit the host entry again to OUT/summary.json's parts 2 and 3 "
                     "(host_link.json, the one-table rows' fitted prices, report.md; the plans keep the prices of their call)")
     args = ap.parse_args()
@@ -759,6 +772,13 @@ def main() -> None:
     skip = {int(x) for x in args.skip.split(",") if x.strip()}
     if skip - {1, 4, 5, 6, 7}:
         ap.error(f"--skip: parts 1, 4, 5, 6 and 7 can be skipped (2 and 3 feed them), got {args.skip}")
+    from dreamshard.families import FAMILIES
+    from dreamshard.planners.base import PLANNERS
+    import dreamshard.planners  # noqa: F401  (registers every planner)
+    for what, given, known in (("--pools", args.pools, FAMILIES), ("--pool-planners", args.pool_planners, PLANNERS)):
+        unknown = [x for x in given.split(",") if x not in known]
+        if unknown:
+            ap.error(f"{what}: unknown {unknown[0]!r}; choose from {', '.join(known)}")
     kernel = args.kernel or ("triton" if args.device.startswith("cuda") else "torch")
     run = Run(Path(args.out), args.budget_s)
     run.save("device", torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu")
@@ -782,7 +802,7 @@ def main() -> None:
     if 5 not in skip:
         mixed_plans(kernel, args.device, args.quick, run, sims, plans)
     if 6 not in skip:
-        full_pool(kernel, args.device, args.quick, run, sims)
+        full_pool(kernel, args.device, args.quick, run, sims, args.pools.split(","), args.pool_planners.split(","))
     if 7 not in skip:
         probe(kernel, args.device, plans, sims.get("measured", sims["default"]).host_link, run)
     atomic_write(Path(args.out) / "report.md", report(run.summary))
