@@ -268,3 +268,22 @@ def test_calibrate_comm_cli(tmp_path):
     assert set(m.fit_details["held_out"]) == {"all_to_all", "reduce_scatter", "all_gather", "relayout"}
     assert m.reduce_scatter and m.all_gather and m.relayout
     assert "held-out all-to-all" in r.output
+
+
+@pytest.mark.parametrize("error", ["oom", "other"])
+def test_shard_that_cannot_run_says_why(monkeypatch, error):
+    """A shard too large for the device is reported as such, not as the precision's fault (whose
+    advice, fp32, would need twice the memory); another failure of fp16 keeps that advice."""
+    import torch
+
+    from dreamshard.costs import kernels
+    from dreamshard.costs.runners.distributed import build_checked_tbe
+    from dreamshard.validation import MeasurementError
+
+    def failing(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.63 GiB") if error == "oom" else RuntimeError("no fp16 here")
+
+    monkeypatch.setattr(kernels, "make_tbe", failing)
+    expected = "do not fit in the memory of cpu" if error == "oom" else "does not run fp16 on cpu .* rerun with --precision fp32"
+    with pytest.raises(MeasurementError, match=expected):
+        build_checked_tbe(KERNEL, TABLES[:2], "fp16", "sgd", "cpu")

@@ -204,6 +204,8 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
     tiers.Tier per table): a shard with tables outside HBM runs as kernels/tiered.py's TieredTBE,
     a cache smaller than a batch of `batch_size` needs (tiers.min_cache_rows) given the shortfall
     as staging rows, so that its overflow is served from host memory as FBGEMM serves it."""
+    import torch
+
     from dreamshard.costs.kernels import make_tbe
     from dreamshard.streams import shard_batch
 
@@ -225,6 +227,8 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
         raise
     except Exception as e:  # noqa: BLE001 - the kernel cannot run this shard here (KernelUnavailable, a CUDA error...)
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e):  # not the precision's fault: fp32 would need more
+            raise MeasurementError(f"the shard's tables and batch do not fit in the memory of {device} ({msg})") from e
         if precision == "fp16":
             raise MeasurementError(f"the {kernel} kernel does not run fp16 on {torch_device_type(device)} ({msg}); rerun with --precision fp32") from e
         raise MeasurementError(f"the {kernel} kernel failed on {torch_device_type(device)}: {msg}") from e
