@@ -287,3 +287,19 @@ def test_shard_that_cannot_run_says_why(monkeypatch, error):
     expected = "do not fit in the memory of cpu" if error == "oom" else "does not run fp16 on cpu .* rerun with --precision fp32"
     with pytest.raises(MeasurementError, match=expected):
         build_checked_tbe(KERNEL, TABLES[:2], "fp16", "sgd", "cpu")
+
+
+def test_shard_larger_than_the_hosts_memory_fails_at_once(monkeypatch):
+    """Host tiers beyond the machine's RAM: one line before anything is built."""
+    from dreamshard.costs.runners import distributed
+    from dreamshard.tiers import HBM, Tier
+    from dreamshard.validation import MeasurementError
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built a TBE for a shard that cannot fit")
+
+    monkeypatch.setattr("dreamshard.costs.kernels.make_tbe", no_build)
+    monkeypatch.setattr(distributed.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}[name])  # a 4 MB machine
+    big = TableSpec("big", rows=10_000_000, dim=64, pooling_factor=2.0)
+    with pytest.raises(MeasurementError, match=r"need 1\.3 GB of pinned host memory; this machine has 0\.0 GB"):
+        distributed.build_checked_tbe(KERNEL, [TABLES[0], big], "fp16", "sgd", "cpu", tiers=[HBM, Tier("uvm")])

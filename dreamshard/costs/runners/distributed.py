@@ -42,6 +42,7 @@ not see one batch over and over. A worker that raises ends the run with its one-
 
 from __future__ import annotations
 
+import os
 from statistics import median
 from typing import Sequence
 
@@ -209,6 +210,10 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
     from dreamshard.costs.kernels import make_tbe
     from dreamshard.streams import shard_batch
 
+    host_bytes = sum(t.rows * t.dim * (2 if precision == "fp16" else 4) for t, tr in zip(tables, tiers or []) if tr.kind != "hbm")
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if host_bytes > ram:  # at once, not after minutes of building: pinned host memory cannot exceed the machine's RAM
+        raise MeasurementError(f"the shard's host tiers need {host_bytes / 1e9:,.1f} GB of pinned host memory; this machine has {ram / 1e9:,.1f} GB")
     try:
         if tiers is not None and any(t.kind != "hbm" for t in tiers):
             from dreamshard.costs.kernels.tiered import TieredTBE
@@ -228,7 +233,8 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
     except Exception as e:  # noqa: BLE001 - the kernel cannot run this shard here (KernelUnavailable, a CUDA error...)
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e):  # not the precision's fault: fp32 would need more
-            raise MeasurementError(f"the shard's tables and batch do not fit in the memory of {device} ({msg})") from e
+            where = f"{device}" + (f" and {host_bytes / 1e9:,.1f} GB of pinned host memory" if host_bytes else "")
+            raise MeasurementError(f"the shard's tables and batch do not fit in the memory of {where} ({msg})") from e
         if precision == "fp16":
             raise MeasurementError(f"the {kernel} kernel does not run fp16 on {torch_device_type(device)} ({msg}); rerun with --precision fp32") from e
         raise MeasurementError(f"the {kernel} kernel failed on {torch_device_type(device)}: {msg}") from e
