@@ -350,6 +350,7 @@ def report(folder: Path) -> str:
         for kind, e in sorted(errs.items()):
             a = np.abs(e)
             lines.append(f"| {label} | {kind} | {len(e)} | {np.median(a) * 100:.1f}% | {a.max() * 100:.1f}% | {pct(float(np.mean(e)))} |")
+    lines += ordering(done)
     # where DreamShard's plan came from
     won = Counter(notes_with(t["dreamshard"][3], "candidate").get("dreamshard", "?") for t in done.values() if "dreamshard" in t)
     lines += ["", "## DreamShard's search: the candidate chosen, over the measured tasks", "", "| candidate | tasks |", "|---|---:|"]
@@ -362,6 +363,33 @@ def report(folder: Path) -> str:
     lines += ["", "## Planning time per task (ms, on the CPU that made the plans: `benchmarks/heldout.py plan`)", "", "| planner | mean | max |", "|---|---:|---:|"]
     lines += [f"| {k} | {np.mean(v):.0f} | {max(v):.0f} |" for k, v in sorted(times.items(), key=lambda kv: np.mean(kv[1]))]
     return "\n".join(lines) + "\n"
+
+
+def ordering(done: dict) -> list[str]:
+    """Where `dreamshard` and `oracle (simulator)` made different plans of a task: which of the two
+    the cost net (the shipped model, as `dreamshard` scores its candidates), the simulator and the
+    GPU put first. A search keeps the candidate its scorer under-prices most among near-optimal
+    ones, so the scorer's errors between two good plans matter more than its error on either."""
+    from dataclasses import replace
+
+    from dreamshard.planners.scoring import PieceScorer
+
+    model = get_planner("dreamshard").model
+    pairs = [t for t in done.values() if {"dreamshard", "oracle (simulator)"} <= set(t) and t["dreamshard"][3] is not t["oracle (simulator)"][3]]
+    if not pairs:
+        return []
+    agree = Counter()
+    for t in pairs:
+        net = {}
+        for label in ("dreamshard", "oracle (simulator)"):
+            plan = t[label][3]
+            scorer = PieceScorer(model, plan.task)
+            net[label] = float(scorer.score(scorer.state([replace(s, device=-1) for s in plan.shards], np.array([s.device for s in plan.shards]))))
+        gpu = t["dreamshard"][0] < t["oracle (simulator)"][0]
+        agree["cost net"] += (net["dreamshard"] < net["oracle (simulator)"]) == gpu
+        agree["simulator"] += (t["dreamshard"][2] < t["oracle (simulator)"][2]) == gpu
+    return ["", f"## Which of `dreamshard`'s and `oracle`'s plans is faster: tasks where each scorer orders them as the GPU does ({len(pairs)} tasks with two plans)", "",
+            "| scorer | tasks ordered as measured |", "|---|---:|", *(f"| {k} | {v} of {len(pairs)} |" for k, v in agree.items())]
 
 
 def report_cmd(args) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -74,6 +76,13 @@ def test_learner_replay_reproduces_the_actors_log_probs(tasks):
     logits, _ = autoshard.replay(net, ep, actions)
     target = torch.log_softmax(logits, -1).gather(-1, actions.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(target[ep.valid], behaviour[ep.valid], atol=1e-5)
+    # with the devices without room masked (Config.mask_memory), at a cap tight enough to mask some
+    tight = replace(ep, cap=ep.nbytes.sum(1) // ep.devices * 11 // 10)
+    actions, behaviour, _ = autoshard.act(net, tight, greedy=False, generator=torch.Generator().manual_seed(1), room=True)
+    logits, _ = autoshard.replay(net, tight, actions, room=True)
+    assert (torch.isinf(logits) & tight.device_ok.unsqueeze(1))[tight.valid].any()  # some device of a task masked
+    target = torch.log_softmax(logits, -1).gather(-1, actions.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(target[tight.valid], behaviour[tight.valid], atol=1e-5)
 
     placer = rnn.Seq2SeqPlacer(4)
     ep = sequence.episodes(prepared, [rnn.order(p) for p in prepared])

@@ -94,6 +94,9 @@ class Config(BudgetConfig):
     cost_updates: int = 20  # cost-model steps per iteration
     cost_batch: int = 512  # shards per cost-model step
     buffer_size: int = 5000  # measured shards kept (a ring)
+    # training episodes see only the devices with room, as planning does (`act`'s `room`; the
+    # reference lets the policy overflow and pays it a negative reward). Off: the reference.
+    mask_memory: bool = False
 
     def validate(self) -> "Config":
         super().validate()
@@ -190,9 +193,10 @@ def act(net: AutoShardNet, ep: Episodes, greedy: bool, generator: torch.Generato
     return actions, logp, stuck
 
 
-def replay(net: AutoShardNet, ep: Episodes, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def replay(net: AutoShardNet, ep: Episodes, actions: torch.Tensor, room: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The learner's pass over played episodes, all steps at once: the state of every device
-    before step t is a cumulative sum of the steps before it. → (logits [E, T, D], values [E, T])."""
+    before step t is a cumulative sum of the steps before it; `room`: the legal devices of `act`
+    with `room`. → (logits [E, T, D], values [E, T])."""
     D = int(ep.devices.max())
     enc = net.table(ep.x)
     step = F.one_hot(actions.clamp(min=0), D).float() * ep.valid.unsqueeze(-1)  # [E, T, D]
@@ -201,7 +205,11 @@ def replay(net: AutoShardNet, ep: Episodes, actions: torch.Tensor) -> tuple[torc
     sized = step * ep.size.unsqueeze(-1)
     used, count = sized.cumsum(1) - sized, step.cumsum(1) - step
     h = net.states(ep.x, ep.lengths)
-    logits = net.logits(h, z, used, count).masked_fill(~ep.device_ok.unsqueeze(1), -math.inf)
+    legal = ep.device_ok.unsqueeze(1).expand(-1, ep.x.shape[1], -1)
+    if room:
+        placed = step.long() * ep.nbytes.unsqueeze(-1)
+        legal, _ = with_room(legal, placed.cumsum(1) - placed, ep.nbytes, ep.cap[:, None].expand_as(ep.nbytes))
+    logits = net.logits(h, z, used, count).masked_fill(~legal, -math.inf)
     return logits, net.baseline(h).squeeze(-1)
 
 
@@ -347,7 +355,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
         bar.phase(it, "playing and measuring")
         idx = rng.integers(len(tasks), size=max(1, cfg.measurements_at(it)))
         ep = episodes(net, [prepared[i] for i in idx])
-        actions, behaviour, _ = act(net, ep, greedy=False, generator=gen)
+        actions, behaviour, _ = act(net, ep, greedy=False, generator=gen, room=cfg.mask_memory)
         played = placements(ep, actions)
         fits = [k for k, i in enumerate(idx) if fullest(prepared[i], played[k]) <= prepared[i].cap]
         overflow = 1.0 - len(fits) / len(idx)
@@ -379,7 +387,7 @@ def train(cfg: Config, tasks: Sequence[Task], backend: CostBackend, out: str | P
 
         # --- learn: V-trace actor-critic on the played episodes --------------------------------
         bar.phase(it, "learning")
-        logits, values = replay(net, ep, actions)
+        logits, values = replay(net, ep, actions, room=cfg.mask_memory)
         valid = ep.valid.float()
         logp_all = F.log_softmax(logits, -1)
         target = logp_all.gather(-1, actions.clamp(min=0).unsqueeze(-1)).squeeze(-1) * valid
