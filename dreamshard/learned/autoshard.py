@@ -208,7 +208,9 @@ def replay(net: AutoShardNet, ep: Episodes, actions: torch.Tensor, room: bool = 
     legal = ep.device_ok.unsqueeze(1).expand(-1, ep.x.shape[1], -1)
     if room:
         placed = step.long() * ep.nbytes.unsqueeze(-1)
-        legal, _ = with_room(legal, placed.cumsum(1) - placed, ep.nbytes, ep.cap[:, None].expand_as(ep.nbytes))
+        room_ok, _ = with_room(legal, placed.cumsum(1) - placed, ep.nbytes, ep.cap[:, None].expand_as(ep.nbytes))
+        # padding steps keep every device: their action (device 0) is read back and must stay finite
+        legal = torch.where(ep.valid.unsqueeze(-1), room_ok, legal)
     logits = net.logits(h, z, used, count).masked_fill(~legal, -math.inf)
     return logits, net.baseline(h).squeeze(-1)
 
