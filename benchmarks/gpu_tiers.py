@@ -695,6 +695,9 @@ def report(summary: dict) -> str:
                 got = [x["hit_rate"] for x in r.get("measured_caches", []) if x.get("table") == c["table"]]
                 lines.append(f"| {r['tables']}/{r['devices']}/{r['bytes_over_hbm']} {r['planner']} | {c['table']} | {c['device']} | {c['cache_rows']} | "
                              f"{c['predicted_hit_rate']:.3f} | {', '.join(f'{g:.3f}' for g in got) or 'n/a'} |")
+    failed = [r for r in summary.get("full_pool", []) if "error" in r]
+    if failed:
+        lines += ["", "## Full pools not measured", "", *(f"- {r.get('pool', 'dlrm')}, {r['planner']}: {r['error']}" for r in failed)]
     fp = [r for r in summary.get("full_pool", []) if "measured_ms" in r]
     if fp:
         lines += ["", "## The full pools: each family's pool (seed 0), 8 devices of 24 GB and host memory (sequential runner, comm modelled)", "",
