@@ -12,8 +12,11 @@ partial pooled sums for the whole batch, which a reduce-scatter sums (costs/comm
 table-row-wise (TorchRec's TWRW: row-wise within one host) is the same thing; on a task of several
 hosts (its "topology", topology.py) a table whose row shards all lie in one host is table-row-wise,
 priced so (costs/hierarchy.py) and exported so (torchrec_io.py).
-A table is split by rows or by columns, not both (`Plan.check` refuses a mix: the exchange of a
-grid of shards is not modelled).
+A table may also be cut both ways, as a *grid* (TorchRec's grid sharding): its columns cut into
+ranges, each range split by rows over distinct devices — each column range a row-wise table of
+its own width to every backend (`Shard.spec`: the row shard of the column shard), its rows'
+partial sums reduce-scattered with the other row-wise tables' (on several hosts, inside the host
+that holds the range: table-row-wise per column block).
 
 The plan carries every table's full spec (with its stream descriptor), so `dreamshard measure
 PLAN.json` rebuilds the exact index streams with no other argument. Format `dreamshard.plan/2`
@@ -90,15 +93,12 @@ class Shard:
         """The shard as a table a kernel or model can price: a column shard has the table's
         stream at its own width; a row shard (`streams.row_shard_spec`) the table's stream
         restricted to its rows, with its measured pooling factor and bins."""
-        if self.is_row_shard:
-            if self.width != table.dim:
-                raise ValueError(f"table {table.name}: a shard of rows [{self.row_start}, {self.row_stop}) and columns [{self.start}, {self.stop}) (split by rows or by columns, not both)")
+        columns = table if self.start == 0 and self.stop == table.dim else replace(table, name=f"{table.name}[{self.start}:{self.stop}]", dim=self.width)
+        if self.is_row_shard:  # a grid's piece: the row shard of its column range (the same stream at its width)
             from dreamshard.streams import row_shard_spec  # torch: only for plans with row shards
 
-            return row_shard_spec(table, *self.row_range(table))
-        if self.start == 0 and self.stop == table.dim:
-            return table
-        return replace(table, name=f"{table.name}[{self.start}:{self.stop}]", dim=self.width)
+            return row_shard_spec(columns, *self.row_range(table))
+        return columns
 
     def bytes(self, table: TableSpec, precision: str = "fp16", optimizer: str = "sgd") -> int:
         """Device (HBM) memory of the shard: its rows × its columns (and its rows' optimizer state);
@@ -286,22 +286,34 @@ class Plan:
                     raise PlanError(f"{where}: device {d} holds {used:,} bytes in host memory, over its host_memory_bytes {self.task.host_memory_bytes:,}")
 
     def _check_rows(self, i: int, where: str) -> None:
-        """Table i's shards are row shards that tile its rows, each every column, on distinct devices."""
+        """Table i's shards are row shards: their column ranges tile its columns (one range: every
+        column; several: a grid), and within each range they tile its rows on distinct devices."""
         t = self.task.tables[i]
-        shards = sorted((s for s in self.shards if s.table == i), key=lambda s: s.row_start)
-        cover, devices = 0, set()
-        for s in shards:
-            a, b = s.row_range(t)
-            if (s.start, s.stop) != (0, t.dim):
-                raise PlanError(f"{where}: table {t.name}: a shard of rows [{a}, {b}) and columns [{s.start}, {s.stop}): split a table by rows or by columns, not both")
-            if a != cover or not a < b <= t.rows:
-                raise PlanError(f"{where}: table {t.name}: shard rows [{a}, {b}) do not continue its shards at row {cover} within its {t.rows} rows")
-            if s.device in devices:
-                raise PlanError(f"{where}: table {t.name}: two of its row shards on device {s.device}; put a table's row shards on distinct devices")
-            devices.add(s.device)
-            cover = b
-        if cover != t.rows:
-            raise PlanError(f"{where}: table {t.name}: shards cover rows [0, {cover}) of its {t.rows}")
+        by_columns: dict[tuple[int, int], list[Shard]] = {}
+        for s in self.shards:
+            if s.table == i:
+                by_columns.setdefault((s.start, s.stop), []).append(s)
+        cols = 0
+        for (c0, c1), shards in sorted(by_columns.items()):
+            span = "" if (c0, c1) == (0, t.dim) else f" in columns [{c0}, {c1})"
+            if c0 != cols or not c0 < c1 <= t.dim:
+                raise PlanError(f"{where}: table {t.name}: row shards of columns [{c0}, {c1}) do not continue its column ranges at column {cols} within dim {t.dim} "
+                                f"(a grid's column ranges tile the table's columns)")
+            if c1 - c0 < MIN_DIM or (c1 - c0) % DIM_MULTIPLE:
+                raise PlanError(f"{where}: table {t.name}: shard columns [{c0}, {c1}) are {c1 - c0} wide; use a multiple of {DIM_MULTIPLE}")
+            cols, cover, devices = c1, 0, set()
+            for s in sorted(shards, key=lambda s: s.row_start):
+                a, b = s.row_range(t)
+                if a != cover or not a < b <= t.rows:
+                    raise PlanError(f"{where}: table {t.name}: shard rows [{a}, {b}){span} do not continue its shards at row {cover} within its {t.rows} rows")
+                if s.device in devices:
+                    raise PlanError(f"{where}: table {t.name}: two of its row shards{span} on device {s.device}; put a table's row shards on distinct devices")
+                devices.add(s.device)
+                cover = b
+            if cover != t.rows:
+                raise PlanError(f"{where}: table {t.name}: shards{span} cover rows [0, {cover}) of its {t.rows}")
+        if cols != t.dim:
+            raise PlanError(f"{where}: table {t.name}: shards cover columns [0, {cols}) of its {t.dim}")
 
     def to_json(self) -> dict:
         t = self.task

@@ -12,9 +12,11 @@ per column shard, offsets [0, start] and sizes [rows, width], the ranks in colum
 split by rows → `row_wise`, TorchRec's layout (`row_wise_cuts`): rank r of all D holds rows
 [r·b, (r+1)·b), b = ceil(rows / D), the last ones what is left (possibly none: a rank past the
 table's rows holds a shard of 0 rows); or `table_row_wise`, the same layout over the ranks of one
-host of `local_world_size`. A row split of another layout (uneven blocks, other ranks, a rank
-order that is not the row order) has no TorchRec form: `NotExpressibleError` says which layout it
-needs. Data-parallel and grid shards have no form in our plans: `NotExpressibleError`.
+host of `local_world_size`; a grid (column ranges, each split by rows) → `grid_shard`: column
+blocks of one width, each in that table-row-wise layout over the ranks of its own host. A row
+split of another layout (uneven blocks, other ranks, a rank order that is not the row order) has
+no TorchRec form: `NotExpressibleError` says which layout it needs. Data-parallel shards have no
+form in our plans: `NotExpressibleError`.
 
 TorchRec is imported lazily (it is slow to import and absent on the GPU machines): importing this
 module costs nothing; the functions that need TorchRec raise `TorchRecUnavailable` (one line)
@@ -47,8 +49,9 @@ Offered = "tuple[str, tuple[str, ...]] | None"  # (compute device, the sharding 
 ALL_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "data_parallel", "grid_shard")
 COLUMN_TYPES = ("column_wise", "table_column_wise")
 ROW_TYPES = ("row_wise", "table_row_wise")
-EXPRESSIBLE = ("table_wise",) + COLUMN_TYPES + ROW_TYPES
-NOT_EXPRESSIBLE_WHY = "our plans have table-wise, column and row shards"  # why data-parallel and grid shards are refused
+GRID = "grid_shard"
+EXPRESSIBLE = ("table_wise",) + COLUMN_TYPES + ROW_TYPES + (GRID,)
+NOT_EXPRESSIBLE_WHY = "our plans have table-wise, column, row and grid shards"  # why data-parallel shards are refused
 # "fused": the optimizer runs inside FBGEMM's TBE backward (what our cost backends measure);
 # "dense": plain autograd weights, for setups that want an ordinary optimizer.
 KERNELS = ("fused", "dense")
@@ -61,8 +64,8 @@ class TorchRecUnavailable(OptionError):
 
 
 class NotExpressibleError(NoPlanError):
-    """A sharding one side cannot express: TorchRec's data-parallel or grid shards in our plans;
-    in TorchRec, row splits not of its row-wise layout."""
+    """A sharding one side cannot express: TorchRec's data-parallel shards in our plans; in
+    TorchRec, row splits not of its row-wise layout."""
 
 
 class ConstraintError(NoPlanError):
@@ -363,13 +366,13 @@ def allowed_types(name: str, constraint: Any = None, column_type: str = "column_
     type TorchRec lacks, or none of ours, or none offered."""
     given = getattr(constraint, "sharding_types", None) if constraint is not None else None
     if not given:
-        out = ("table_wise", column_type, "row_wise", "table_row_wise")
+        out = ("table_wise", column_type, "row_wise", "table_row_wise", GRID)
         return tuple(k for k in out if k in offered[1]) if offered else out
     kinds = [str(k) for k in _listed(given)]
     bad = next((k for k in kinds if k not in ALL_TYPES), None)
     if bad is not None:
         raise ConstraintError(f"{constraint_text(name, 'sharding_types', kinds)}: {bad!r} is not a TorchRec sharding type ({', '.join(ALL_TYPES)})")
-    order = ("table_wise", column_type, *(k for k in COLUMN_TYPES if k != column_type), *ROW_TYPES)
+    order = ("table_wise", column_type, *(k for k in COLUMN_TYPES if k != column_type), *ROW_TYPES, GRID)
     out = tuple(k for k in order if k in kinds)
     if not out:
         raise ConstraintError(f"{constraint_text(name, 'sharding_types', kinds)} allows none of the sharding types dreamshard plans ({', '.join(EXPRESSIBLE)}: {NOT_EXPRESSIBLE_WHY})")
@@ -438,7 +441,13 @@ def _sharding(t: TableSpec, shards: list[Shard], devices: int, local: int, devic
                 why.append(f"min_partition {min_width} is wider than its narrowest column shard")  # (table_sharding names the constraint)
                 continue
             return entry(kind, [(s.device, 0, s.start, t.rows, s.width) for s in shards])
-        if kind in ROW_TYPES:
+        if kind == GRID and not full:
+            got = _grid(t, shards, local)
+            if isinstance(got, str):
+                why.append(got)
+                continue
+            return entry(kind, got)
+        if kind in ROW_TYPES and all(s.width == t.dim for s in shards):
             ranks = list(range(devices)) if kind == "row_wise" else list(range(host * local, (host + 1) * local))
             cuts = row_wise_cuts(t.rows, len(ranks))
             if [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b] == ours:
@@ -448,6 +457,33 @@ def _sharding(t: TableSpec, shards: list[Shard], devices: int, local: int, devic
                 why.append(f"row shards {', '.join(f'[{a}, {z}) on {d}' for d, a, z in ours[:4])}{', ...' if len(ours) > 4 else ''} are not TorchRec's row-wise layout: "
                            f"rank r of all {devices} holds rows [r·{b}, (r+1)·{b}) (ceil(rows / ranks) each; table_row_wise: the same over one host's {local} ranks)")
     return why[0] if why else ""
+
+
+def _grid(t: TableSpec, shards: Sequence[Shard], local: int) -> list[tuple[int, int, int, int, int]] | str:
+    """A grid's pieces (rank, first row, first column, rows, width) in TorchRec's grid layout
+    (torchrec.distributed.sharding_plan.grid_shard): column blocks of one width in column order,
+    block k table-row-wise over every rank of one host, each block on a host of its own; or why
+    the shards are not that."""
+    blocks: dict[tuple[int, int], list[Shard]] = {}
+    for s in shards:
+        blocks.setdefault((s.start, s.stop), []).append(s)
+    widths = {b - a for a, b in blocks}
+    if len(blocks) < 2 or len(widths) > 1:
+        return f"its column ranges {sorted(blocks)} are not grid_shard's column blocks of one width"
+    pieces, hosts = [], []
+    for (c0, c1), block in sorted(blocks.items()):
+        block = sorted(block, key=lambda s: s.row_start)
+        host = block[0].device // local
+        ranks = list(range(host * local, (host + 1) * local))
+        cuts = row_wise_cuts(t.rows, local)
+        if [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b] != [(s.device, *s.row_range(t)) for s in block]:
+            return (f"its column block [{c0}, {c1}) is not split table-row-wise in TorchRec's layout: rank r of one host's {local} holds rows "
+                    f"[r·{cuts[0][1]}, (r+1)·{cuts[0][1]})")
+        if host in hosts:
+            return f"two of its column blocks are on host {host}; grid_shard puts each block on a host of its own"
+        hosts.append(host)
+        pieces += [(r, a, c0, b - a, c1 - c0) for r, (a, b) in zip(ranks, cuts)]
+    return pieces
 
 
 def torchrec_shardings(plan: Plan, device_type: str = "cuda", compute_kernel: str = "fused", column_type: str = "column_wise",
@@ -564,13 +600,13 @@ def shards_from_torchrec(kind: str, name: str, table: int, pieces: Iterable[tupl
     offset, width). The one conversion behind `plan_from_torchrec` and the torchrec planner: a
     row-wise or table-row-wise shard keeps its row range (TorchRec's shards of 0 rows, on ranks
     past a table's last row, hold nothing and are dropped); table-wise and column shards are
-    every row. Data-parallel and grid shards raise NotExpressibleError: "{who} {kind} for table
-    {name}: ..."."""
+    every row; a grid's keep both ranges. Data-parallel shards raise NotExpressibleError: "{who}
+    {kind} for table {name}: ..."."""
     if kind not in EXPRESSIBLE:
         raise NotExpressibleError(f"{who} {kind} for table {name}: not expressible ({NOT_EXPRESSIBLE_WHY})")
     out = []
     for rank, row, rows, start, width in pieces:
-        if kind in ROW_TYPES:
+        if kind in ROW_TYPES or kind == GRID:
             if int(rows) > 0:
                 out.append(Shard(table, int(rank), int(start), int(start) + int(width), int(row), int(row) + int(rows), tier.kind, tier.cache_ratio))
         else:
@@ -617,7 +653,7 @@ def plan_from_torchrec(sharding_plan: Any, task: Task, planner: str = "torchrec"
                 raise PlanError(f"{where}: {kind} with no shards in its sharding_spec")
             pieces = []
             for m in sorted(spec_shards, key=lambda m: (m.shard_offsets[0], m.shard_offsets[1])):
-                if kind not in ROW_TYPES and (m.shard_offsets[0] != 0 or m.shard_sizes[0] != t.rows):
+                if kind not in ROW_TYPES and kind != GRID and (m.shard_offsets[0] != 0 or m.shard_sizes[0] != t.rows):
                     raise NotExpressibleError(f"{where}: {kind} with a shard of rows [{m.shard_offsets[0]}, {m.shard_offsets[0] + m.shard_sizes[0]}) of its {t.rows}: split a table by rows or by columns, not both")
                 pieces.append((_rank_of(m.placement, where), m.shard_offsets[0], m.shard_sizes[0], m.shard_offsets[1], m.shard_sizes[1]))
             tier = tier_from_torchrec(ps.compute_kernel, getattr(getattr(ps, "cache_params", None), "load_factor", None), where)

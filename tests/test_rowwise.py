@@ -57,7 +57,11 @@ def test_row_cuts_refuse_more_parts_than_rows():
     ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 1, 0, 96, 2500, 4000)], r"cover rows \[0, 4000\) of its 5000"),  # short
     ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 1, 0, 96, 2500, 6000)], r"rows \[2500, 6000\) .* within its 5000 rows"),  # past the end
     ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 0, 0, 96, 2500, 5000)], "two of its row shards on device 0"),
-    ([Shard(0, 0, 0, 48, 0, 2500), Shard(0, 1, 48, 96, 2500, 5000)], "split a table by rows or by columns, not both"),
+    ([Shard(0, 0, 0, 48, 0, 2500), Shard(0, 1, 48, 96, 2500, 5000)], r"shards in columns \[0, 48\) cover rows \[0, 2500\) of its 5000"),  # a grid missing blocks
+    ([Shard(0, 0, 0, 48, 0, 2500), Shard(0, 1, 0, 48, 2500, 5000), Shard(0, 0, 64, 96, 0, 5000)], r"columns \[64, 96\) do not continue its column ranges at column 48"),
+    ([Shard(0, 0, 0, 48, 0, 2500), Shard(0, 1, 0, 48, 2500, 5000)], r"cover columns \[0, 48\) of its 96"),
+    ([Shard(0, 0, 0, 48, 0, 2500), Shard(0, 0, 0, 48, 2500, 5000), Shard(0, 1, 48, 96)], r"two of its row shards in columns \[0, 48\) on device 0"),
+    ([Shard(0, 0, 0, 42, 0, 2500), Shard(0, 1, 0, 42, 2500, 5000), Shard(0, 1, 42, 96)], r"columns \[0, 42\) are 42 wide"),
     ([Shard(0, 0, 0, 96, 0, 2500), Shard(0, 1, 0, 96)], r"rows \[0, 5000\) do not continue its shards at row 2500"),  # a whole shard beside a row shard
 ])
 def test_bad_row_shards_are_refused_with_the_table_named(shards, match):
@@ -294,3 +298,84 @@ def test_collectives_measured_on_gloo():
         (op, b, r) for op in ("reduce_scatter", "all_gather") for b in (1 << 10, 1 << 16) for r in (0, 1))
     assert {p["pattern"] for p in fit if p["op"] == "all_to_all"} == {"balanced", "heavy", "idle", "random"}
     assert {p["set"] for p in points} == {"fit", "held_out"} and all(p["ms"] > 0 for p in points)
+
+
+# --------------------------------------------------------------------------------------------
+# Grids: column ranges, each split by rows (TorchRec's grid sharding)
+# --------------------------------------------------------------------------------------------
+
+
+def grid_plan(workload=Workload()) -> Plan:
+    """w in two column blocks, each split by rows over devices 0 and 1 (in the other order for the
+    second block); n whole on device 1."""
+    shards = [Shard(0, 0, 0, 48, 0, 2500), Shard(0, 1, 0, 48, 2500, 5000), Shard(0, 1, 48, 96, 0, 2500), Shard(0, 0, 48, 96, 2500, 5000), Shard(1, 1, 0, 16)]
+    return Plan(task(2, workload=workload), shards, "manual")
+
+
+def test_a_grid_is_a_plan_of_row_shards_of_column_blocks(tmp_path):
+    plan = grid_plan()
+    plan.check()
+    specs = plan.device_tables()
+    assert [[t.name for t in d] for d in specs] == [["w[0:48][rows 0:2500]", "w[48:96][rows 2500:5000]"], ["w[0:48][rows 2500:5000]", "w[48:96][rows 0:2500]", "n"]]
+    piece = specs[0][1]
+    assert isinstance(piece, RowShardSpec) and piece.dim == 48 and piece.parent.name == "w[48:96]" and piece.parent.dim == 48
+    assert exchange_dims(specs) == ([0, 16], 96)  # both blocks go through the reduce-scatter: 96 columns
+    assert plan.device_bytes() == [2 * 2500 * 48 * 2, 2 * 2500 * 48 * 2 + N.bytes()]
+    save_plans([plan], tmp_path / "g.json")
+    again = load_plans(tmp_path / "g.json")[0]
+    assert again.shards == plan.shards and again.to_json() == plan.to_json()
+
+
+def test_a_grids_pooled_outputs_are_the_tables():
+    """Torch kernel on CPU, float64 reference: the sum over each column block's row shards of their
+    pooled outputs is the table's pooled output in that block's columns."""
+    from dreamshard.costs.kernels import make_tbe
+
+    table, batch = TableSpec("t", 1000, 32, 6.0, distribution="zipf:1.2", seed=7), 128
+    weights = torch.randn(table.rows, table.dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lengths, indices = table_bags(table, batch, 2)
+    reference = torch.stack([weights[bag].sum(0) for bag in torch.split(indices, lengths.tolist())])
+    total = torch.full((batch, table.dim), float("nan"), dtype=torch.float64)  # poisoned: every column must be written
+    for c0, c1 in ((0, 16), (16, 32)):
+        block = torch.zeros(batch, c1 - c0, dtype=torch.float64)
+        for a, b in row_cuts(table.rows, 3):
+            spec = Shard(0, 0, c0, c1, a, b).spec(table)
+            tbe = make_tbe("torch", [spec.rows], [spec.dim], precision="fp32", device="cpu")
+            tbe.set_weights(0, weights[a:b, c0:c1].float())
+            sl, si = table_bags(spec, batch, 2)
+            block += tbe.forward(si, torch.cat([sl.new_zeros(1), torch.cumsum(sl, 0)])).double()
+        total[:, c0:c1] = block
+    assert torch.allclose(total, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_the_runners_and_the_simulator_measure_a_grid():
+    """The simulator and both runners take a grid; the distributed runner's reduce-scatter input on
+    each rank is its pieces' real pooled outputs, each in its block's columns of the buffer."""
+    from dreamshard.costs.kernels import make_tbe
+    from dreamshard.costs.runners import DistributedRunner, SequentialRunner
+    from dreamshard.rowshard import exchange_order, rowwise_tables
+    from dreamshard.streams import shard_batch
+
+    B = 16
+    plan = grid_plan(Workload(B, "fp32"))
+    for r in (SimBackend().evaluate_plan(plan), SequentialRunner("torch", device="cpu", warmup=1, iters=2).evaluate_plan(plan)):
+        assert all(d.fwd_comm_ms > 0 and d.bwd_comp_ms > 0 for d in r.devices)
+    r = DistributedRunner("torch", "cpu", 1, 3, timeout_s=120, check_outputs=True).evaluate_plan(plan)
+    assert r.details["rowwise_dim"] == 96 and r.details["dim_sums"] == [0, 16]
+    check = r.details["rowwise_check"]
+    tables = exchange_order(plan.device_tables())
+    layout = [t.name for t in rowwise_tables([t for d in tables for t in d])]
+    assert layout == ["w[0:48]", "w[48:96]"]
+    rs_in = [np.array(c["reduce_scatter_in"]) for c in check]
+    for rank, ts in enumerate(tables):
+        tbe = make_tbe("torch", [t.rows for t in ts], [t.dim for t in ts], precision="fp32", device="cpu", seed=0)
+        out = tbe.forward(*shard_batch(ts, B, step=0)).double().numpy()
+        col = 0
+        for t in ts:
+            if isinstance(t, RowShardSpec):
+                k = layout.index(t.parent.name)
+                assert np.array_equal(rs_in[rank][:, 48 * k:48 * (k + 1)], out[:, col:col + t.dim])
+            col += t.dim
+    summed = rs_in[0] + rs_in[1]
+    for rank in range(2):
+        assert np.allclose(check[rank]["reduce_scatter_out"], summed[rank * B // 2:(rank + 1) * B // 2], rtol=1e-6, atol=1e-7)

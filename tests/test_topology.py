@@ -523,3 +523,43 @@ def test_the_command_line_offers_the_tasks_row_layouts():
 
     option = next(p for p in plan_cmd.params if p.name == "row_layouts")
     assert tuple(option.type.choices) == ROW_LAYOUTS
+
+
+def test_a_grid_keeps_each_blocks_exchange_in_its_host(sim):
+    """A table in two column blocks, each table-row-wise inside its own host (TorchRec's
+    grid_shard), against its rows spread over both hosts' GPUs: the grid sums each block on
+    NVLink; exported as grid_shard in TorchRec's layout and read back as the same shards."""
+    from dreamshard.torchrec_io import shards_from_torchrec
+
+    topo = replace(H100, hosts=2)
+    big = table("big", 800_000, 128, 30.0)
+    task = Task([big] + [table(f"t{i}", dim=64) for i in range(16)], 16, 10**10, topology=topo)
+    cuts = row_wise_cuts(big.rows, 8)
+    others = [Shard(1 + i, i, 0, 64) for i in range(16)]
+    grid = Plan(task, [Shard(0, 8 * h + r, 64 * h, 64 * (h + 1), a, b) for h in range(2) for r, (a, b) in enumerate(cuts)] + others, "hand")
+    spread = Plan(task, [Shard(0, r, 0, 128, a, b) for r, (a, b) in enumerate(row_wise_cuts(big.rows, 16))] + others, "hand")
+    grid.check(), spread.check()
+    comm = lambda p: max(d.fwd_comm_ms + d.bwd_comm_ms for d in sim.evaluate_plan(p).devices)  # noqa: E731
+    assert comm(grid) < comm(spread)
+    exported = torchrec_shardings(grid)["big"]
+    assert exported["sharding_type"] == "grid_shard" and exported["ranks"] == list(range(16))
+    assert [(s["offsets"], s["sizes"]) for s in exported["shards"][7:9]] == [([cuts[7][0], 0], [cuts[7][1] - cuts[7][0], 64]), ([0, 64], [cuts[0][1], 64])]
+    back = shards_from_torchrec("grid_shard", "big", 0, [(s["rank"], s["offsets"][0], s["sizes"][0], s["offsets"][1], s["sizes"][1]) for s in exported["shards"]], "test")
+    assert sorted(back, key=lambda s: (s.start, s.row_start)) == sorted((s for s in grid.shards if s.table == 0), key=lambda s: (s.start, s.row_start))
+
+
+@pytest.mark.parametrize("blocks,needle", [
+    ([(0, 64, 0), (64, 128, 0)], "two of its column blocks are on host 0"),
+    ([(0, 32, 0), (32, 128, 1)], "not grid_shard's column blocks of one width"),
+])
+def test_a_grid_torchrec_cannot_hold_says_why(blocks, needle):
+    from dreamshard.torchrec_io import NotExpressibleError
+
+    topo = replace(H100, hosts=2)
+    big = table("big", 8_000, 128, 3.0)
+    task = Task([big], 16, 10**10, topology=topo)
+    cuts = row_wise_cuts(big.rows, 8)
+    plan = Plan(task, [Shard(0, 8 * h + r, c0, c1, a, b) for c0, c1, h in blocks for r, (a, b) in enumerate(cuts)], "hand")
+    plan.check()
+    with pytest.raises(NotExpressibleError, match=needle):
+        torchrec_shardings(plan)

@@ -106,7 +106,7 @@ def test_row_wise_choices_are_plans():
         assert "not expressible" in str(e) and "\n" not in str(e)
     from dreamshard.torchrec_io import shards_from_torchrec
 
-    with pytest.raises(NotExpressibleError, match=r"^torchrec chose data_parallel for table a: not expressible \(our plans have table-wise, column and row shards\)$"):
+    with pytest.raises(NotExpressibleError, match=r"^torchrec chose data_parallel for table a: not expressible \(our plans have table-wise, column, row and grid shards\)$"):
         shards_from_torchrec("data_parallel", "a", 0, [(0, 0, 10, 0, 8)], "torchrec chose")
 
 

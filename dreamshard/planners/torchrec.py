@@ -21,8 +21,9 @@ behind `torchrec_io.plan_from_torchrec` too): table_wise → one full-width shar
 table_column_wise → one column shard per TorchRec shard (its column offset and width); row_wise and
 table_row_wise → one row shard per TorchRec shard of some rows (its row offset and count: TorchRec's
 blocks of ceil(rows / ranks), `torchrec_io.row_wise_cuts`), priced by our backends as any row
-shard (its measured lookups, the reduce-scatter). Data-parallel and grid shards have no form in
-our plans: they raise `NotExpressibleError`. TorchRec's own estimate (per rank, the sum of its shards' perf, in ms; the
+shard (its measured lookups, the reduce-scatter); grid_shard → the same per column block (our
+grid: column ranges, each split by rows). Data-parallel shards have no form in our plans: they
+raise `NotExpressibleError`. TorchRec's own estimate (per rank, the sum of its shards' perf, in ms; the
 plan's cost is the slowest rank, as its `NoopPerfModel` rates plans) and its storage estimate go in
 `plan.predicted`; its planning time in the plan's notes.
 
