@@ -348,6 +348,33 @@ def test_every_table_table_row_wise_by_host():
         assert exported[t.name]["sharding_type"] == "table_row_wise" and exported[t.name]["ranks"][: len(mine)] == [s.device for s in mine]
 
 
+def test_a_grid_of_every_table_by_host():
+    """The grid candidate (`blocks=2`): every table whose dim allows it in two column blocks, each
+    table-row-wise on a host of its own (the host moves keep them apart), within memory, priced as
+    scored, and exported as TorchRec's grid_shard."""
+    from dreamshard.planners import get_planner, splits
+    from dreamshard.planners.dreamshard import table_row_wise_by_host
+    from dreamshard.planners.scoring import PieceScorer
+
+    topo = replace(H100, hosts=3, gpus_per_host=4)
+    tables = [table("hot", 2_000_000, 64, 40.0), table("tiny", 3, 64, 1.0), table("odd", 50_000, 36, 2.0)] + [table(f"t{i}", 50_000, 32, 2.0) for i in range(4)]
+    task = Task(tables, 12, 10**10, topology=topo)
+    scorer = PieceScorer(get_planner("dreamshard").model, task)
+    cost, pieces, devices = table_row_wise_by_host(scorer, splits.whole(task), blocks=2)
+    plan = splits.placed(task, pieces, devices, "test")
+    plan.check()
+    assert cost == pytest.approx(float(scorer.score(scorer.state(pieces, np.array(devices)))))
+    exported = torchrec_shardings(plan, local_world_size=4)
+    for i, t in enumerate(tables):
+        mine = [s for s in plan.shards if s.table == i]
+        blocks = sorted({(s.start, s.stop) for s in mine})
+        assert blocks == ([(0, t.dim)] if t.name == "odd" else [(0, t.dim // 2), (t.dim // 2, t.dim)])  # 36 = 2 blocks of 18: not a multiple of 4
+        hosts = [{s.device // 4 for s in mine if (s.start, s.stop) == b} for b in blocks]
+        assert all(len(h) == 1 for h in hosts) and len(set.union(*hosts)) == len(blocks)
+        assert exported[t.name]["sharding_type"] == ("table_row_wise" if t.name == "odd" else "grid_shard")
+    assert table_row_wise_by_host(scorer, splits.whole(task), blocks=4) is None  # more blocks than hosts
+
+
 def test_improving_the_hosts_never_raises_the_score_and_keeps_memory():
     """`improve_hosts` from a bad start (every table-row-wise table on host 0, as memory allows):
     the score only falls, each table's blocks stay on GPUs 0..k-1 of one host, every GPU within

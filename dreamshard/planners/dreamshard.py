@@ -47,7 +47,7 @@ the plan's notes say what was left out: fewer sampled episodes, no learned cuts.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -62,6 +62,7 @@ from dreamshard.planners.heuristics import GREEDY_PLANNERS, greedy, task_infeasi
 from dreamshard.planners.oracle import Annealer, Pricer
 from dreamshard.tasks import Task
 from dreamshard.topology import several_hosts
+from dreamshard.validation import DIM_MULTIPLE
 
 if TYPE_CHECKING:
     from dreamshard.costs.base import CostBackend
@@ -368,9 +369,10 @@ class DreamShardPlanner(LearnedPlanner):
             if np.isfinite(cost[0]) and (best is None or cost[0] < best[0]):
                 best = (float(cost[0]), pieces, [int(d) for d in devices[0]])
         if splits.host_gpus(scorer.task) and len(whole) <= ROW_LADDER_HOSTS:
-            hosted = table_row_wise_by_host(scorer, whole)
-            if hosted is not None and (best is None or hosted[0] < best[0]):
-                best = hosted
+            for blocks in (1, 2):  # every table table-row-wise; then as a grid of two column blocks on two hosts
+                hosted = table_row_wise_by_host(scorer, whole, blocks)
+                if hosted is not None and (best is None or hosted[0] < best[0]):
+                    best = hosted
         return best
 
     def _split(self, task: Task, table_wise: Plan, source: str, deadline: float | None, bounded: list[str]) -> Plan:
@@ -696,60 +698,80 @@ def row_ladder(scorer: PieceScorer, whole: list[Shard], placement: list[int], st
     return ladder
 
 
-def table_row_wise_by_host(scorer: PieceScorer, whole: list[Shard]) -> tuple[float, list[Shard], list[int]] | None:
+def table_row_wise_by_host(scorer: PieceScorer, whole: list[Shard], blocks: int = 1) -> tuple[float, list[Shard], list[int]] | None:
     """Every table split table-row-wise (its block r on GPU r of one host), the tables in order of
     predicted compute each to the host where the cost net scores the plan so far lowest, those
     hosts then improved (`improve_hosts`): TorchRec's
     layout for few tables on many hosts, where one table kept whole puts every GPU in an
     all-to-all across hosts that no table alone pays for (`row_ladder` offers a row split only to
-    a table whose compute beats its own exchange). → (score units, pieces, devices), or None where
-    a table cannot be split so or a host's memory would not hold it."""
+    a table whose compute beats its own exchange). `blocks` > 1: a grid (TorchRec's grid_shard) —
+    each table whose dim allows it cut into that many column blocks of one width, each block
+    table-row-wise on a host of its own, placed as a table is: a large table then spreads over
+    hosts with each block's partial sums on NVLink. → (score units, pieces, devices), or None
+    where a table cannot be split so or a host's memory would not hold it."""
     task = scorer.task
     G, H = splits.host_gpus(task), task.topology.hosts
-    splits_ = [splits.row_split(task, i, G) for i in range(len(whole))]
-    if any(s is None for s in splits_):
+    if blocks > H:
         return None
+    units, group = [], []  # per unit (a table, or a column block of one): its row pieces; its table
+    for i in range(len(whole)):
+        pieces = splits.row_split(task, i, G)
+        if pieces is None:
+            return None
+        dim = task.tables[i].dim
+        k = blocks if dim % (DIM_MULTIPLE * blocks) == 0 else 1
+        for b in range(k):
+            units.append([replace(p, start=b * dim // k, stop=(b + 1) * dim // k) for p in pieces] if k > 1 else pieces)
+            group.append(i)
+    group = np.array(group)
     state, used = scorer.empty((task.devices,)), np.zeros(task.devices)
-    rows, size = [], []  # per table: its blocks' state rows [k, R] and bytes [k]
-    for blocks in splits_:
-        slots = scorer.slots([blocks])[0]
+    rows, size = [], []  # per unit: its blocks' state rows [k, R] and bytes [k]
+    for pieces in units:
+        slots = scorer.slots([pieces])[0]
         rows.append(scorer.table[slots])
         size.append(scorer.bytes[slots])
-    host = np.full(len(whole), -1)
-    for i in np.argsort(-scorer.alone(scorer.rows([whole])[0]), kind="stable"):
-        trial = np.repeat(state[None], H, axis=0)  # [H, D, R]: the plan with the table on each host
-        at = np.arange(H)[:, None] * G + np.arange(len(rows[i]))[None, :]  # [H, k] GPU r of host h
-        trial[np.arange(H)[:, None], at] += rows[i][None]
-        fits = (used[at] + size[i][None] <= task.max_memory_bytes).all(1)
+    host = np.full(len(units), -1)
+    order = np.argsort(-scorer.alone(scorer.rows([whole])[0]), kind="stable")
+    for u in [u for i in order for u in np.flatnonzero(group == i)]:
+        trial = np.repeat(state[None], H, axis=0)  # [H, D, R]: the plan with the unit on each host
+        at = np.arange(H)[:, None] * G + np.arange(len(rows[u]))[None, :]  # [H, k] GPU r of host h
+        trial[np.arange(H)[:, None], at] += rows[u][None]
+        fits = (used[at] + size[u][None] <= task.max_memory_bytes).all(1)
+        fits[host[group == group[u]][host[group == group[u]] >= 0]] = False  # a grid's blocks on hosts of their own
         if not fits.any():
             return None
         h = int(np.where(fits, scorer.score(trial), np.inf).argmin())
-        state, used[at[h]], host[i] = trial[h], used[at[h]] + size[i], h
-    host, cost = improve_hosts(scorer, rows, size, host, state, used, G)
-    devices = [h * G + r for i, h in enumerate(host) for r in range(len(rows[i]))]
-    return cost, [b for blocks in splits_ for b in blocks], devices
+        state, used[at[h]], host[u] = trial[h], used[at[h]] + size[u], h
+    host, cost = improve_hosts(scorer, rows, size, host, state, used, G, group)
+    devices = [h * G + r for u, h in enumerate(host) for r in range(len(rows[u]))]
+    return cost, [p for pieces in units for p in pieces], devices
 
 
 def improve_hosts(scorer: PieceScorer, rows: list[np.ndarray], size: list[np.ndarray], host: np.ndarray, state: np.ndarray, used: np.ndarray, G: int,
-                  rounds: int = HOST_ROUNDS) -> tuple[np.ndarray, float]:
+                  group: np.ndarray | None = None, rounds: int = HOST_ROUNDS) -> tuple[np.ndarray, float]:
     """The greedy's hosts of table-row-wise tables (`table_row_wise_by_host`) improved on the cost
     net: each round prices, in one batch, every table moved to every other host and every two
     tables of different hosts swapped, within memory, and takes the cheapest while it lowers the
     plan (the greedy places each table for the tables before it only: on MLPerf's 26 tables on 8
-    hosts the cost net scored TorchRec's hosts below it). → (hosts, score units)."""
+    hosts the cost net scored TorchRec's hosts below it). `group`: per unit its table, where a
+    grid's column blocks are units of one table; no change puts two of them on one host.
+    → (hosts, score units)."""
     task = scorer.task
     H, T, cap = task.topology.hosts, len(rows), task.max_memory_bytes
     host, used = host.copy(), used.copy()
+    group = np.arange(T) if group is None else group
     cost = float(scorer.score(state))
     at = lambda i, h: h * G + np.arange(len(rows[i]))  # noqa: E731  (table i's GPUs on host h)
+    # whether unit i may go to host h with unit j away from it: no other block of its table there
+    free = lambda i, h, j=-1: not any(host[k] == h for k in np.flatnonzero(group == group[i]) if k not in (i, j))  # noqa: E731
     for _ in range(rounds):
         changes = []
         for i in range(T):
             for h in range(H):
-                if h != host[i] and (used[at(i, h)] + size[i] <= cap).all():
+                if h != host[i] and (used[at(i, h)] + size[i] <= cap).all() and free(i, h):
                     changes.append(((i, h),))
             for j in range(i + 1, T):
-                if host[j] == host[i]:
+                if host[j] == host[i] or not (free(i, host[j], j) and free(j, host[i], i)):
                     continue
                 u = used.copy()
                 u[at(i, host[i])] -= size[i]
