@@ -1,5 +1,6 @@
-"""`dreamshard measure` under torchrun: two "nodes" of one gloo process each on localhost measure
-a plan as the one-command launch does, rank 0 alone writing the report, of the same shape."""
+"""`dreamshard measure` under torchrun: two "nodes" of two gloo processes each on localhost measure
+a plan of 4 devices as the one-command launch does, rank 0 alone writing the report, of the same
+shape."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory):
     bins = tuple([1.0 / NUM_BINS] * NUM_BINS)
-    tables = [TableSpec(f"t{i}", 2_000 + 500 * i, 16, 2.0, bins, seed=i) for i in range(4)]
-    plan = Plan.table_wise(Task(tables, 2, 10**9, Workload(64, "fp32")), [0, 1, 1, 0], "hand")
+    tables = [TableSpec(f"t{i}", 2_000 + 500 * i, 16, 2.0, bins, seed=i) for i in range(6)]
+    plan = Plan.table_wise(Task(tables, 4, 10**9, Workload(64, "fp32")), [0, 1, 2, 3, 1, 0], "hand")
     path = tmp_path_factory.mktemp("torchrun") / "plan.json"
     save_plans([plan], path)
     return path
@@ -55,7 +56,7 @@ def test_measure_under_torchrun_two_nodes(plan_file, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "report.json"
     args = ["measure", str(plan_file), "--backend", "torch", "--device", "cpu", "--batch-size", "64", "--iters", "2", "--warmup", "1", "--json", "--out", str(out)]
-    procs = [subprocess.Popen([TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port),
+    procs = [subprocess.Popen([TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port),
                                "-m", "dreamshard.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
              for n in (0, 1)]
     try:
@@ -68,7 +69,7 @@ def test_measure_under_torchrun_two_nodes(plan_file, tmp_path):
     assert outs[1][0].strip() == ""  # rank 1 measured but writes nothing
     report = json.loads(outs[0][0])
     assert report["runner"] == "distributed" and report["details"]["launcher"] == "torchrun" and report["details"]["process_group"] == "gloo"
-    assert len(report["devices"]) == 2 and all(d["fwd_comm_ms"] > 0 and d["bwd_comp_ms"] > 0 for d in report["devices"])
+    assert len(report["devices"]) == 4 and report["details"]["local_world_size"] == 2 and all(d["fwd_comm_ms"] > 0 and d["bwd_comp_ms"] > 0 for d in report["devices"])
     assert json.loads(out.read_text())["overall_ms"] == report["overall_ms"]
     # the one-command launch of the same plan gives a report of the same shape
     r = invoke(*args[:-2], "--out", tmp_path / "local.json")
@@ -86,4 +87,4 @@ def test_torchrun_world_must_be_the_plans_devices(plan_file, tmp_path):
                         "measure", str(plan_file), "--backend", "torch", "--device", "cpu", "--batch-size", "64", "--out", str(tmp_path / "r.json")],
                        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=240)
     assert p.returncode != 0
-    assert "error: the plan has 2 devices, but torchrun started 1 processes (--nnodes × --nproc-per-node must be 2)" in p.stderr
+    assert "error: the plan has 4 devices, but torchrun started 1 processes (--nnodes × --nproc-per-node must be 4)" in p.stderr
