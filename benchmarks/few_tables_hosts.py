@@ -1,5 +1,6 @@
-"""`dreamshard` with and without its every-table table-row-wise candidate (`table_row_wise_by_host`)
-on tasks of few tables on many hosts that the candidate was not designed on, beside TorchRec's
+"""`dreamshard` with and without its every-table table-row-wise candidates (`table_row_wise_by_host`:
+every table table-row-wise, and every table a grid of two column blocks on two hosts) on tasks of
+few tables on many hosts that the candidate was not designed on, beside TorchRec's
 planner with every sharding type (given the same Topology), by simulation.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/few_tables_hosts.py      # ~2 min on one core
@@ -43,7 +44,7 @@ def main() -> None:
     candidate = ds.table_row_wise_by_host
     lines = ["# Every table table-row-wise on many hosts (simulated)", "", f"`{' '.join(['.venv/bin/python', *sys.argv])}`: `dreamshard`'s simulated step "
              f"(ms, H100 calibration) without and with the candidate, {TABLES} tables of pool seed {SEED} per family.", "",
-             "| family | hosts | GPUs | without | with | change | TorchRec (all types) |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| family | hosts | GPUs | without | with | change | tables as grids | TorchRec (all types) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     torchrec = get_planner("torchrec", sharding_types="all", timeout_s=5)
     for family in FAMILIES:
         pool = synth_family(family, None if family == "onehot" else 300, SEED)
@@ -54,13 +55,15 @@ def main() -> None:
             task = Task([pool[i] for i in idx], topo.devices, topo.hbm_bytes, Workload(65_536), f"{family}/{SEED}", topology=topo)
             cost = []
             for on in (False, True):
-                ds.table_row_wise_by_host = candidate if on else (lambda scorer, whole: None)
+                ds.table_row_wise_by_host = candidate if on else (lambda scorer, whole, blocks=1: None)
                 try:
-                    cost.append(sim.evaluate_plan(get_planner("dreamshard").plan(task)).overall_ms)
+                    plan = get_planner("dreamshard").plan(task)
+                    cost.append(sim.evaluate_plan(plan).overall_ms)
                 finally:
                     ds.table_row_wise_by_host = candidate
+            grids = sum(len({(s.start, s.stop) for s in plan.shards if s.table == i and s.is_row_shard}) > 1 for i in range(len(task.tables)))
             theirs = sim.evaluate_plan(torchrec.plan(task)).overall_ms
-            lines.append(f"| {family} | {hosts} | {topo.devices} | {cost[0]:.3f} | {cost[1]:.3f} | {cost[1] / cost[0] - 1:+.1%} | {theirs:.3f} |")
+            lines.append(f"| {family} | {hosts} | {topo.devices} | {cost[0]:.3f} | {cost[1]:.3f} | {cost[1] / cost[0] - 1:+.1%} | {grids} | {theirs:.3f} |")
             print(lines[-1], flush=True)
     atomic_write(OUT, "\n".join(lines) + "\n")
 
