@@ -675,7 +675,7 @@ def constraints_for(plan: Plan, constraints: Mapping[str, Any] | None = None, lo
                     column_type: str = "column_wise") -> dict[str, Any]:
     """TorchRec ParameterConstraints that leave its enumerator one option per table, the plan's:
     its sharding type (`torchrec_shardings`, within the user's `constraints`) and
-    `compute_kernel`; a table cut into equal column shards gets their width as `min_partition`,
+    `compute_kernel`; a table cut into equal column shards (or a grid's blocks) gets their width as `min_partition`,
     so that TorchRec's own enumerator makes them (it makes only equal ones; `dreamshard_enumerator`
     makes any). The user's constraints are kept otherwise (pooling factors default to the plan's)."""
     tr = import_torchrec("constraints_for")
@@ -689,7 +689,7 @@ def constraints_for(plan: Plan, constraints: Mapping[str, Any] | None = None, lo
         c.compute_kernels = [s["compute_kernel"]]  # a host-tier table's own kernel (fused_uvm, fused_uvm_caching)
         if "cache_load_factor" in s:
             c.cache_params = tr.CacheParams(algorithm=tr.CacheAlgorithm.LRU, load_factor=s["cache_load_factor"])
-        if s["sharding_type"] in COLUMN_TYPES and len(widths) == 1:
+        if s["sharding_type"] in (*COLUMN_TYPES, GRID) and len(widths) == 1:  # a grid's column blocks too
             c.min_partition = widths.pop()
         out[t.name] = c
     return out

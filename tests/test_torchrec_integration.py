@@ -270,6 +270,30 @@ def test_torchrec_plans_back_to_ours(tmp_path):
         tio.plan_from_torchrec(far, t)
 
 
+def test_torchrec_grid_shard_and_ours():
+    """TorchRec's own grid_shard of a table of dim 256 on 2 hosts of 2 ranks (column blocks of 128,
+    block k table-row-wise on host k) reads back as our grid, exports to the same shards, and its
+    ShardingPlan through `to_sharding_plan` (pinned by the constraints) is TorchRec's."""
+    from dataclasses import replace
+
+    from torchrec.distributed.sharding_plan import grid_shard
+
+    from dreamshard.topology import PRESETS
+
+    big = TableSpec("g", 1000, 256, 3.0, distribution="zipf:1.1", seed=1)
+    t = Task([big], 4, 10**9, Workload(64, "fp32"), topology=replace(PRESETS["h100-sxm"], hosts=2, gpus_per_host=2))
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(num_embeddings=1000, embedding_dim=256, name="g", feature_names=["fg"])], device=torch.device("meta"))
+    theirs = construct_module_sharding_plan(ebc, {"g": grid_shard(host_indexes=[0, 1])}, local_size=2, world_size=4, device_type="cuda")
+    plan = tio.plan_from_torchrec(ShardingPlan({"": theirs}), t)
+    assert {(s.device, s.start, s.stop, *s.row_range(big)) for s in plan.shards} == {(0, 0, 128, 0, 500), (1, 0, 128, 500, 1000), (2, 128, 256, 0, 500), (3, 128, 256, 500, 1000)}
+    exported = tio.torchrec_shardings(plan, local_world_size=2)["g"]
+    assert exported["sharding_type"] == "grid_shard"
+    key = lambda m: (m.placement.rank(), m.shard_offsets, m.shard_sizes)  # noqa: E731
+    assert sorted((x["rank"], x["offsets"], x["sizes"]) for x in exported["shards"]) == sorted(key(m) for m in theirs["g"].sharding_spec.shards)
+    ours = tio.to_sharding_plan(plan, module=ebc, device_type="cuda", local_world_size=2)
+    assert sorted(key(m) for m in ours.plan[""]["g"].sharding_spec.shards) == sorted(key(m) for m in theirs["g"].sharding_spec.shards)
+
+
 def test_torchrec_planner_and_conversion_agree():
     """The torchrec planner's shards (from TorchRec's sharding options) are what plan_from_torchrec
     reads from the ShardingPlan TorchRec returns for the same task."""
