@@ -1,0 +1,57 @@
+"""AutoShard with and without its devices masked for memory in training (`Config.mask_memory`),
+chosen on development tasks before the held-out ones of benchmarks/learned_peers.py were looked at:
+
+    python benchmarks/autoshard_memory.py ref 4000     # the reference: overflowing episodes, a negative reward
+    python benchmarks/autoshard_memory.py mask 4000    # only devices with room (the default)
+
+Training tasks: learned_peers.py's (70 tasks of 20–120 train-half tables of the synthetic pool, 2–8
+devices, 5 GB), priced by the simulator (H200 calibration), `BUDGET` measured plans. Development
+tasks: 8 tasks of 40–80 train-half tables on 4 devices and 8 on 8 devices (seeds 7704 and 7708;
+never a test-half table). Prints, for lookup, size_lookup and the trained AutoShard, the mean
+simulated step, AutoShard's own reward (min/max of the devices' compute: balance) and the slowest
+device's compute. Writes the model and its training log to runs/autoshard_memory/.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.planners import PLANNERS, get_planner  # noqa: E402
+from dreamshard.synth import PoolConfig, synth_pool  # noqa: E402
+from dreamshard.tasks import sample_tasks, split_pool  # noqa: E402
+
+
+def main() -> None:
+    variant, budget = sys.argv[1], int(sys.argv[2])
+    if variant not in ("ref", "mask"):
+        raise SystemExit("usage: autoshard_memory.py ref|mask BUDGET")
+    sim = SimBackend()
+    train_half, _ = split_pool(synth_pool(PoolConfig(seed=0)), 0)
+    tasks = [t for d in range(2, 9) for t in sample_tasks(train_half, 10, (20, 120), d, 5 * 10**9, seed=1000 + d)]
+    dev = [t for d in (4, 8) for t in sample_tasks(train_half, 8, (40, 80), d, 5 * 10**9, seed=7700 + d)]
+    out = Path("runs/autoshard_memory")
+    out.mkdir(parents=True, exist_ok=True)
+    cls = PLANNERS["autoshard"]
+    cfg = cls.config(seed=0, budget=budget, iterations=budget // 8, mask_memory=variant == "mask")
+    t0 = time.time()
+    trained = cls.fit(tasks, sim, out / f"{variant}_{budget}.pt", cfg, log=out / f"{variant}_{budget}.jsonl", progress=False)
+    print(f"{variant}: trained in {time.time() - t0:.0f} s on {trained.model.meta['measurements']} measured plans", flush=True)
+    for name, planner in (("lookup", get_planner("lookup")), ("size_lookup", get_planner("size_lookup")), ("autoshard", trained)):
+        step, balance, slowest = [], [], []
+        for t in dev:
+            r = sim.evaluate_plan(planner.plan(t))
+            compute = [d.fwd_comp_ms + d.bwd_comp_ms for d in r.devices]
+            step.append(r.overall_ms), balance.append(min(compute) / max(compute)), slowest.append(max(compute))
+        print(f"| {variant} | {name} | {np.mean(step):.3f} | {np.mean(balance):.3f} | {np.mean(slowest):.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
