@@ -1,8 +1,8 @@
 """AutoShard with and without its devices masked for memory in training (`Config.mask_memory`),
 chosen on development tasks before the held-out ones of benchmarks/learned_peers.py were looked at:
 
-    python benchmarks/autoshard_memory.py ref 4000     # the reference: overflowing episodes, a negative reward
-    python benchmarks/autoshard_memory.py mask 4000    # only devices with room (the default)
+    python benchmarks/autoshard_memory.py ref 4000     # the reference (the default): overflowing episodes, a negative reward
+    python benchmarks/autoshard_memory.py mask 4000    # only devices with room (mask_memory)
 
 Training tasks: learned_peers.py's (70 tasks of 20–120 train-half tables of the synthetic pool, 2–8
 devices, 5 GB), priced by the simulator (H200 calibration), `BUDGET` measured plans. Development

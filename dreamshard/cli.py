@@ -701,7 +701,7 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]), help="with a kernel: auto lets the kernel decide")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="with --runner sequential: comm model  [default: the one shipped for the device]")
 @click.option("--out", required=True, type=OUT_MODEL, help="MODEL.pt to write (the checkpoint goes to MODEL.pt.ckpt)")
-@click.option("--config", "config_name", help="named hyperparameters [dreamshard: default (our ablated changes) or paper (the reference code); autoshard, rnn: paper]")
+@click.option("--config", "config_name", help="named hyperparameters [dreamshard: default (our ablated changes) or paper (the reference code); autoshard: paper, or masked (devices without room masked in training); rnn: paper]")
 @click.option("--iterations", type=click.IntRange(1, limits.MAX_ITERS), help="training iterations [config's]")
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET), help="real measurements (measured plans) in all, spread over the iterations [config's]")
 @click.option("--batch-size", type=BATCH, help="workload batch size the backend measures  [65536; 1024 for a kernel on CPU]")

@@ -214,6 +214,9 @@ def test_cli_trains_and_plans_with_each_peer(tmp_path):
         r = runner.invoke(cli, ["plan", "--tasks", str(tmp_path / "test.jsonl"), "--planner", name, "--model", str(tmp_path / f"{name}.pt"), "--out", str(tmp_path / f"{name}.jsonl")])
         assert r.exit_code == 0, r.output
         assert len((tmp_path / f"{name}.jsonl").read_text().splitlines()) == 4
+    r = runner.invoke(cli, ["train", "--planner", "autoshard", "--config", "masked", "--tasks", str(tmp_path / "train.jsonl"), "--backend", "sim",
+                            "--iterations", "2", "--budget", "6", "--out", str(tmp_path / "masked.pt")])
+    assert r.exit_code == 0 and "training autoshard (masked config)" in r.output, r.output
     for args, message in [(["--planner", "lookup"], "'lookup' is not a learned planner; choose from autoshard, dreamshard, rnn"),
                           (["--planner", "rnn", "--config", "default"], "planner rnn has no config 'default'; choose from paper")]:
         r = runner.invoke(cli, ["train", *args, "--tasks", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "x.pt")])
