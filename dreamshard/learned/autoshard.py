@@ -41,8 +41,8 @@ Departures, each for a reason:
   with room, as planning does. At 5 GB a device a quarter of the reference's sampled episodes
   overflow throughout 4,000 measured plans and its policy stays near uniform; masked, the balance
   reward climbs twice as fast and at 4,000 plans it beats the greedy baselines on every setting of
-  benchmarks/learned_peers.py, but at 400 it piles most tables on one device (68 of 80), which the
-  reference's overflow penalty prevents (docs/dreamshard.md, "The learned peers").
+  benchmarks/learned_peers.py (the reference: on 2 of 4). At 400 measured plans the reference is
+  behind them and piles tables onto one device (docs/dreamshard.md, "The learned peers").
 
 Logged numbers (one JSON line per iteration):
   iteration, lr, measurements (plans), shard_measurements  — progress
