@@ -169,7 +169,7 @@ def episodes(net: AutoShardNet, prepared: Sequence[Prepared]) -> Episodes:
 
 def act(net: AutoShardNet, ep: Episodes, greedy: bool, generator: torch.Generator | None = None, room: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Play the episodes step by step. → (actions [E, T], behaviour log-probs [E, T], stuck [E]).
-    `room`: only devices with memory left for the table are legal (planning); a task whose table
+    `room`: only devices with memory left for the table are legal (planning; training with mask_memory); a task whose table
     finds none is `stuck` (its later steps still run, their placement is discarded)."""
     E, T = ep.x.shape[:2]
     D = int(ep.devices.max())
