@@ -49,6 +49,7 @@ import shutil
 import sys
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -370,14 +371,12 @@ def ordering(done: dict) -> list[str]:
     the cost net (the shipped model, as `dreamshard` scores its candidates), the simulator and the
     GPU put first. A search keeps the candidate its scorer under-prices most among near-optimal
     ones, so the scorer's errors between two good plans matter more than its error on either."""
-    from dataclasses import replace
+    from dreamshard.planners.scoring import PieceScorer  # torch: only for the report
 
-    from dreamshard.planners.scoring import PieceScorer
-
-    model = get_planner("dreamshard").model
     pairs = [t for t in done.values() if {"dreamshard", "oracle (simulator)"} <= set(t) and t["dreamshard"][3] is not t["oracle (simulator)"][3]]
     if not pairs:
         return []
+    model = get_planner("dreamshard").model
     agree = Counter()
     for t in pairs:
         net = {}
