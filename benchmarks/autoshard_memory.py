@@ -40,7 +40,7 @@ def main() -> None:
     out = Path("runs/autoshard_memory")
     out.mkdir(parents=True, exist_ok=True)
     cls = PLANNERS["autoshard"]
-    cfg = cls.config(seed=0, budget=budget, iterations=budget // 8, mask_memory=variant == "mask")
+    cfg = cls.config("masked" if variant == "mask" else None, seed=0, budget=budget, iterations=budget // 8)
     t0 = time.time()
     trained = cls.fit(tasks, sim, out / f"{variant}_{budget}.pt", cfg, log=out / f"{variant}_{budget}.jsonl", progress=False)
     print(f"{variant}: trained in {time.time() - t0:.0f} s on {trained.model.meta['measurements']} measured plans", flush=True)

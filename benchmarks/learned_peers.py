@@ -8,7 +8,7 @@ Training tasks: the recipe of lab-archive:benchmarks/shipped_model.py — 10 tas
 20–120 tables from the synthetic pool's *train* half, 5 GB per device. Every planner gets
 `--budget` measured plans (DreamShard's scale); AutoShard is also trained at `--autoshard-budget`
 measured plans, the scale of its own paper, as its reference code trains (the default: overflowing
-episodes get a negative reward) and with the devices without room masked (`mask_memory=True`) (each plan measures its 2–8 shards: tens of thousands
+episodes get a negative reward) and with the devices without room masked (its `masked` config) (each plan measures its 2–8 shards: tens of thousands
 of shard measurements). Held-out tasks: the four settings of benchmarks/splits_sim.py (the pool's
 *test* half, seed 2); the RNN placer's output layer is 8 devices wide, so it has no plan for the
 16-device setting. Every plan priced by the simulator.
@@ -58,7 +58,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     runs = [("dreamshard", args.budget, dict(iterations=10)), ("autoshard", args.budget, {}), ("rnn", args.budget, {}),
-            ("autoshard", args.autoshard_budget, {}), ("autoshard", args.autoshard_budget, dict(mask_memory=True))]
+            ("autoshard", args.autoshard_budget, {}), ("autoshard", args.autoshard_budget, dict(config="masked"))]
     planners = {name: get_planner(name) for name in BASELINES}
     training = {}
     # --resume: a finished model is loaded, not trained; its training time is the earlier run's
@@ -66,10 +66,10 @@ def main() -> None:
     for name, budget, extra in runs:
         cls = PLANNERS[name]
         per_iteration = cls.config().measurements_per_iteration
-        options = {k: v for k, v in extra.items() if k != "iterations"}
-        cfg = cls.config(seed=args.seed, budget=budget, iterations=extra.get("iterations", max(1, budget // per_iteration)), **options)
-        tag = "_masked" if options == {"mask_memory": True} else "_" + "_".join(map(str, options)) if options else ""
-        label = f"{name} @{budget}" + (" (devices without room masked)" if tag == "_masked" else "")
+        cfg = cls.config(extra.get("config"), seed=args.seed, budget=budget, iterations=extra.get("iterations", max(1, budget // per_iteration)))
+        masked = extra.get("config") == "masked"
+        tag = "_masked" if masked else ""
+        label = f"{name} @{budget}" + (" (devices without room masked)" if masked else "")
         t0 = time.time()
         planner = cls.fit(tasks, sim, models / f"{name}_{budget}{tag}.pt", cfg, log=out / f"{name}_{budget}{tag}.jsonl", progress=False, resume=args.resume)
         meta = planner.model.meta

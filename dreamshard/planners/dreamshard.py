@@ -737,7 +737,8 @@ def table_row_wise_by_host(scorer: PieceScorer, whole: list[Shard], blocks: int 
         at = np.arange(H)[:, None] * G + np.arange(len(rows[u]))[None, :]  # [H, k] GPU r of host h
         trial[np.arange(H)[:, None], at] += rows[u][None]
         fits = (used[at] + size[u][None] <= task.max_memory_bytes).all(1)
-        fits[host[group == group[u]][host[group == group[u]] >= 0]] = False  # a grid's blocks on hosts of their own
+        taken = host[group == group[u]]
+        fits[taken[taken >= 0]] = False  # a grid's blocks on hosts of their own
         if not fits.any():
             return None
         h = int(np.where(fits, scorer.score(trial), np.inf).argmin())

@@ -209,8 +209,9 @@ def build_checked_tbe(kernel: str, tables: Sequence[TableSpec], precision: str, 
 
     from dreamshard.costs.kernels import make_tbe
     from dreamshard.streams import shard_batch
+    from dreamshard.tiers import host_bytes as tier_host_bytes
 
-    host_bytes = sum(t.rows * t.dim * (2 if precision == "fp16" else 4) for t, tr in zip(tables, tiers or []) if tr.kind != "hbm")
+    host_bytes = sum(tier_host_bytes(t.rows, t.dim, tr.kind, precision, optimizer) for t, tr in zip(tables, tiers or []))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if host_bytes > ram:  # at once, not after minutes of building: pinned host memory cannot exceed the machine's RAM
         raise MeasurementError(f"the shard's host tiers need {host_bytes / 1e9:,.1f} GB of pinned host memory; this machine has {ram / 1e9:,.1f} GB")
