@@ -78,9 +78,11 @@ PEERS = ("autoshard", "rnn")
 # The shipped DreamShard model's cost-net options on top of the default config (docs/dreamshard.md,
 # "The shipped model"): kernel-term features, weighed by the cost net's linear part too, the comm
 # model's all-to-all, every training table alone in the prior, and the cost net refined on plans
-# around its own search (priced by the prior). Its budget and prior are the flags' defaults.
-DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "prior_span": 24, "search_plans": 3000}
-WITH_PRIOR = ("prior_singles", "prior_span", "search_plans")  # priced by the prior: left out without one
+# around its own search (priced by the prior), with a term on the differences between one task's
+# plans. Its budget and prior are the flags' defaults.
+DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "prior_span": 24, "search_plans": 3000,
+                      "search_rank": 8.0}
+WITH_PRIOR = ("prior_singles", "prior_span", "search_plans", "search_rank")  # priced by the prior: left out without one
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
 GUESS_PLAN_S = 1.0  # seconds per measured plan before any is timed (H200: ~0.7 s for 20–60 tables on 2–8 devices)
 # seconds a peer spends per measured plan beyond measuring it (learning; autoshard: a V-trace step
@@ -171,6 +173,8 @@ def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = F
         extra |= {k: v for k, v in QUICK.items() if hasattr(default, k)}
     if name == "dreamshard" and search_plans is not None and prior_plans:  # the caller's number over the recipe's and --quick's
         extra["search_plans"] = search_plans
+    if not extra.get("search_plans"):
+        extra.pop("search_rank", None)  # a term of the refinement: none without it
     return cls.config(budget=budget, iterations=max(1, budget // default.measurements_per_iteration), batch_size=batch, **extra)
 
 

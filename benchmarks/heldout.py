@@ -1,14 +1,14 @@
 """The held-out planner campaign: every planner of the registry on tasks of every held-out family,
 its plans measured on one GPU. Three steps, one script:
 
-    .venv/bin/python benchmarks/heldout.py plan                        # here, ~10 min: benchmarks/results/gpu_heldout/plans.jsonl
+    .venv/bin/python benchmarks/heldout.py plan                        # here, ~10 min: benchmarks/results/gpu_heldout/plans.jsonl.gz
     .venv/bin/python benchmarks/heldout.py plan --again dreamshard,"dreamshard --no-split"   # a new model: its plans alone
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT      # one H100 or H200, ≤ 9.5 min: measured.csv, summary.json
-    PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --planners dreamshard,lookup   # some planners' plans (and OUT/plans.jsonl)
+    PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --planners dreamshard,lookup   # some planners' plans (and OUT/plans.jsonl.gz)
     .venv/bin/python benchmarks/heldout.py plan --dev --out D --model "dreamshard (B)=B.pt"   # development tasks, another model beside
-    PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --plans D/plans.jsonl --model "dreamshard (B)=B.pt"
+    PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --plans D/plans.jsonl.gz --model "dreamshard (B)=B.pt"
     .venv/bin/python benchmarks/heldout.py report benchmarks/results/gpu_heldout --write   # the tables: report.md
-    # logic check here: plan --quick --out D; measure --out D --plans D/plans.jsonl --cpu --quick; report D
+    # logic check here: plan --quick --out D; measure --out D --plans D/plans.jsonl.gz --cpu --quick; report D
 
 **plan** — tasks of every held-out family (`families.HELD_OUT_FAMILIES`: tables no calibration,
 training or tuning saw; pools of seed 11), chosen by seed before any plan was looked at: TASKS
@@ -115,7 +115,7 @@ def tasks_of(family: str, setting: str, count: int):
 
 
 def plan_cmd(args) -> None:
-    """Every planner's plan of every held-out task, made here: OUT/plans.jsonl. With --again
+    """Every planner's plan of every held-out task, made here: OUT/plans.jsonl.gz. With --again
     LABELS, only those planners plan again: the file's other plans are kept (a plan they shared
     keeps the others' names)."""
     out = Path(args.out)
@@ -124,13 +124,13 @@ def plan_cmd(args) -> None:
     families = families[:1] if args.quick else families
     settings = list(SETTINGS)[:1] if args.quick else list(SETTINGS)
     labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else list(PLANNERS)
-    kept: dict[tuple, list] = defaultdict(list)  # (family, setting, task) → the plans kept from OUT/plans.jsonl
+    kept: dict[tuple, list] = defaultdict(list)  # (family, setting, task) → the plans kept from OUT/plans.jsonl.gz
     if args.again:
         labels = args.again.split(",")
         unknown = [label for label in labels if label not in PLANNERS]
         if unknown:
             raise SystemExit(f"--again: unknown planner label {unknown[0]!r}; choose from {', '.join(PLANNERS)}")
-        for plan in load_plans(out / "plans.jsonl") if (out / "plans.jsonl").exists() else []:
+        for plan in load_plans(out / "plans.jsonl.gz") if (out / "plans.jsonl.gz").exists() else []:
             plan.notes = [n for n in plan.notes if note_owner(n) not in labels]
             if planners_of(plan):
                 plan.planner = planners_of(plan)[0]
@@ -171,8 +171,8 @@ def plan_cmd(args) -> None:
                     seen[key] = plan
                     plans.append(plan)
                     print(f"{family:10s} {setting} task {t} {label:22s} {plan_kind(plan):12s} {ms:8.1f} ms", flush=True)
-                save_plans(plans, out / "plans.jsonl")  # after every task: a cut run keeps what it planned
-    print(f"wrote {out / 'plans.jsonl'}: {len(plans)} plans")
+                save_plans(plans, out / "plans.jsonl.gz")  # after every task: a cut run keeps what it planned
+    print(f"wrote {out / 'plans.jsonl.gz'}: {len(plans)} plans")
 
 
 def note(plan, key: str) -> str:
@@ -226,7 +226,7 @@ def measure_cmd(args) -> None:
         if missing:
             raise SystemExit(f"--planners: add {', '.join(missing)}: the report's ratios are to the best of {', '.join(TABLE_WISE_BEST)}")
         plans = [p for p in plans if set(planners_of(p)) & set(labels)]
-        save_plans(plans, out / "plans.jsonl")
+        save_plans(plans, out / "plans.jsonl.gz")
     path = out / "measured.csv"
     if args.resume and Path(args.resume, "measured.csv") != path:
         shutil.copy(Path(args.resume, "measured.csv"), path)
@@ -293,7 +293,7 @@ def pct(x: float) -> str:
 
 
 def report(folder: Path) -> str:
-    plans = load_plans(folder / "plans.jsonl")
+    plans = load_plans(folder / "plans.jsonl.gz")
     with open(folder / "measured.csv") as fh:
         measured = {row_id(r): r for r in csv.DictReader(fh)}
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
@@ -404,18 +404,18 @@ def main() -> None:
     p = sub.add_parser("plan", help=plan_cmd.__doc__)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--quick", action="store_true", help="one task of one family and setting, six planners (a logic check)")
-    p.add_argument("--again", metavar="LABELS", help="plan with these planners only (comma-separated labels), keeping OUT/plans.jsonl's other plans where it exists")
+    p.add_argument("--again", metavar="LABELS", help="plan with these planners only (comma-separated labels), keeping OUT/plans.jsonl.gz's other plans where it exists")
     p.set_defaults(run=plan_cmd)
     m = sub.add_parser("measure", help=measure_cmd.__doc__)
     m.add_argument("--out", required=True)
-    m.add_argument("--plans", default=str(OUT / "plans.jsonl"))
+    m.add_argument("--plans", default=str(OUT / "plans.jsonl.gz"))
     m.add_argument("--budget-s", type=float, default=540.0, help="no new task after this many seconds")
     m.add_argument("--resume", help="an earlier call's OUT: its measured.csv is kept and its plans are not measured again")
-    m.add_argument("--planners", metavar="LABELS", help="measure only the plans these planners made (comma-separated labels); OUT/plans.jsonl holds them, for `report OUT`")
+    m.add_argument("--planners", metavar="LABELS", help="measure only the plans these planners made (comma-separated labels); OUT/plans.jsonl.gz holds them, for `report OUT`")
     m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
     m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
     m.set_defaults(run=measure_cmd)
-    r = sub.add_parser("report", help="the tables, from FOLDER's plans.jsonl, measured.csv and summary.json")
+    r = sub.add_parser("report", help="the tables, from FOLDER's plans.jsonl.gz, measured.csv and summary.json")
     r.add_argument("folder")
     r.add_argument("--write", action="store_true", help="write FOLDER/report.md")
     r.set_defaults(run=report_cmd)

@@ -719,11 +719,12 @@ def predicted_table(predicted: dict) -> Table:
               help="dreamshard, with --prior-plans: every training table alone on a device is priced by the simulator too  [config's: no]")
 @click.option("--prior-span", type=click.IntRange(0, 10**4), help="dreamshard, with --prior-plans: this many more tasks for the prior, of tables spread over every shape the tool accepts (not a family's), so the cost net has seen shapes beyond the training families  [config's: 0; docs/dreamshard.md]")
 @click.option("--search-plans", type=click.IntRange(0, 10**6), help="dreamshard, with --prior-plans: after training, refine the cost net on this many plans around its own search on the training tasks, priced by the simulator  [config's: 0; docs/dreamshard.md]")
+@click.option("--search-rank", type=click.FloatRange(0, 1e6), help="dreamshard, with --search-plans: the weight of the refinement's term on differences between plans of one task (the net's error the same share on each of them, so it orders them as the simulator does)  [config's: 0; docs/dreamshard.md]")
 @click.option("--plot", "plot_file", type=OUT_FILE, help="also draw the --log file's curves (measured cost, cost-net error, policy loss) to this .png or .svg (matplotlib)")
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for the nets  [1; $OMP_NUM_THREADS where set; torch's default with a kernel measured on the CPU]")
 @click.pass_context
 def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
-              prior_plans, kernel_features, comm_source, cost_linear, prior_singles, prior_span, search_plans, plot_file, threads) -> None:
+              prior_plans, kernel_features, comm_source, cost_linear, prior_singles, prior_span, search_plans, search_rank, plot_file, threads) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.learned.dreamshard import COMM_SOURCES
     from dreamshard.learned.loop import check_training_tasks
@@ -743,7 +744,7 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     if prior_plans is not None and prior_plans < 0:
         raise OptionError(f"--prior-plans must be >= 0, got {prior_plans}")
     dreamshard_only = (("--kernel-features", kernel_features), ("--comm", comm_source), ("--cost-linear", cost_linear), ("--prior-singles", prior_singles),
-                       ("--prior-span", prior_span), ("--search-plans", search_plans))
+                       ("--prior-span", prior_span), ("--search-plans", search_plans), ("--search-rank", search_rank))
     for option, value in dreamshard_only:
         if value is not None and planner_name != "dreamshard":
             raise OptionError(f"{option} is for --planner dreamshard, not {planner_name}")
@@ -769,7 +770,7 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans,
                              **({"kernel_features": kernel_features, "comm": comm_source, "cost_linear": cost_linear, "prior_singles": prior_singles,
-                                 "prior_span": prior_span, "search_plans": search_plans}
+                                 "prior_span": prior_span, "search_plans": search_plans, "search_rank": search_rank}
                               if planner_name == "dreamshard" else {}))
     tasks = load_tasks(tasks_file)
     evals = load_tasks(eval_tasks) if eval_tasks else None

@@ -30,6 +30,7 @@ reason; a shard without a tier is in HBM.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -451,26 +452,32 @@ def _indented(d: dict) -> str:
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
+def is_lines(path: Path) -> bool:
+    """A file of JSON lines of plans: a .jsonl name, or .jsonl.gz (gzipped: plans carry their
+    tables' statistics, and a campaign's hundreds of them compress about 4×)."""
+    return path.suffix == ".jsonl" or path.name.endswith(".jsonl.gz")
+
+
 def save_plans(plans: Sequence[Plan], path: str | Path) -> None:
-    """One plan → indented JSON; several (or a .jsonl path) → JSON lines. Written atomically."""
+    """One plan → indented JSON; several (or a .jsonl or .jsonl.gz path) → JSON lines. Written atomically."""
     path = Path(path)
-    if len(plans) == 1 and path.suffix != ".jsonl":
+    if len(plans) == 1 and not is_lines(path):
         text = _indented(plans[0].to_json())
     else:
         text = "".join(json.dumps(p.to_json()) + "\n" for p in plans)
-    atomic_write(path, text)
+    atomic_write(path, gzip.compress(text.encode(), mtime=0) if path.suffix == ".gz" else text)
 
 
 def load_plans(path: str | Path) -> list[Plan]:
-    """Read a plan file (one JSON plan, or JSON lines of plans with a .jsonl name); PlanError on any fault."""
+    """Read a plan file (one JSON plan, or JSON lines of plans with a .jsonl or .jsonl.gz name); PlanError on any fault."""
     path = Path(path)
     if not path.is_file():
         raise PlanError(f"{path}: no such file")
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
         raise PlanError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
-    if path.suffix == ".jsonl":
+    if is_lines(path):
         docs = [(f"{path}: line {i}", line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
         if len(docs) > MAX_TASKS:
             raise PlanError(f"{path}: {len(docs):,} plans, over the limit of {MAX_TASKS:,}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -205,6 +206,13 @@ def test_resume_after_a_kill_continues_exactly(pool, tmp_path):
     assert loaded.meta["measurements"] == 9 and (tmp_path / "b.pt").stat().st_size < 2_000_000
     with pytest.raises(ValueError, match="options differ"):
         train(small_config(iterations=4, lr=1e-3), tasks, sim, tmp_path / "b.pt", progress=False, resume=True)
+    # a checkpoint written before an option existed resumes where the option has its default, not otherwise
+    ck = torch.load(tmp_path / "b.pt.ckpt", weights_only=False)
+    del ck["config"]["search_rank"]
+    torch.save(ck, tmp_path / "b.pt.ckpt")
+    assert train(cfg, tasks, sim, tmp_path / "b.pt", progress=False, resume=True).meta["measurements"] == 9
+    with pytest.raises(ValueError, match=r"options differ from the checkpoint's \(.*search_rank"):
+        train(dataclasses.replace(cfg, prior_plans=2, search_plans=2, search_rank=1.0), tasks, sim, tmp_path / "b.pt", progress=False, resume=True, prior=sim, search=lambda *a: [])
 
 
 class CountingBackend(SimBackend):
@@ -283,12 +291,13 @@ def test_search_plans_refine_the_cost_net_after_training_and_a_cut_refinement_re
     from dreamshard.planners.dreamshard import DreamShardPlanner
 
     tasks = sample_tasks(split_pool(pool, 0)[0], 4, (8, 14), 3, 10**12, seed=0)
-    cfg = small_config(iterations=2, prior_plans=20, prior_epochs=2, search_plans=24, search_steps=5)
+    cfg = small_config(iterations=2, prior_plans=20, prior_epochs=2, search_plans=24, search_steps=5, search_rank=1.0)
     real, prior = CountingBackend(), CountingBackend()
     planner = DreamShardPlanner.fit(tasks, real, tmp_path / "m.pt", cfg, progress=False, prior=prior)
     assert real.plans == cfg.total_budget() == planner.model.meta["measurements"]
     assert prior.plans == 20 + planner.model.meta["search"]["search/plans"] and planner.model.meta["search"]["search/plans"] == 24
     assert DreamShardModel.load(tmp_path / "m.pt").meta["search"] == planner.model.meta["search"]
+    assert np.isfinite(planner.model.meta["search"]["search/rank_loss"])
     unrefined = train(small_config(iterations=2, prior_plans=20, prior_epochs=2), tasks, CountingBackend(), tmp_path / "u.pt", progress=False, prior=CountingBackend())
     assert not torch.equal(unrefined.cost_net.heads[0][0].weight, planner.model.cost_net.heads[0][0].weight)
     for k, v in unrefined.policy.state_dict().items():  # the policy is not touched
@@ -307,9 +316,41 @@ def test_search_plans_refine_the_cost_net_after_training_and_a_cut_refinement_re
     assert again.meta["search"] == resumed.meta["search"]
 
 
+def test_rank_loss_is_zero_for_an_error_of_one_share_per_task_and_grows_with_its_spread():
+    """`search_rank`'s term: the net may be off by one share on every plan of a task; a plan it
+    prices off by another share costs, and groups are apart (task 1's share is not task 0's)."""
+    from dreamshard.learned.dreamshard import group_draw, rank_loss
+
+    rng = np.random.default_rng(0)
+    target = torch.from_numpy(rng.uniform(0.5, 2.0, (6, 3, 3)).astype(np.float32))
+    mask = torch.tensor([[True, True, True]] * 3 + [[True, True, False]] * 3)
+    target[~mask] = 0.0
+    b = {"device_costs": target, "device_mask": mask}
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    share = torch.tensor([1.1, 1.1, 1.1, 0.8, 0.8, 0.8]).view(6, 1, 1)
+    pred = target.clone()
+    pred[..., :2] *= share  # the compute off by one share per task; the exchange is the target's
+    steps = (target.sum(-1) + torch.where(mask, 0.0, -torch.inf)).amax(-1)
+    pred_steps = (pred.sum(-1) + torch.where(mask, 0.0, -torch.inf)).amax(-1)
+    # a constant share of compute is not a constant share of the step: the loss is its spread
+    err = (pred_steps - steps) / steps
+    want = sum(((err[groups == g] - err[groups == g].mean()) ** 2).sum() for g in (0, 1)) / 4
+    assert torch.isclose(rank_loss(pred, b, torch.tensor(1.0), groups), want)
+    no_comm = {"device_costs": target * torch.tensor([1.0, 1.0, 0.0]), "device_mask": mask}
+    whole = no_comm["device_costs"] * share  # the step off by one share per task: nothing to order differently
+    assert rank_loss(whole, no_comm, torch.tensor(1.0), groups).item() < 1e-12
+    whole[1] *= 1.2
+    assert rank_loss(whole, no_comm, torch.tensor(1.0), groups).item() > 1e-3
+    picked = group_draw(np.array([0] * 5 + [1] * 7), 10, rng)
+    task_of = np.array([0] * 5 + [1] * 7)[picked]
+    assert len(picked) == 10 and all(len(set(task_of[k:k + 4])) == 1 for k in (0, 4, 8))
+
+
 def test_search_plans_options_are_checked(pool, tmp_path):
     with pytest.raises(ValueError, match="search_plans are priced by the prior"):
         small_config(search_plans=10)
+    with pytest.raises(ValueError, match="search_rank weighs differences"):
+        small_config(prior_plans=5, search_rank=1.0)
     with pytest.raises(ValueError, match="search_steps must be >= 0"):
         small_config(prior_plans=5, search_steps=-1)
     tasks = sample_tasks(split_pool(pool, 0)[0], 2, (4, 6), 2, 10**12, seed=0)
@@ -840,7 +881,8 @@ def test_cli_train_options(pool, tmp_path):
                        (["--prior-singles", "--planner", "rnn"], "--prior-singles is for --planner dreamshard, not rnn"),
                        (["--cost-linear"], "cost_linear weighs the kernel features: set kernel_features true too"),
                        (["--prior-singles"], "prior_singles needs a prior"), (["--prior-span", "3"], "prior_span adds tasks to the prior's"),
-                       (["--prior-span", "3", "--planner", "rnn"], "--prior-span is for --planner dreamshard, not rnn")):
+                       (["--prior-span", "3", "--planner", "rnn"], "--prior-span is for --planner dreamshard, not rnn"),
+                       (["--search-rank", "2"], "search_rank weighs differences"), (["--search-rank", "2", "--planner", "rnn"], "--search-rank is for --planner dreamshard")):
         r = CliRunner().invoke(cli, base + extra)
         assert r.exit_code == 2 and r.output.count("\n") == 1 and msg in r.output, r.output
     r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model"])

@@ -83,5 +83,6 @@ def test_dreamshard_config_refines_its_cost_net_with_a_prior_only():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.config("dreamshard", 60, 65_536, 4000).search_plans == module.DREAMSHARD_OPTIONS["search_plans"] > 0
-    assert module.config("dreamshard", 60, 65_536, 4000, search_plans=0).search_plans == 0
+    assert module.config("dreamshard", 60, 65_536, 4000).search_rank == module.DREAMSHARD_OPTIONS["search_rank"] > 0
+    assert module.config("dreamshard", 60, 65_536, 4000, search_plans=0).search_plans == 0 == module.config("dreamshard", 60, 65_536, 4000, search_plans=0).search_rank
     assert module.config("dreamshard", 60, 65_536, 0).search_plans == 0 == module.config("dreamshard", 60, 65_536, 0, search_plans=500).search_plans

@@ -3,11 +3,17 @@ here, measured (torch kernel, small tables), resumed, and the report's tables.""
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def text_of(path: Path) -> str:
+    """A gzipped plan file's text (the campaign keeps its plans as plans.jsonl.gz)."""
+    return gzip.decompress(path.read_bytes()).decode()
 
 
 def run(*args: str) -> str:
@@ -16,11 +22,11 @@ def run(*args: str) -> str:
 
 def test_plans_measured_and_reported(tmp_path):
     run("plan", "--quick", "--out", str(tmp_path))
-    measure = ("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl"), "--cpu", "--quick")
+    measure = ("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick")
     run(*measure)
     rows = (tmp_path / "measured.csv").read_text().splitlines()
     # every distinct plan measured once; a plan two planners made names both
-    assert len(rows) - 1 == sum(1 for _ in (tmp_path / "plans.jsonl").open())
+    assert len(rows) - 1 == len(text_of(tmp_path / "plans.jsonl.gz").splitlines())
     # a second call measures nothing again
     run(*measure)
     assert (tmp_path / "measured.csv").read_text().splitlines() == rows
@@ -31,7 +37,7 @@ def test_plans_measured_and_reported(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from heldout import load_plans, note, plan_hash
 
-    plans = {(note(p, "family"), note(p, "setting"), note(p, "task"), plan_hash(p)) for p in load_plans(tmp_path / "plans.jsonl")}
+    plans = {(note(p, "family"), note(p, "setting"), note(p, "task"), plan_hash(p)) for p in load_plans(tmp_path / "plans.jsonl.gz")}
     with open(tmp_path / "measured.csv") as fh:
         measured = [tuple(line.split(",")[i] for i in (0, 1, 2, 4)) for line in fh.read().splitlines()[1:]]
     assert len(measured) == len(set(measured)) and plans <= set(measured)
@@ -48,13 +54,13 @@ def test_plans_measured_and_reported(tmp_path):
 def test_some_planners_measured_alone(tmp_path):
     """`measure --planners`: only those planners' plans are measured, and OUT holds them for `report OUT`."""
     run("plan", "--quick", "--out", str(tmp_path / "all"))
-    before = (tmp_path / "all" / "plans.jsonl").read_text()
+    before = text_of(tmp_path / "all" / "plans.jsonl.gz")
     run("plan", "--quick", "--out", str(tmp_path / "all"), "--again", "dreamshard")  # its plans again; `dreamshard --no-split`'s keep their names
-    assert before.count('"planner dreamshard --no-split"') == (tmp_path / "all" / "plans.jsonl").read_text().count('"planner dreamshard --no-split"') == 1
+    assert before.count('"planner dreamshard --no-split"') == text_of(tmp_path / "all" / "plans.jsonl.gz").count('"planner dreamshard --no-split"') == 1
     out = tmp_path / "some"
-    run("measure", "--out", str(out), "--plans", str(tmp_path / "all" / "plans.jsonl"), "--cpu", "--quick", "--planners", "dreamshard,lookup,size_lookup")
-    plans = (out / "plans.jsonl").read_text().splitlines()
-    assert 1 <= len(plans) < len((tmp_path / "all" / "plans.jsonl").read_text().splitlines())
+    run("measure", "--out", str(out), "--plans", str(tmp_path / "all" / "plans.jsonl.gz"), "--cpu", "--quick", "--planners", "dreamshard,lookup,size_lookup")
+    plans = text_of(out / "plans.jsonl.gz").splitlines()
+    assert 1 <= len(plans) < len(text_of(tmp_path / "all" / "plans.jsonl.gz").splitlines())
     assert len((out / "measured.csv").read_text().splitlines()) - 1 == len(plans)
     text = run("report", str(out))
     assert "| dreamshard |" in text and "| lookup |" in text and "| random |" not in text
@@ -68,9 +74,9 @@ def test_development_tasks_with_another_model(tmp_path):
     `--model LABEL=PATH`: one more dreamshard planner, on every step under the same label."""
     model = ("--model", "dreamshard (again)=dreamshard/data/models/dreamshard_h100.pt")
     run("plan", "--quick", "--dev", "--out", str(tmp_path), "--again", "dreamshard,lookup,size_lookup,dreamshard (again)", *model)
-    plans = (tmp_path / "plans.jsonl").read_text()
+    plans = text_of(tmp_path / "plans.jsonl.gz")
     assert '"family dlrm"' in plans and "mixed" not in plans and '"planner dreamshard (again)"' in plans
-    run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl"), "--cpu", "--quick", *model)
+    run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick", *model)
     text = run("report", str(tmp_path), *model)
     assert "## dlrm (development), 60 tables / 4 devices / 24 GB: 1 tasks" in text
     assert "| dreamshard (again) |" in text and "| dreamshard |" in text

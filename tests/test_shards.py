@@ -70,6 +70,13 @@ def test_split_plan_costs_memory_and_streams_follow_the_shards(tmp_path):
     (back,) = load_plans(path)
     assert back.shards == plan.shards and back.workload == plan.workload
     assert back.device_tables() == plan.device_tables()
+    # gzipped JSON lines: the same plans back; a damaged file is one line naming it
+    save_plans([plan, plan], tmp_path / "many.jsonl.gz")
+    assert [p.shards for p in load_plans(tmp_path / "many.jsonl.gz")] == [plan.shards] * 2
+    (tmp_path / "bad.jsonl.gz").write_bytes((tmp_path / "many.jsonl.gz").read_bytes()[:40])
+    with pytest.raises(PlanError, match="bad.jsonl.gz: cannot read") as e:
+        load_plans(tmp_path / "bad.jsonl.gz")
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("shards,match", [

@@ -102,6 +102,12 @@ class Config(BudgetConfig):
     # on `dreamshard`'s own plans, +3.7% on the oracle's, mostly better, ones). Not measurements.
     search_plans: int = 0
     search_steps: int = 3000
+    # with search_plans: the weight of a term on *differences* in the refinement (`rank_loss`):
+    # the search's plans of one task in groups, and the variance within a group of the net's
+    # relative error of the plan's step. A search keeps the candidate its net under-prices most,
+    # so what decides is the error from one near-optimal plan to the next, not the average one
+    # (docs/dreamshard.md, "Measured on held-out families"). 0: the squared errors alone
+    search_rank: float = 0.0
     # REINFORCE on the estimated MDP
     rl_batches: int = 10
     rl_tasks_per_batch: int = 1  # the reference draws one task per batch
@@ -154,7 +160,7 @@ class Config(BudgetConfig):
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        for f in ("prior_plans", "prior_epochs", "prior_span", "search_plans", "search_steps"):
+        for f in ("prior_plans", "prior_epochs", "prior_span", "search_plans", "search_steps", "search_rank"):
             if getattr(self, f) < 0:
                 raise OptionError(f"{f} must be >= 0, got {getattr(self, f)}")
         if not 0 <= self.prior_share < 1:
@@ -165,6 +171,8 @@ class Config(BudgetConfig):
             raise OptionError("prior_span adds tasks to the prior's: set prior_plans >= 1 too")
         if self.search_plans and not self.prior_plans:
             raise OptionError("search_plans are priced by the prior: set prior_plans >= 1 too")
+        if self.search_rank and not self.search_plans:
+            raise OptionError("search_rank weighs differences between the search's plans: set search_plans >= 1 too")
         return self
 
 
@@ -270,8 +278,12 @@ def cost_loss(cost_net, b: dict[str, torch.Tensor], comm_head: bool = True) -> t
     Without `comm_head` (a model whose all-to-all is the comm model's) the comm head is not
     fitted: nothing reads it, and its target, which a device's tables alone do not decide, would
     only pull the shared table encoder."""
-    scale = cost_net.scale
     dev_pred, ov_pred = cost_net(b["x"], b["placement"], b["device_mask"])
+    return squared_error(dev_pred, ov_pred, b, cost_net.scale, comm_head)
+
+
+def squared_error(dev_pred: torch.Tensor, ov_pred: torch.Tensor, b: dict[str, torch.Tensor], scale: torch.Tensor, comm_head: bool) -> torch.Tensor:
+    """`cost_loss` of the net's predictions of a batch."""
     target, overall = b["device_costs"] / scale, b["overall"] / scale
     m = (b["device_mask"].unsqueeze(-1) & ~target.isnan()).float()
     if not comm_head:
@@ -279,6 +291,23 @@ def cost_loss(cost_net, b: dict[str, torch.Tensor], comm_head: bool = True) -> t
     kernel = (((dev_pred - target.nan_to_num()) ** 2) * m).sum((0, 1)) / m.sum((0, 1)).clamp(min=1)
     known = ~overall.isnan()
     return (((ov_pred - overall.nan_to_num()) ** 2) * known).sum() / known.sum().clamp(min=1) + kernel.sum()
+
+
+def rank_loss(dev_pred: torch.Tensor, b: dict[str, torch.Tensor], scale: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """`Config.search_rank`'s term: per plan, the net's relative error of its step (max over
+    devices of the predicted compute plus the target's exchange: the exchange is the comm
+    model's, the same on both sides); within each group of plans (one task's), the variance of
+    that error, averaged over the groups. 0 when the net is off by the same share on every plan
+    of a task: it then orders them as the target does."""
+    target = b["device_costs"] / scale
+    off = torch.where(b["device_mask"], 0.0, -torch.inf)
+    true = (target.sum(-1) + off).amax(-1)
+    pred = (dev_pred[..., 0] + dev_pred[..., 1] + target[..., 2] + off).amax(-1)
+    err = (pred - true) / true.clamp(min=1e-6)
+    ids, inverse = groups.unique(return_inverse=True)
+    n = torch.zeros(len(ids)).index_add_(0, inverse, torch.ones_like(err))
+    mean = torch.zeros(len(ids)).index_add_(0, inverse, err) / n
+    return ((err - mean[inverse]) ** 2).sum() / (n - 1).clamp(min=1).sum()
 
 
 def fit_batch(buffer: ReplayBuffer, prior: ReplayBuffer, cfg: Config, rng: np.random.Generator) -> dict[str, torch.Tensor]:
@@ -354,16 +383,48 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], search: S
     found = ReplayBuffer()
     for (task, placement), r in zip(got, measure(prior, [t for t, _ in got], [p for _, p in got], cfg.batch_size)):
         found.add(to_measured(prepare(task, cfg.normalization, cfg.linear_features, model.kernel), placement, r))
+    task_of = np.repeat(np.arange(len(tasks)), [len(n) for n in np.array_split(np.arange(cfg.search_plans), len(tasks))])[:len(got)]
     sources = [b for b in (found, *buffers) if len(b)]
     shares = [len(c) for c in np.array_split(np.arange(cfg.cost_batch), len(sources))]
-    optimizer = adam(model.cost_net.parameters(), cfg.lr)
+    cost_net, comm_head = model.cost_net, model.comm is None
+    optimizer = adam(cost_net.parameters(), cfg.lr)
     bar.stage("fitting the cost net on the search's plans")
-    losses = []
+    losses, ranks = [], []
     for step in range(cfg.search_steps if len(found) else 0):
         decay_lr(optimizer, cfg.lr, step, cfg.search_steps)
-        batch = collate([m for b, k in zip(sources, shares) for m in b.draw(k, rng)])
-        losses.append(cost_step(model.cost_net, optimizer, batch, model.comm is None))
-    return {"search/plans": len(found), "search/loss": float(np.mean(losses)) if losses else math.nan, "search/seconds": time.time() - t0}
+        # the search's share of the batch as groups of RANK_GROUP plans of one task each (for
+        # `rank_loss`), the rest drawn from the other sources
+        picked = group_draw(task_of, shares[0], rng) if cfg.search_rank else rng.integers(len(found), size=shares[0])
+        batch = collate([found.items[i] for i in picked] + [m for b, k in zip(sources[1:], shares[1:]) for m in b.draw(k, rng)])
+        dev_pred, ov_pred = cost_net(batch["x"], batch["placement"], batch["device_mask"])
+        loss = squared_error(dev_pred, ov_pred, batch, cost_net.scale, comm_head)
+        if cfg.search_rank:
+            head = {k: v[: len(picked)] for k, v in batch.items()}
+            rank = rank_loss(dev_pred[: len(picked)], head, cost_net.scale, torch.from_numpy(task_of[picked]))
+            ranks.append(rank.item())
+            loss = loss + cfg.search_rank * rank
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    out = {"search/plans": len(found), "search/loss": float(np.mean(losses)) if losses else math.nan, "search/seconds": time.time() - t0}
+    if ranks:
+        out["search/rank_loss"] = float(np.mean(ranks))
+    return out
+
+
+RANK_GROUP = 4  # plans of one task together in a refinement batch (`Config.search_rank`)
+
+
+def group_draw(task_of: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`n` indices of plans, in groups of RANK_GROUP plans of one task (drawn with replacement
+    within a task, tasks at random)."""
+    by_task = [np.flatnonzero(task_of == t) for t in np.unique(task_of)]
+    out = []
+    while len(out) < n:
+        own = by_task[int(rng.integers(len(by_task)))]
+        out.extend(rng.choice(own, size=min(RANK_GROUP, n - len(out))).tolist())
+    return np.array(out, np.int64)
 
 
 def fit_linear(cost_net, items: Sequence[Measured]) -> None:

@@ -289,6 +289,8 @@ class Checkpoint:
         self.out, self.path = out, out.with_name(out.name + ".ckpt")
         self.format, self.keys = fmt, {**RUN_KEYS, **keys}
         self.config = dataclasses.asdict(config)
+        # an option added since a checkpoint was written: that run had its default
+        self._defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
         self.tasks = [[t.name for t in task.tables] for task in tasks]
         self.backend = backend.name
         self.digests = {"task_digest": task_digest(tasks), "backend_digest": backend_digest(backend)}
@@ -367,8 +369,9 @@ class Checkpoint:
             raise OptionError(f"--resume: no checkpoint {self.path} (start without --resume)")
         seen = _identity(self.path)
         ck = self.load()
-        if ck["config"] != self.config:
-            changed = [k for k, v in self.config.items() if ck["config"].get(k) != v]
+        stored = {**{k: v for k, v in self._defaults.items() if k not in ck["config"]}, **ck["config"]}
+        if stored != self.config:
+            changed = [k for k, v in self.config.items() if stored.get(k) != v]
             raise OptionError(f"--resume: options differ from the checkpoint's ({', '.join(changed) or 'unknown keys'}); rerun with the same ones")
         if ck["tasks"] != self.tasks:
             raise OptionError(f"--resume: the training tasks differ from the checkpoint's ({self.path})")
