@@ -41,16 +41,26 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cls = PLANNERS["autoshard"]
     cfg = cls.config("masked" if variant == "mask" else None, seed=0, budget=budget, iterations=budget // 8)
-    t0 = time.time()
-    trained = cls.fit(tasks, sim, out / f"{variant}_{budget}.pt", cfg, log=out / f"{variant}_{budget}.jsonl", progress=False)
-    print(f"{variant}: trained in {time.time() - t0:.0f} s on {trained.model.meta['measurements']} measured plans", flush=True)
-    for name, planner in (("lookup", get_planner("lookup")), ("size_lookup", get_planner("size_lookup")), ("autoshard", trained)):
-        step, balance, slowest = [], [], []
+    path = out / f"{variant}_{budget}.pt"
+    if not path.is_file():  # a model trained before is planned with again
+        t0 = time.time()
+        cls.fit(tasks, sim, path, cfg, log=out / f"{variant}_{budget}.jsonl", progress=False)
+        print(f"{variant}: trained in {time.time() - t0:.0f} s", flush=True)
+    planners = {"lookup": get_planner("lookup"), "size_lookup": get_planner("size_lookup"),
+                "autoshard (greedy, the default)": get_planner("autoshard", model=str(path)),
+                "autoshard, best_of 16 (sampled)": get_planner("autoshard", model=str(path), best_of=16)}
+    print(f"{variant} @{budget}: {cls.Model.load(path).meta['measurements']} measured plans", flush=True)
+    print("| training | planner | step ms | balance (min/max) | slowest device's compute ms | fullest device's tables, median / max |", flush=True)
+    for name, planner in planners.items():
+        step, balance, slowest, fullest = [], [], [], []
         for t in dev:
-            r = sim.evaluate_plan(planner.plan(t))
+            plan = planner.plan(t)
+            r = sim.evaluate_plan(plan)
             compute = [d.fwd_comp_ms + d.bwd_comp_ms for d in r.devices]
             step.append(r.overall_ms), balance.append(min(compute) / max(compute)), slowest.append(max(compute))
-        print(f"| {variant} | {name} | {np.mean(step):.3f} | {np.mean(balance):.3f} | {np.mean(slowest):.3f} |", flush=True)
+            fullest.append(np.bincount([s.device for s in plan.shards], minlength=t.devices).max() / len(t.tables))
+        print(f"| {variant} @{budget} | {name} | {np.mean(step):.3f} | {np.mean(balance):.3f} | {np.mean(slowest):.3f} | "
+              f"{np.median(fullest):.0%} / {np.max(fullest):.0%} |", flush=True)
 
 
 if __name__ == "__main__":

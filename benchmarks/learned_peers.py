@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--models", default="/tmp/learned_peers", help="where the trained models go")
     ap.add_argument("--out", default="benchmarks/results/learned_peers")
     ap.add_argument("--resume", action="store_true", help="reuse the finished models in --models (and go on with unfinished ones)")
+    ap.add_argument("--autoshard-best-of", type=int, default=1, help="AutoShard plans with the best of this many sampled episodes (1: its greedy one, the default)")
     args = ap.parse_args()
     sim = SimBackend()
     train_half, _ = split_pool(synth_pool(PoolConfig(seed=0)), 0)
@@ -79,11 +80,12 @@ def main() -> None:
         training[label] = {"seconds": seconds, "measured_plans": meta["measurements"], "shard_measurements": meta.get("shard_measurements"),
                            "iterations": cfg.iterations}
         print(label, training[label], flush=True)
-        planners[label] = planner
+        planners[label] = PLANNERS[name](model=planner.model, best_of=args.autoshard_best_of) if name == "autoshard" else planner
     planners["dreamshard (shipped H200 model)"] = get_planner("dreamshard")
 
     md = [f"Priced by the {sim.name}; trained on {len(tasks)} tasks (20–120 train-half tables, 2–8 devices, 5 GB); "
-          f"`python benchmarks/learned_peers.py --budget {args.budget} --autoshard-budget {args.autoshard_budget} --tasks {args.tasks} --seed {args.seed}`.", "",
+          f"`python benchmarks/learned_peers.py --budget {args.budget} --autoshard-budget {args.autoshard_budget} --tasks {args.tasks} --seed {args.seed}"
+          + (f" --autoshard-best-of {args.autoshard_best_of}" if args.autoshard_best_of != 1 else "") + "`.", "",
           "| trained | measured plans | shard measurements | iterations | training s |", "|---|---:|---:|---:|---:|"]
     for label, t in training.items():
         md.append(f"| {label} | {t['measured_plans']} | {t['shard_measurements'] or '—'} | {t['iterations']} | {t['seconds']:.0f} |")

@@ -128,10 +128,30 @@ def test_untrained_peer_honours_memory_on_tight_tasks(name, tasks):
 
 @pytest.mark.parametrize("name", sorted(PEERS))
 def test_a_stranded_policy_falls_back_to_a_packing_and_says_so(name, tasks, monkeypatch):
-    monkeypatch.setattr(PEERS[name][0], "placement", staticmethod(lambda net, task: None))
+    monkeypatch.setattr(PEERS[name][0], "placement", staticmethod(lambda net, task, *options: None))
     plan = untrained(name).plan(tasks[1][0])
     plan.check()
     assert plan.notes == [f"{'autoshard policy' if name == 'autoshard' else 'rnn placer'} ran out of memory; used a memory packing instead"]
+
+
+def test_autoshard_plans_the_best_of_sampled_episodes_where_its_greedy_one_piles_tables(tasks, monkeypatch):
+    """A near-uniform policy that slightly prefers fuller devices (an untrained one can): its
+    greedy episode (the default, the reference's) puts every table on one device; with
+    `best_of=16` the planner samples 16 episodes and keeps the one whose slowest shard its cost
+    model prices lowest, the same for a seed."""
+    net = autoshard.AutoShardNet()
+    monkeypatch.setattr(net, "logits", lambda h, z, used, count: 1e-3 * count)
+    task = tasks[1][0]
+    share = lambda plan: np.bincount([s.device for s in plan.shards], minlength=task.devices).max() / len(task.tables)
+    greedy = AutoShardPlanner(model=autoshard.AutoShardModel(net)).plan(task)
+    assert share(greedy) == 1.0
+    planner = AutoShardPlanner(model=autoshard.AutoShardModel(net), best_of=16)
+    sampled = planner.plan(task)
+    sampled.check()
+    assert share(sampled) < 0.6 and planner.plan(task).shards == sampled.shards
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(OptionError, match="autoshard: best_of must be an integer >= 1"):
+            AutoShardPlanner(model=autoshard.AutoShardModel(net), best_of=bad)
 
 
 def test_rnn_has_no_plan_for_a_task_wider_than_its_model(tasks):

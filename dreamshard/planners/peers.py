@@ -1,8 +1,7 @@
 """What the learned peers (`autoshard`, `rnn`) share as planners: their model from `--model`, else
 the one shipped for this GPU (`dreamshard.shipped`; without one, a model file is required),
-training through their module's `train`, and planning by their policy's greedy placement among
-the devices with room — a memory packing, said in the plan's notes, if the policy strands a
-table."""
+training through their module's `train`, and planning by their policy's placement among the
+devices with room — a memory packing, said in the plan's notes, if the policy strands a table."""
 
 from __future__ import annotations
 
@@ -45,8 +44,8 @@ class DescribedModel:
 
 
 class PeerPlanner(LearnedPlanner):
-    """A subclass names its `Model` (a NetFile), its module's `train` and its greedy `placement`
-    (net, task → devices, or None when stranded), and `who` for the notes; `base.lazy_attr`s, so
+    """A subclass names its `Model` (a NetFile), its module's `train` and its `placement` (net,
+    task → devices, or None when stranded), and `who` for the notes; `base.lazy_attr`s, so
     that listing the registry does not import the nets (and torch). `model` None: the shipped
     model for this GPU (`shipped.choose`); `label` says which model plans."""
 
@@ -79,10 +78,14 @@ class PeerPlanner(LearnedPlanner):
     def save(self, path: str | Path) -> None:
         self.model.save(path)
 
+    def place(self, task: Task) -> np.ndarray | None:
+        """The policy's placement of `task` (devices per table), or None where it strands a table."""
+        return type(self).placement(self.model.net, task)
+
     def plan(self, task: Task) -> Plan:
         if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
             raise task_infeasible(task)
-        placement = type(self).placement(self.model.net, task)
+        placement = self.place(task)
         if placement is not None:
             return Plan.table_wise(task, [int(d) for d in placement], self.name, notes=self.notes)
         plan = place_or_pack(task, None, self.name)
