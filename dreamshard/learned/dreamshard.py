@@ -378,12 +378,16 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], search: S
     what was measured keeps its weight. → the model's meta entry "search" (plans, mean loss, seconds)."""
     t0 = time.time()
     bar.stage(f"planning {cfg.search_plans} plans around the search")
-    got = [p for task, n in zip(tasks, np.array_split(np.arange(cfg.search_plans), len(tasks))) for p in search(model, task, len(n), rng)]
+    got, task_of = [], []  # the plans, and the task each is of (a task may give fewer than asked)
+    for i, (task, n) in enumerate(zip(tasks, np.array_split(np.arange(cfg.search_plans), len(tasks)))):
+        plans = search(model, task, len(n), rng)
+        got += plans
+        task_of += [i] * len(plans)
+    task_of = np.array(task_of, np.int64)
     bar.stage(f"pricing {len(got)} plans of the search")
     found = ReplayBuffer()
     for (task, placement), r in zip(got, measure(prior, [t for t, _ in got], [p for _, p in got], cfg.batch_size)):
         found.add(to_measured(prepare(task, cfg.normalization, cfg.linear_features, model.kernel), placement, r))
-    task_of = np.repeat(np.arange(len(tasks)), [len(n) for n in np.array_split(np.arange(cfg.search_plans), len(tasks))])[:len(got)]
     sources = [b for b in (found, *buffers) if len(b)]
     shares = [len(c) for c in np.array_split(np.arange(cfg.cost_batch), len(sources))]
     cost_net, comm_head = model.cost_net, model.comm is None
