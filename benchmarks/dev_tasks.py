@@ -60,10 +60,7 @@ def main() -> None:
              "`.venv/bin/python benchmarks/dev_tasks.py " + "".join(f"--model {m} " for m in models if m)
              + (f"--families {','.join(families)} " if families != list(FAMILIES) else "") + "`: mean of per-task ratios to the best "
              f"table-wise heuristic, {TASKS} tasks of {' and '.join(f'{t} tables on {d} devices' for t, d in SETTINGS)} per family (pools of seed {POOL_SEED}).", "",
-             "| planner | " + " | ".join(families) + " | all |", "|---|" + "---:|" * (len(families) + 1)]
-    for name in planners:
-        cells = [f"{np.mean(ratios[name][f]) * 100:+.2f}%" for f in families]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {np.mean([r for f in families for r in ratios[name][f]]) * 100:+.2f}% |")
+             *family_table(ratios, list(planners), families)]
     lines += ["", "The cost net against the simulator (predicted / simulated max-device step − 1) on the model's own plans and on the oracle's:", "",
               "| model | own plans: mean | own plans: mean abs | own plans: range | the oracle's: mean | the oracle's: mean abs | the oracle's: range |",
               "|---|---:|---:|---:|---:|---:|---:|"]
@@ -72,6 +69,15 @@ def main() -> None:
         lines.append(f"| {name} | {own.mean():+.1f}% | {np.abs(own).mean():.1f}% | {own.min():+.1f} to {own.max():+.1f}% | {orc.mean():+.1f}% | {np.abs(orc).mean():.1f}% | {orc.min():+.1f} to {orc.max():+.1f}% |")
     atomic_write(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def family_table(ratios: dict, names: list[str], families: list[str]) -> list[str]:
+    """Markdown rows: each of `names`' mean per-task ratio (`evaluate`'s) per family and in all."""
+    lines = ["| planner | " + " | ".join(families) + " | all |", "|---|" + "---:|" * (len(families) + 1)]
+    for name in names:
+        cells = [f"{np.mean(ratios[name][f]) * 100:+.2f}%" for f in families]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {np.mean([r for f in families for r in ratios[name][f]]) * 100:+.2f}% |")
+    return lines
 
 
 def evaluate(sim: SimBackend, planners: dict, nets: list[str], families: list[str]) -> tuple[dict, dict]:

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dev_tasks import CALIBRATION, FAMILIES, ORACLE_BUDGET, POOL_SEED, SETTINGS, TASKS, evaluate  # noqa: E402
+from dev_tasks import CALIBRATION, FAMILIES, ORACLE_BUDGET, POOL_SEED, SETTINGS, TASKS, evaluate, family_table  # noqa: E402
 from gpu_train_shipped import PLANNERS, config, training_tasks  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
@@ -78,10 +78,7 @@ def main() -> None:
              f"{command}: the shipped recipe trained on the simulator at each weight of `search_rank`; mean of per-task ratios to the best "
              f"table-wise heuristic, {TASKS} development tasks of {' and '.join(f'{t} tables on {d} devices' for t, d in SETTINGS)} per family "
              f"(pools of seed {POOL_SEED}).", "",
-             "| planner | " + " | ".join(FAMILIES) + " | all |", "|---|" + "---:|" * (len(FAMILIES) + 1)]
-    for name in planners:
-        cells = [f"{np.mean(ratios[name][f]) * 100:+.2f}%" for f in FAMILIES]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {np.mean([r for f in FAMILIES for r in ratios[name][f]]) * 100:+.2f}% |")
+             *family_table(ratios, list(planners), list(FAMILIES))]
     lines += ["", "The cost net against the truth (predicted / priced max-device step − 1), and the spread over the tasks of the oracle's error minus its own:", "",
               "| model | own plans: mean | the oracle's: mean | spread of the difference |", "|---|---:|---:|---:|"]
     for name in paths:
