@@ -81,7 +81,7 @@ def main() -> None:
                            "iterations": cfg.iterations}
         print(label, training[label], flush=True)
         planners[label] = PLANNERS[name](model=planner.model, best_of=args.autoshard_best_of) if name == "autoshard" else planner
-    planners["dreamshard (shipped H200 model)"] = get_planner("dreamshard")
+    planners["dreamshard (shipped model)"] = get_planner("dreamshard")
 
     md = [f"Priced by the {sim.name}; trained on {len(tasks)} tasks (20–120 train-half tables, 2–8 devices, 5 GB); "
           f"`python benchmarks/learned_peers.py --budget {args.budget} --autoshard-budget {args.autoshard_budget} --tasks {args.tasks} --seed {args.seed}"

@@ -126,7 +126,7 @@ def row_stats_accuracy(model: str | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="model file (default: the shipped H200 model)")
+    ap.add_argument("--model", help="model file (default: the shipped model)")
     ap.add_argument("--pool", help="pool directory with tables.csv (default: synthesized, seed 0: --tables tables; held-out tasks: 856)")
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--devices", type=int, default=8)
