@@ -450,13 +450,19 @@ def _sharding(t: TableSpec, shards: list[Shard], devices: int, local: int, devic
         if kind in ROW_TYPES and all(s.width == t.dim for s in shards):
             ranks = list(range(devices)) if kind == "row_wise" else list(range(host * local, (host + 1) * local))
             cuts = row_wise_cuts(t.rows, len(ranks))
-            if [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b] == ours:
+            if _holding(ranks, cuts) == ours:
                 return entry(kind, [(r, a, 0, b - a, t.dim) for r, (a, b) in zip(ranks, cuts)])
             if not full:
                 b = -(-t.rows // devices)
                 why.append(f"row shards {', '.join(f'[{a}, {z}) on {d}' for d, a, z in ours[:4])}{', ...' if len(ours) > 4 else ''} are not TorchRec's row-wise layout: "
                            f"rank r of all {devices} holds rows [r·{b}, (r+1)·{b}) (ceil(rows / ranks) each; table_row_wise: the same over one host's {local} ranks)")
     return why[0] if why else ""
+
+
+def _holding(ranks: Sequence[int], cuts: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(rank, first row, row stop) of each rank of TorchRec's row-wise layout (`row_wise_cuts`)
+    that holds rows: what a table's row shards must be, in row order, to export as that layout."""
+    return [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b]
 
 
 def _grid(t: TableSpec, shards: Sequence[Shard], local: int) -> list[tuple[int, int, int, int, int]] | str:
@@ -476,7 +482,7 @@ def _grid(t: TableSpec, shards: Sequence[Shard], local: int) -> list[tuple[int, 
         host = block[0].device // local
         ranks = list(range(host * local, (host + 1) * local))
         cuts = row_wise_cuts(t.rows, local)
-        if [(r, a, b) for r, (a, b) in zip(ranks, cuts) if a < b] != [(s.device, *s.row_range(t)) for s in block]:
+        if _holding(ranks, cuts) != [(s.device, *s.row_range(t)) for s in block]:
             return (f"its column block [{c0}, {c1}) is not split table-row-wise in TorchRec's layout: rank r of one host's {local} holds rows "
                     f"[r·{cuts[0][1]}, (r+1)·{cuts[0][1]})")
         if host in hosts:
