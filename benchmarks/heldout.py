@@ -49,7 +49,6 @@ import shutil
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -371,26 +370,23 @@ def ordering(done: dict) -> list[str]:
     the cost net (the shipped model, as `dreamshard` scores its candidates), the simulator and the
     GPU put first. A search keeps the candidate its scorer under-prices most among near-optimal
     ones, so the scorer's errors between two good plans matter more than its error on either."""
-    from dreamshard.planners.scoring import PieceScorer  # torch: only for the report
-
     pairs = [t for t in done.values() if {"dreamshard", "oracle (simulator)"} <= set(t) and t["dreamshard"][3] is not t["oracle (simulator)"][3]]
     if not pairs:
         return []
     import hashlib
 
+    from dev_tasks import net_ms
+
     from dreamshard import shipped
 
-    model = get_planner("dreamshard").model
     # the shipped model at the time of the report, named by its bytes: a report re-made after the
     # model changed orders the pairs by the new one
-    which = hashlib.sha256(Path(shipped.choose("dreamshard").path).read_bytes()).hexdigest()[:12]
+    path = shipped.choose("dreamshard").path
+    which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+    planner = get_planner("dreamshard", model=path)
     agree = Counter()
     for t in pairs:
-        net = {}
-        for label in ("dreamshard", "oracle (simulator)"):
-            plan = t[label][3]
-            scorer = PieceScorer(model, plan.task)
-            net[label] = float(scorer.score(scorer.state([replace(s, device=-1) for s in plan.shards], np.array([s.device for s in plan.shards]))))
+        net = {label: net_ms(planner, t[label][3]) for label in ("dreamshard", "oracle (simulator)")}
         gpu = t["dreamshard"][0] < t["oracle (simulator)"][0]
         agree["cost net"] += (net["dreamshard"] < net["oracle (simulator)"]) == gpu
         agree["simulator"] += (t["dreamshard"][2] < t["oracle (simulator)"][2]) == gpu
