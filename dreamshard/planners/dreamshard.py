@@ -227,7 +227,7 @@ class DreamShardPlanner(LearnedPlanner):
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, the same plan on every machine).
         `comm_model`: the comm model (file) whose collectives price row splits; None: the
-        shipped NCCL model, the shipped cost net's hardware. `heuristic_candidates`: the
+        NCCL model shipped for the GPU planned for (`scoring.comm_params`). `heuristic_candidates`: the
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
         policy alone; the heuristics only when every episode runs out of memory). `anneal`: the
         placements the search's last stage, the oracle's annealing on the cost net, may price (0: no

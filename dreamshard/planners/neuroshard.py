@@ -58,8 +58,7 @@ class NeuroShardPlanner(Planner):
     def __init__(self, model: str | Path | None = None, beam: int = 3, depth: int = 10, top: int = 10, caps: int = 11, comm_model: str | Path | None = None):
         """`model`: a model file, or None for DreamShard's shipped model for this GPU
         (`dreamshard.shipped`). `comm_model`: the comm model (file) whose collectives price row
-        splits; None: the NCCL model shipped for `comm.DEFAULT_GPU`, the shipped cost net's
-        hardware."""
+        splits; None: the NCCL model shipped for the GPU planned for (`scoring.comm_params`)."""
         if min(beam, top, caps) < 1 or depth < 0:
             raise OptionError("neuroshard needs beam, top, caps >= 1 and depth >= 0")
         lazy.load()

@@ -58,7 +58,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dreamshard.costs.comm import DEFAULT_GPU, CommModel, alltoall_bytes_array, alltoall_ms, load_comm_model, relayout_ms, rowwise_ms
+from dreamshard.costs.comm import CommModel, alltoall_bytes_array, alltoall_ms, load_comm_model, relayout_ms, rowwise_ms
 from dreamshard.costs.hierarchy import alltoall_topo_ms, inter_host_ms, rowwise_topo_ms, twrw_ms, twrw_traffic
 from dreamshard.costs.host import HostLink, shard_ms
 from dreamshard.learned.mdp import NumpyCostNet
@@ -76,9 +76,10 @@ EXTRA_COLUMNS = 5  # a state row's columns after the net's: row-wise dim, all-to
 
 def comm_params(comm_model: str | Path | CommModel | None, devices: int = 2) -> dict:
     """The collectives' parameters the scorer prices row splits with: a comm model file (or
-    model), or None for the shipped NCCL model of the GPU the shipped cost net was trained for, at
-    the task's device count (`comm.default_model_path`)."""
-    return load_comm_model(comm_model, "cuda", devices, DEFAULT_GPU).params()
+    model), or None for the shipped NCCL model of the GPU planned for (the one visible here, else
+    `comm.DEFAULT_GPU`: `shipped.target_gpu`, whose cost net the planner uses) at the task's
+    device count (`comm.default_model_path`)."""
+    return load_comm_model(comm_model, "cuda", devices).params()
 
 
 def predicted_dict(device_costs: np.ndarray, overall: float, model_label: str) -> dict:
