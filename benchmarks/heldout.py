@@ -5,6 +5,7 @@ its plans measured on one GPU. Three steps, one script:
     .venv/bin/python benchmarks/heldout.py plan --again dreamshard,"dreamshard --no-split"   # a new model: its plans alone
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT      # one H100 or H200, ≤ 9.5 min: measured.csv, summary.json
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --planners dreamshard,lookup   # some planners' plans (and OUT/plans.jsonl.gz)
+    .venv/bin/python benchmarks/heldout.py plan --gpu h200 --out D       # plans for an H200: its shipped models, NCCL models, calibration
     .venv/bin/python benchmarks/heldout.py plan --dev --out D --model "dreamshard (B)=B.pt"   # development tasks, another model beside
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --plans D/plans.jsonl.gz --model "dreamshard (B)=B.pt"
     .venv/bin/python benchmarks/heldout.py report benchmarks/results/gpu_heldout --write   # the tables: report.md
@@ -56,7 +57,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dreamshard import shipped  # noqa: E402
 from dreamshard.bench import plan_hash  # noqa: E402  (a plan re-made differently is measured again)
+from dreamshard.costs.comm import default_model_path  # noqa: E402
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import HELD_OUT_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
@@ -87,9 +90,11 @@ PLANNERS: dict[str, tuple[str, dict]] = {
 }
 
 
-# the simulator of the oracle's plans and of the report's simulated column: the calibration of the
-# GPU the plans are measured on (H100), so the oracle anneals against that GPU's prices
-CALIBRATION = "h100_triton.json"
+# the simulator of the oracle's plans and of the report's simulated column: a calibration of the
+# GPU the plans are measured on (`plan --gpu`), so the oracle anneals against that GPU's prices —
+# the H100's of the first campaigns (kept: their commands reproduce), the H200's shipped one
+CALIBRATIONS = {"h100": "h100_triton.json", "h200": "h200_triton_large_shards.json"}
+LEARNED = {"dreamshard": "dreamshard", "neuroshard": "dreamshard", "autoshard": "autoshard", "rnn": "rnn"}  # planner → whose shipped model it uses
 COLUMNS = ("family", "setting", "task", "planners", "plan", "kind", "measured_ms", "max_device_ms", "comm_ms", "wall_s")
 BEHIND = 0.02
 TABLE_WISE_BEST = ("lookup", "size_lookup")
@@ -129,7 +134,10 @@ def plan_cmd(args) -> None:
         unknown = [label for label in labels if label not in PLANNERS]
         if unknown:
             raise SystemExit(f"--again: unknown planner label {unknown[0]!r}; choose from {', '.join(PLANNERS)}")
-        for plan in load_plans(out / "plans.jsonl.gz") if (out / "plans.jsonl.gz").exists() else []:
+        previous = load_plans(out / "plans.jsonl.gz") if (out / "plans.jsonl.gz").exists() else []
+        if previous and gpu_of(previous) != args.gpu:
+            raise SystemExit(f"--again: {out / 'plans.jsonl.gz'} holds plans for the {gpu_of(previous).upper()}, not the {args.gpu.upper()}: give --gpu {gpu_of(previous)}")
+        for plan in previous:
             plan.notes = [n for n in plan.notes if note_owner(n) not in labels]
             if planners_of(plan):
                 plan.planner = planners_of(plan)[0]
@@ -137,7 +145,11 @@ def plan_cmd(args) -> None:
     planners = {}
     for label in labels:
         name, options = PLANNERS[label]
-        options = {**options, "backend": SimBackend(CALIBRATION)} if options.get("backend") == "sim" else options
+        options = {**options, "backend": SimBackend(CALIBRATIONS[args.gpu])} if options.get("backend") == "sim" else options
+        if name in LEARNED and "model" not in options:  # the shipped model for the GPU planned for, not this machine's default
+            options["model"] = shipped.model_path(LEARNED[name], args.gpu)
+        if name in ("dreamshard", "neuroshard"):  # row splits priced by that GPU's NCCL model (4 devices: the count fitted nearest to 4 and 8)
+            options["comm_model"] = default_model_path("cuda", 4, args.gpu)
         try:
             planners[label] = get_planner(name, **options)
         except InputError as e:  # e.g. a learned peer with no shipped model
@@ -166,12 +178,20 @@ def plan_cmd(args) -> None:
                         seen[key].notes += what
                         continue
                     plan.planner = label
-                    plan.notes = [f"family {family}", f"setting {setting}", f"task {t}", f"kind {plan_kind(plan)}", *what, *(f"note {label}: {n}" for n in plan.notes)]
+                    plan.notes = [f"family {family}", f"setting {setting}", f"task {t}", f"gpu {args.gpu}", f"kind {plan_kind(plan)}", *what, *(f"note {label}: {n}" for n in plan.notes)]
                     seen[key] = plan
                     plans.append(plan)
                     print(f"{family:10s} {setting} task {t} {label:22s} {plan_kind(plan):12s} {ms:8.1f} ms", flush=True)
                 save_plans(plans, out / "plans.jsonl.gz")  # after every task: a cut run keeps what it planned
     print(f"wrote {out / 'plans.jsonl.gz'}: {len(plans)} plans")
+
+
+def gpu_of(plans) -> str:
+    """The GPU the plans were made for (`plan --gpu`; the first campaigns' plans, without the note: h100)."""
+    gpus = {next((n[4:] for n in p.notes if n.startswith("gpu ")), "h100") for p in plans}
+    if len(gpus) > 1:
+        raise SystemExit(f"the plans are for several GPUs ({', '.join(sorted(gpus))}): one file, one GPU")
+    return gpus.pop() if gpus else "h100"
 
 
 def note(plan, key: str) -> str:
@@ -234,6 +254,11 @@ def measure_cmd(args) -> None:
         with open(path) as fh:
             done = {row_id(r) for r in csv.DictReader(fh)}
     device = "cpu" if args.cpu else "cuda"
+    if not args.cpu:
+        from dreamshard.costs.hardware import gpu_slug
+
+        if gpu_slug() != gpu_of(plans):
+            raise SystemExit(f"{args.plans} holds plans for the {gpu_of(plans).upper()}; this machine's GPU is {gpu_slug() or 'none'}: measure them there")
     runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
     fresh = not path.exists()
     fh = open(path, "a", newline="")
@@ -296,7 +321,8 @@ def report(folder: Path) -> str:
     with open(folder / "measured.csv") as fh:
         measured = {row_id(r): r for r in csv.DictReader(fh)}
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
-    sim = SimBackend(CALIBRATION)
+    gpu = gpu_of(plans)
+    sim = SimBackend(CALIBRATIONS[gpu])
     # (family, setting, task) → label → (measured ms, max-device ms, simulated ms, plan)
     tasks: dict[tuple, dict] = defaultdict(dict)
     complete: dict[tuple, bool] = defaultdict(lambda: True)
@@ -350,7 +376,7 @@ def report(folder: Path) -> str:
         for kind, e in sorted(errs.items()):
             a = np.abs(e)
             lines.append(f"| {label} | {kind} | {len(e)} | {np.median(a) * 100:.1f}% | {a.max() * 100:.1f}% | {pct(float(np.mean(e)))} |")
-    lines += ordering(done)
+    lines += ordering(done, gpu)
     # where DreamShard's plan came from
     won = Counter(notes_with(t["dreamshard"][3], "candidate").get("dreamshard", "?") for t in done.values() if "dreamshard" in t)
     lines += ["", "## DreamShard's search: the candidate chosen, over the measured tasks", "", "| candidate | tasks |", "|---|---:|"]
@@ -365,7 +391,7 @@ def report(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ordering(done: dict) -> list[str]:
+def ordering(done: dict, gpu: str) -> list[str]:
     """Where `dreamshard` and `oracle (simulator)` made different plans of a task: which of the two
     the cost net (the shipped model, as `dreamshard` scores its candidates), the simulator and the
     GPU put first. A search keeps the candidate its scorer under-prices most among near-optimal
@@ -377,11 +403,9 @@ def ordering(done: dict) -> list[str]:
 
     from dev_tasks import net_ms
 
-    from dreamshard import shipped
-
     # the shipped model at the time of the report, named by its bytes: a report re-made after the
     # model changed orders the pairs by the new one
-    path = shipped.choose("dreamshard").path
+    path = shipped.model_path("dreamshard", gpu)
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
     planner = get_planner("dreamshard", model=path)
     agree = Counter()
@@ -425,6 +449,7 @@ def main() -> None:
     r.set_defaults(run=report_cmd)
     for q in (p, m, r):
         q.add_argument("--model", action="append", default=[], metavar="LABEL=PATH", help="one more planner: dreamshard with the model at PATH, under LABEL (repeatable)")
+    p.add_argument("--gpu", choices=sorted(CALIBRATIONS), default="h100", help="the GPU the plans are for: its shipped models, NCCL models and calibration (for the oracle)  [h100]")
     p.add_argument("--dev", action="store_true", help="the development tasks (training families, pools of seed 5) instead of the held-out ones")
     args = ap.parse_args()
     for spec in args.model:

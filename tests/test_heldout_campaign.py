@@ -82,3 +82,18 @@ def test_development_tasks_with_another_model(tmp_path):
     assert "| dreamshard (again) |" in text and "| dreamshard |" in text
     bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "report", str(tmp_path), "--model", "lookup=x.pt"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "give LABEL=PATH with a new label" in bad.stderr
+
+
+def test_plans_for_another_gpu(tmp_path):
+    """`plan --gpu h200`: the plans carry their GPU; `--again` refuses a file of another GPU's plans,
+    and `measure` one whose GPU is not this machine's (here, no GPU at all)."""
+    run("plan", "--quick", "--gpu", "h200", "--out", str(tmp_path))
+    assert text_of(tmp_path / "plans.jsonl.gz").count('"gpu h200"') == len(text_of(tmp_path / "plans.jsonl.gz").splitlines())
+    again = subprocess.run([sys.executable, "benchmarks/heldout.py", "plan", "--quick", "--out", str(tmp_path), "--again", "dreamshard"], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert again.returncode != 0 and "holds plans for the H200, not the H100: give --gpu h200" in again.stderr
+    measure = subprocess.run([sys.executable, "benchmarks/heldout.py", "measure", "--out", str(tmp_path / "m"), "--plans", str(tmp_path / "plans.jsonl.gz")],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert measure.returncode != 0 and "holds plans for the H200; this machine's GPU is none" in measure.stderr
+    run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick")
+    assert "Simulator: simulated (H200 calibration" in run("report", str(tmp_path))  # the H200's calibration prices the simulated column
