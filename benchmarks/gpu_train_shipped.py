@@ -84,7 +84,10 @@ DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": T
                       "search_rank": 8.0}
 WITH_PRIOR = ("prior_singles", "prior_span", "search_plans", "search_rank")  # priced by the prior: left out without one
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
-GUESS_PLAN_S = 1.0  # seconds per measured plan before any is timed (H200: ~0.7 s for 20–60 tables on 2–8 devices)
+# seconds per measured plan before any is timed (a call without DreamShard: the peers' budget is
+# decided by it): measured, 1.2–1.3 s on the H100 (dreamshard, autoshard) and 1.9–2.1 s on the
+# H200; 1.0 s there gave the peers 200 plans each, and AutoShard ran out of time at 116
+GUESS_PLAN_S = 2.0
 # seconds a peer spends per measured plan beyond measuring it (learning; autoshard: a V-trace step
 # and 20 cost-model steps per 8 plans), and once (its start, the check of its model)
 PEER_OVERHEAD_S = {"autoshard": 0.08, "rnn": 0.03}

@@ -86,12 +86,15 @@ def test_the_gpus_own_file_else_the_default_gpus_else_another_and_the_label_says
     assert shipped.describe_default("rnn") == "the shipped H100 model" and shipped.describe_default("dreamshard") == ""
 
 
-def test_the_package_ships_every_learned_planners_h100_model_by_this_rule(monkeypatch):
+SHIPPED = {"dreamshard": ("h100", "h200"), "autoshard": ("h100",), "rnn": ("h100", "h200")}  # what the package ships, per planner
+
+
+def test_the_package_ships_every_learned_planners_models_by_this_rule(monkeypatch):
     monkeypatch.setattr(shipped, "DEFAULT_GPU", comm.DEFAULT_GPU)
-    for planner in ("dreamshard", "autoshard", "rnn"):
-        assert shipped.shipped(planner) == {"h100": shipped.MODELS_DIR / f"{planner}_h100.pt"}
+    for planner, gpus in SHIPPED.items():
+        assert shipped.shipped(planner) == {g: shipped.MODELS_DIR / f"{planner}_{g}.pt" for g in gpus}
         assert shipped.choose(planner, "h100").label == "shipped H100 model"
-        assert shipped.choose(planner, "h200").label == "shipped H100 model, trained on H100; planning for H200"
+        assert shipped.choose(planner, "h200").label == ("shipped H200 model" if "h200" in gpus else "shipped H100 model, trained on H100; planning for H200")
 
 
 def test_peers_plan_with_their_shipped_model_without_model(trained, tasks, tmp_path, monkeypatch, cpu):
