@@ -411,19 +411,20 @@ def ordering(done: dict, gpu: str) -> list[str]:
     # model changed orders the pairs by the new one
     path = shipped.model_path("dreamshard", gpu)
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-    planner = get_planner("dreamshard", model=path)
-    net: dict[int, float] = {}  # id(plan) → the net's max-device step, each plan once
+    nets = {"cost net": get_planner("dreamshard", model=path), "its linear part": get_planner("dreamshard", model=linear_part(path))}
+    net: dict[tuple[str, int], float] = {}  # (scorer, id(plan)) → its max-device step, each plan once
 
-    def priced(plan) -> float:
-        if id(plan) not in net:
-            net[id(plan)] = net_ms(planner, plan)
-        return net[id(plan)]
+    def priced(scorer: str, plan) -> float:
+        if (scorer, id(plan)) not in net:
+            net[scorer, id(plan)] = net_ms(nets[scorer], plan)
+        return net[scorer, id(plan)]
 
     def count(pairs) -> Counter:
         agree = Counter()
         for a, b in pairs:  # (measured ms, max-device ms, simulated ms, plan) each
             gpu_first = a[0] < b[0]
-            agree["cost net"] += (priced(a[3]) < priced(b[3])) == gpu_first
+            for scorer in nets:
+                agree[scorer] += (priced(scorer, a[3]) < priced(scorer, b[3])) == gpu_first
             agree["simulator"] += (a[2] < b[2]) == gpu_first
         return agree
 
@@ -439,10 +440,27 @@ def ordering(done: dict, gpu: str) -> list[str]:
         return []
     by = {"`dreamshard`'s and `oracle`'s plans, where they differ": (count(rivals), len(rivals)),
           f"every two plans of a task within {NEAR:.0%} of its best, {TIE:.1%} or more apart": (count(near), len(near))}
+    scorers = [*nets, "simulator"]
     return ["", "## Which of two plans is faster: pairs each scorer orders as the GPU does", "",
-            f"The cost net of the shipped {gpu.upper()} model now (sha256 {which}…); the simulator of the report.", "",
-            "| pairs | pairs measured | cost net | simulator |", "|---|---:|---:|---:|",
-            *(f"| {what} | {n} | {c['cost net']} ({c['cost net'] / max(n, 1):.0%}) | {c['simulator']} ({c['simulator'] / max(n, 1):.0%}) |" for what, (c, n) in by.items())]
+            f"The cost net of the shipped {gpu.upper()} model now (sha256 {which}…), the same net with its cost heads' ReLU layers left out "
+            "(its linear part on the kernel terms, and the comm model), the simulator of the report.", "",
+            f"| pairs | pairs measured | {' | '.join(scorers)} |", "|---|---:|" + "---:|" * len(scorers),
+            *(f"| {what} | {n} | " + " | ".join(f"{c[k]} ({c[k] / max(n, 1):.0%})" for k in scorers) + " |" for what, (c, n) in by.items())]
+
+
+def linear_part(path):
+    """The DreamShard model at `path` with its cost heads' ReLU layers silenced (their last layers
+    zeroed): the costs of its linear part alone (CostNet `linear`) and the comm model."""
+    import torch
+
+    from dreamshard.learned.nets import DreamShardModel
+
+    model = DreamShardModel.load(path)
+    with torch.no_grad():
+        for head in model.cost_net.heads:
+            head[2].weight.zero_()
+            head[2].bias.zero_()
+    return model
 
 
 def report_cmd(args) -> None:
