@@ -80,11 +80,12 @@ def family_table(ratios: dict, names: list[str], families: list[str]) -> list[st
     return lines
 
 
-def evaluate(sim: SimBackend, planners: dict, nets: list[str], families: list[str]) -> tuple[dict, dict]:
+def evaluate(sim: SimBackend, planners: dict, nets: list[str], families: list[str], kept: list | None = None) -> tuple[dict, dict]:
     """Every planner (`planners`, "oracle" among them) on the development tasks of `families`,
     priced by `sim`. → (planner → family → its per-task ratios to the best table-wise heuristic;
     each of `nets` (dreamshard planners) → "own" / "oracle's" → its cost net's price of its own and
-    of the oracle's plans over the simulator's − 1)."""
+    of the oracle's plans over the simulator's − 1). `kept`: each task's {planner: (simulated ms,
+    plan)} appended to it."""
     ratios: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     net_error: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for family in families:
@@ -94,6 +95,8 @@ def evaluate(sim: SimBackend, planners: dict, nets: list[str], families: list[st
                 best = min(sim.evaluate_plan(get_planner(h).plan(task)).overall_ms for h in ("lookup", "size_lookup"))
                 plans = {name: planner.plan(task) for name, planner in planners.items()}
                 simulated = {name: sim.evaluate_plan(plan).overall_ms for name, plan in plans.items()}
+                if kept is not None:
+                    kept.append({name: (simulated[name], plans[name]) for name in planners})
                 for name in planners:
                     ratios[name][family].append(simulated[name] / best - 1)
                 for name in nets:
@@ -101,6 +104,33 @@ def evaluate(sim: SimBackend, planners: dict, nets: list[str], families: list[st
                         net_error[name]["own" if whose == name else "oracle's"].append(net_ms(planners[name], plans[whose]) / simulated[whose] - 1)
                 print(f"{family} {tables}/{devices}: " + ", ".join(f"{n} {ratios[n][family][-1] * 100:+.1f}%" for n in planners), flush=True)
     return ratios, net_error
+
+
+def heads_scaled(path, keep: float):
+    """The DreamShard model at `path` with its cost heads' ReLU layers scaled by `keep` (their last
+    layers' weights and biases): 0 leaves the costs of its linear part on the kernel terms alone
+    (CostNet `linear`) and the comm model; 1 is the model as trained. A probe of how the ReLU
+    layers, fitted to the training families, price tables of families they never saw."""
+    import torch
+
+    from dreamshard.learned.nets import DreamShardModel
+
+    model = DreamShardModel.load(path)
+    with torch.no_grad():
+        for head in model.cost_net.heads:
+            head[2].weight.mul_(keep)
+            head[2].bias.mul_(keep)
+    return model
+
+
+def near_pairs(plans: list[tuple], near: float = 0.05, tie: float = 0.005) -> list[tuple[tuple, tuple]]:
+    """Every two of one task's plans — tuples (true cost, ...) — within `near` of its best cost and
+    at least `tie` apart: the pairs a search must order right, among near-optimal plans."""
+    from itertools import combinations
+
+    best = min(v[0] for v in plans)
+    good = [v for v in plans if v[0] <= best * (1 + near)]
+    return [(a, b) for a, b in combinations(good, 2) if abs(a[0] / b[0] - 1) >= tie]
 
 
 def net_ms(planner, plan: Plan) -> float:

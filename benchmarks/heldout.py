@@ -17,7 +17,9 @@ tasks per setting, 60 tables on 4 devices at 24 GB and 120 tables on 8 devices a
 65,536, fp16. Every planner of the registry plans every task with its defaults (the shipped
 models) — the heuristics with and without --split, `dreamshard` (its search) and `dreamshard
 --no-split`, `neuroshard`, `oracle` on the simulator, `torchrec` with every sharding type,
-`autoshard`, `rnn`. The planners run here because TorchRec is not installed on the GPU machines.
+`autoshard`, `rnn`. Two probes of the shipped cost net plan only when named with --again:
+`dreamshard (heads x0.5)` and `dreamshard (linear part)`, its cost heads' ReLU layers halved or
+left out (`dev_tasks.heads_scaled`). The planners run here because TorchRec is not installed on the GPU machines.
 A placement several planners share is written once, naming them all ("planner ..." notes); the
 notes also carry the family, setting, task, planning time on this machine and, for the planners
 with a cost net, its prediction and the search's chosen candidate.
@@ -81,6 +83,11 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     "dreamshard --no-split": ("dreamshard", {"split": False}),
     "dreamshard (no annealing)": ("dreamshard", {"anneal": 0}),  # its search without its last stage
     "dreamshard (annealing without margin)": ("dreamshard", {"anneal_margin": 0.0}),  # that stage's plan wherever the net prices it lower
+    # the shipped model's cost heads' ReLU layers scaled (dev_tasks.heads_scaled): how the net's
+    # non-linear part, fitted to the training families, orders plans of others; not in a plain
+    # `plan` (EXPERIMENTS), planned with --again
+    "dreamshard (heads x0.5)": ("dreamshard", {"heads": 0.5}),
+    "dreamshard (linear part)": ("dreamshard", {"heads": 0.0}),
     "neuroshard": ("neuroshard", {}),
     "oracle (simulator)": ("oracle", {"backend": "sim"}),
     "torchrec (all types)": ("torchrec", {"sharding_types": "all"}),
@@ -89,6 +96,9 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     **{h: (h, {}) for h in HEURISTICS},
     **{f"{h} --split": (h, {"split": True}) for h in HEURISTICS},
 }
+
+
+EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)")  # labels a plain `plan` leaves out
 
 
 # the simulator of the oracle's plans and of the report's simulated column: a calibration of the
@@ -128,7 +138,7 @@ def plan_cmd(args) -> None:
     families = DEV_FAMILIES if args.dev else HELD_OUT_FAMILIES
     families = families[:1] if args.quick else families
     settings = list(SETTINGS)[:1] if args.quick else list(SETTINGS)
-    labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else list(PLANNERS)
+    labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else [lb for lb in PLANNERS if lb not in EXPERIMENTS]
     kept: dict[tuple, list] = defaultdict(list)  # (family, setting, task) → the plans kept from OUT/plans.jsonl.gz
     if args.again:
         labels = args.again.split(",")
@@ -145,10 +155,15 @@ def plan_cmd(args) -> None:
                 kept[(note(plan, "family"), note(plan, "setting"), note(plan, "task"))].append(plan)
     planners = {}
     for label in labels:
-        name, options = PLANNERS[label]
-        options = {**options, "backend": SimBackend(CALIBRATIONS[args.gpu])} if options.get("backend") == "sim" else options
+        name, options = PLANNERS[label][0], dict(PLANNERS[label][1])
+        if options.get("backend") == "sim":
+            options["backend"] = SimBackend(CALIBRATIONS[args.gpu])
         if name in LEARNED and "model" not in options:  # the shipped model for the GPU planned for, not this machine's default
             options["model"] = shipped.model_path(LEARNED[name], args.gpu)
+        if "heads" in options:
+            from dev_tasks import heads_scaled
+
+            options["model"] = heads_scaled(options["model"], options.pop("heads"))
         if name in ("dreamshard", "neuroshard"):  # row splits priced by that GPU's NCCL model (4 devices: the count fitted nearest to 4 and 8)
             options["comm_model"] = default_model_path("cuda", 4, args.gpu)
         try:
@@ -403,15 +418,14 @@ def ordering(done: dict, gpu: str) -> list[str]:
     near-optimal ones, so the scorer's errors between two good plans matter more than its error
     on either."""
     import hashlib
-    from itertools import combinations
 
-    from dev_tasks import net_ms
+    from dev_tasks import heads_scaled, near_pairs, net_ms
 
     # the shipped model at the time of the report, named by its bytes: a report re-made after the
     # model changed orders the pairs by the new one
     path = shipped.model_path("dreamshard", gpu)
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-    nets = {"cost net": get_planner("dreamshard", model=path), "its linear part": get_planner("dreamshard", model=linear_part(path))}
+    nets = {"cost net": get_planner("dreamshard", model=path), "its linear part": get_planner("dreamshard", model=heads_scaled(path, 0.0))}
     net: dict[tuple[str, int], float] = {}  # (scorer, id(plan)) → its max-device step, each plan once
 
     def priced(scorer: str, plan) -> float:
@@ -430,12 +444,7 @@ def ordering(done: dict, gpu: str) -> list[str]:
 
     rivals = [(t["dreamshard"], t["oracle (simulator)"]) for t in done.values()
               if {"dreamshard", "oracle (simulator)"} <= set(t) and t["dreamshard"][3] is not t["oracle (simulator)"][3]]
-    near = []
-    for t in done.values():
-        plans = list({id(v[3]): v for v in t.values()}.values())  # a plan several planners made, once
-        best = min(v[0] for v in plans)
-        good = [v for v in plans if v[0] <= best * (1 + NEAR)]
-        near += [(a, b) for a, b in combinations(good, 2) if abs(a[0] / b[0] - 1) >= TIE]
+    near = [pair for t in done.values() for pair in near_pairs(list({id(v[3]): v for v in t.values()}.values()), NEAR, TIE)]  # a plan several planners made, once
     if not rivals and not near:
         return []
     by = {"`dreamshard`'s and `oracle`'s plans, where they differ": (count(rivals), len(rivals)),
@@ -447,20 +456,6 @@ def ordering(done: dict, gpu: str) -> list[str]:
             f"| pairs | pairs measured | {' | '.join(scorers)} |", "|---|---:|" + "---:|" * len(scorers),
             *(f"| {what} | {n} | " + " | ".join(f"{c[k]} ({c[k] / max(n, 1):.0%})" for k in scorers) + " |" for what, (c, n) in by.items())]
 
-
-def linear_part(path):
-    """The DreamShard model at `path` with its cost heads' ReLU layers silenced (their last layers
-    zeroed): the costs of its linear part alone (CostNet `linear`) and the comm model."""
-    import torch
-
-    from dreamshard.learned.nets import DreamShardModel
-
-    model = DreamShardModel.load(path)
-    with torch.no_grad():
-        for head in model.cost_net.heads:
-            head[2].weight.zero_()
-            head[2].bias.zero_()
-    return model
 
 
 def report_cmd(args) -> None:

@@ -1,6 +1,7 @@
 """DreamShard on a table family it was never trained on, with no GPU: the shipped model's recipe
 trained on the simulator without one training family, then that family's development tasks
-planned, beside the same recipe trained on every family and `oracle`.
+planned, beside the same recipe trained on every family and `oracle`; and how each cost net
+orders the family's near-optimal plans, with its cost heads' ReLU layers halved or left out.
 
     .venv/bin/python benchmarks/unseen_family.py                  # --family hot: ~15 min on a 2-core CPU
     .venv/bin/python benchmarks/unseen_family.py --family wide --out runs/unseen_wide.md
@@ -31,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dev_tasks import CALIBRATION, ORACLE_BUDGET, POOL_SEED, SETTINGS, evaluate  # noqa: E402
+from dev_tasks import CALIBRATION, ORACLE_BUDGET, POOL_SEED, SETTINGS, evaluate, heads_scaled, near_pairs, net_ms  # noqa: E402
 from gpu_train_shipped import DREAMSHARD_OPTIONS, PLANNERS, config, training_tasks  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
@@ -74,6 +75,9 @@ def main() -> None:
     planners = {
         f"dreamshard, trained without {args.family}": get_planner("dreamshard", model=str(without)),
         f"dreamshard, trained without {args.family}, no annealing": get_planner("dreamshard", model=str(without), anneal=0),
+        # its cost heads' ReLU layers halved or left out (dev_tasks.heads_scaled): what they add on a family they never saw
+        f"dreamshard, trained without {args.family}, cost heads x0.5": get_planner("dreamshard", model=heads_scaled(without, 0.5)),
+        f"dreamshard, trained without {args.family}, linear part": get_planner("dreamshard", model=heads_scaled(without, 0.0)),
     }
     no_span = trained(models / f"without_{args.family}_no_span.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), 0)
     planners[f"dreamshard, trained without {args.family}, no span tasks in its prior"] = get_planner("dreamshard", model=str(no_span))
@@ -82,7 +86,8 @@ def main() -> None:
         "oracle": get_planner("oracle", backend=sim, budget=ORACLE_BUDGET),
     }
     nets = [name for name in planners if name.startswith("dreamshard")]
-    by_family, errors = evaluate(sim, planners, nets, [args.family])
+    kept: list[dict] = []
+    by_family, errors = evaluate(sim, planners, nets, [args.family], kept)
     ratios = {name: by_family[name][args.family] for name in planners}
     lines = [f"# DreamShard on a family it never saw: `{args.family}` ({sim.name})", "",
              f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}`: models trained on the simulator by the shipped recipe "
@@ -97,6 +102,14 @@ def main() -> None:
     for name in nets:
         own, orc = (np.mean(errors[name][k]) * 100 for k in ("own", "oracle's"))
         lines.append(f"| {name} | {own:+.1f}% | {orc:+.1f}% |")
+    # every two of a task's distinct plans within 5% of its best, 0.5% or more apart (as heldout.py's report)
+    pairs = [pair for task in kept for pair in near_pairs(list({id(p): (ms, p) for ms, p in task.values()}.values()))]
+    scorers = {name: planners[name] for name in nets if "no annealing" not in name and "no span" not in name}
+    lines += ["", f"Which of two plans is faster: of {len(pairs)} pairs of near-optimal plans (every two of a task's plans within 5% of its best, "
+              "0.5% or more apart), those each cost net orders as the simulator does:", "", "| cost net | pairs ordered as simulated |", "|---|---:|"]
+    for name, planner in scorers.items():
+        right = sum((net_ms(planner, a[1]) < net_ms(planner, b[1])) == (a[0] < b[0]) for a, b in pairs)
+        lines.append(f"| {name} | {right} ({right / max(len(pairs), 1):.0%}) |")
     atomic_write(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
 

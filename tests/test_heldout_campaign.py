@@ -97,3 +97,23 @@ def test_plans_for_another_gpu(tmp_path):
     assert measure.returncode != 0 and "holds plans for the H200; this machine's GPU is none" in measure.stderr
     run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick")
     assert "Simulator: simulated (H200 calibration" in run("report", str(tmp_path))  # the H200's calibration prices the simulated column
+
+
+def test_probes_of_the_cost_net_plan_on_request(tmp_path):
+    """The two probes of the shipped cost net (its ReLU heads halved, left out) are not in a plain
+    `plan`; named with --again they plan beside the others, with a net whose heads are scaled."""
+    run("plan", "--quick", "--out", str(tmp_path))
+    assert "(linear part)" not in text_of(tmp_path / "plans.jsonl.gz")
+    run("plan", "--quick", "--out", str(tmp_path), "--again", "dreamshard (heads x0.5),dreamshard (linear part)")
+    text = text_of(tmp_path / "plans.jsonl.gz")
+    assert '"planner dreamshard (linear part)"' in text and '"planner dreamshard (heads x0.5)"' in text
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from dev_tasks import heads_scaled
+
+    from dreamshard import shipped
+
+    full, half, none = (heads_scaled(shipped.model_path("dreamshard"), k).cost_net for k in (1.0, 0.5, 0.0))
+    assert all(float(h[2].weight.abs().sum()) == 0 for h in none.heads)
+    assert all(torch.allclose(2 * h[2].weight, f[2].weight) for h, f in zip(half.heads, full.heads))
