@@ -162,3 +162,14 @@ def test_plan_compare_and_demo_include_the_peers_with_a_shipped_model(trained, t
     assert r.exit_code == 0, r.output
     table = r.output[r.output.index("embedding step cost"):]
     assert "\nautoshard " in table and "\nrnn " in table and "skipped planner autoshard" not in r.output
+
+
+def test_row_splits_are_priced_for_the_gpu_planned_for(monkeypatch):
+    """The search's collectives come from the NCCL model of the GPU planned for, as its cost net
+    does: the visible GPU's, else the default GPU's (a CPU plans for it)."""
+    from dreamshard.planners.scoring import comm_params
+
+    for visible, expect in ((None, comm.DEFAULT_GPU), ("h200", "h200")):
+        monkeypatch.setattr(comm, "local_gpu", lambda v=visible: v)
+        assert comm_params(None, 4) == comm.CommModel.load(comm.DATA_DIR / f"{expect}_nccl_4gpu.json").params()
+    assert comm_params(None, 4) != comm.CommModel.load(comm.DATA_DIR / f"{comm.DEFAULT_GPU}_nccl_4gpu.json").params()  # the two GPUs' models differ
