@@ -5,6 +5,7 @@ orders the family's near-optimal plans, with its cost heads' ReLU layers halved 
 
     .venv/bin/python benchmarks/unseen_family.py                  # --family hot: ~15 min on a 2-core CPU
     .venv/bin/python benchmarks/unseen_family.py --family wide --out runs/unseen_wide.md
+    .venv/bin/python benchmarks/unseen_family.py --family wide --span 96   # and the recipe with 96 span tasks in its prior
 
 The held-out families measure this on a GPU, where the cost net's error on new tables and the
 search's reach are mixed together. Here the simulator (H100 calibration) is both what the models
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--family", default="hot", choices=TRAINING_FAMILIES, help="the training family left out  [%(default)s]")
     ap.add_argument("--models", default="runs/unseen_family", help="folder for the three models (reused when there)")
     ap.add_argument("--out", default="benchmarks/results/unseen_family.md")
+    ap.add_argument("--span", type=int, default=0, help="also the recipe without the family with this many span tasks in its prior (the recipe's: 24)")
     args = ap.parse_args()
     import torch
 
@@ -81,6 +83,9 @@ def main() -> None:
     }
     no_span = trained(models / f"without_{args.family}_no_span.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), 0)
     planners[f"dreamshard, trained without {args.family}, no span tasks in its prior"] = get_planner("dreamshard", model=str(no_span))
+    if args.span:
+        more = trained(models / f"without_{args.family}_span{args.span}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), args.span)
+        planners[f"dreamshard, trained without {args.family}, {args.span} span tasks in its prior"] = get_planner("dreamshard", model=str(more))
     planners |= {
         "dreamshard, trained on every family": get_planner("dreamshard", model=str(every)),
         "oracle": get_planner("oracle", backend=sim, budget=ORACLE_BUDGET),
@@ -90,7 +95,7 @@ def main() -> None:
     by_family, errors = evaluate(sim, planners, nets, [args.family], kept)
     ratios = {name: by_family[name][args.family] for name in planners}
     lines = [f"# DreamShard on a family it never saw: `{args.family}` ({sim.name})", "",
-             f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}`: models trained on the simulator by the shipped recipe "
+             f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}{f' --span {args.span}' if args.span else ''}`: models trained on the simulator by the shipped recipe "
              f"({BUDGET} plans priced as measurements, a prior of {PRIOR_PLANS:,}), with and without `{args.family}`; {len(ratios['oracle'])} "
              f"development tasks of `{args.family}` ({' and '.join(f'{t} tables on {d} devices' for t, d in SETTINGS)}, pools of seed {POOL_SEED}); "
              "mean of per-task ratios to the best table-wise heuristic (simulated).", "",
@@ -104,7 +109,7 @@ def main() -> None:
         lines.append(f"| {name} | {own:+.1f}% | {orc:+.1f}% |")
     # every two of a task's distinct plans within 5% of its best, 0.5% or more apart (as heldout.py's report)
     pairs = [pair for task in kept for pair in near_pairs(list({id(p): (ms, p) for ms, p in task.values()}.values()))]
-    scorers = {name: planners[name] for name in nets if "no annealing" not in name and "no span" not in name}
+    scorers = {name: planners[name] for name in nets if "no annealing" not in name}
     lines += ["", f"Which of two plans is faster: of {len(pairs)} pairs of near-optimal plans (every two of a task's plans within 5% of its best, "
               "0.5% or more apart), those each cost net orders as the simulator does:", "", "| cost net | pairs ordered as simulated |", "|---|---:|"]
     for name, planner in scorers.items():
