@@ -133,6 +133,19 @@ def near_pairs(plans: list[tuple], near: float = 0.05, tie: float = 0.005) -> li
     return [(a, b) for a, b in combinations(good, 2) if abs(a[0] / b[0] - 1) >= tie]
 
 
+def ordered_right(pairs: list[tuple[tuple, tuple]], price) -> int:
+    """How many of `pairs` (`near_pairs`') `price` — a function of a pair's tuple — puts in the
+    order of their true costs (the tuples' first items); each tuple priced once."""
+    seen: dict[int, float] = {}
+
+    def priced(v: tuple) -> float:
+        if id(v) not in seen:
+            seen[id(v)] = price(v)
+        return seen[id(v)]
+
+    return sum((priced(a) < priced(b)) == (a[0] < b[0]) for a, b in pairs)
+
+
 def net_ms(planner, plan: Plan) -> float:
     """The max-device step the planner's cost net predicts for `plan` (its search's scorer)."""
     from dreamshard.planners import splits

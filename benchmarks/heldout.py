@@ -273,8 +273,9 @@ def measure_cmd(args) -> None:
     if not args.cpu:
         from dreamshard.costs.hardware import gpu_slug
 
-        if gpu_slug() != gpu_of(plans):
-            raise SystemExit(f"{args.plans} holds plans for the {gpu_of(plans).upper()}; this machine's GPU is {gpu_slug() or 'none'}: measure them there")
+        want, here = gpu_of(plans), gpu_slug()
+        if here != want:
+            raise SystemExit(f"{args.plans} holds plans for the {want.upper()}; this machine's GPU is {here or 'none'}: measure them there")
     runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
     fresh = not path.exists()
     fh = open(path, "a", newline="")
@@ -419,43 +420,30 @@ def ordering(done: dict, gpu: str) -> list[str]:
     on either."""
     import hashlib
 
-    from dev_tasks import heads_scaled, near_pairs, net_ms
+    from dev_tasks import heads_scaled, near_pairs, net_ms, ordered_right
 
     # the shipped model at the time of the report, named by its bytes: a report re-made after the
     # model changed orders the pairs by the new one
     path = shipped.model_path("dreamshard", gpu)
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-    nets = {"cost net": get_planner("dreamshard", model=path), "its linear part": get_planner("dreamshard", model=heads_scaled(path, 0.0))}
-    net: dict[tuple[str, int], float] = {}  # (scorer, id(plan)) → its max-device step, each plan once
-
-    def priced(scorer: str, plan) -> float:
-        if (scorer, id(plan)) not in net:
-            net[scorer, id(plan)] = net_ms(nets[scorer], plan)
-        return net[scorer, id(plan)]
-
-    def count(pairs) -> Counter:
-        agree = Counter()
-        for a, b in pairs:  # (measured ms, max-device ms, simulated ms, plan) each
-            gpu_first = a[0] < b[0]
-            for scorer in nets:
-                agree[scorer] += (priced(scorer, a[3]) < priced(scorer, b[3])) == gpu_first
-            agree["simulator"] += (a[2] < b[2]) == gpu_first
-        return agree
-
+    full, linear = get_planner("dreamshard", model=path), get_planner("dreamshard", model=heads_scaled(path, 0.0))
+    # a pair's tuples: (measured ms, max-device ms, simulated ms, plan)
+    scorers = {"cost net": lambda v: net_ms(full, v[3]), "its linear part": lambda v: net_ms(linear, v[3]), "simulator": lambda v: v[2]}
     rivals = [(t["dreamshard"], t["oracle (simulator)"]) for t in done.values()
               if {"dreamshard", "oracle (simulator)"} <= set(t) and t["dreamshard"][3] is not t["oracle (simulator)"][3]]
     near = [pair for t in done.values() for pair in near_pairs(list({id(v[3]): v for v in t.values()}.values()), NEAR, TIE)]  # a plan several planners made, once
     if not rivals and not near:
         return []
-    by = {"`dreamshard`'s and `oracle`'s plans, where they differ": (count(rivals), len(rivals)),
-          f"every two plans of a task within {NEAR:.0%} of its best, {TIE:.1%} or more apart": (count(near), len(near))}
-    scorers = [*nets, "simulator"]
+    by = {"`dreamshard`'s and `oracle`'s plans, where they differ": rivals,
+          f"every two plans of a task within {NEAR:.0%} of its best, {TIE:.1%} or more apart": near}
+    rows = []
+    for what, pairs in by.items():
+        right = {k: ordered_right(pairs, price) for k, price in scorers.items()}
+        rows.append(f"| {what} | {len(pairs)} | " + " | ".join(f"{c} ({c / max(len(pairs), 1):.0%})" for c in right.values()) + " |")
     return ["", "## Which of two plans is faster: pairs each scorer orders as the GPU does", "",
             f"The cost net of the shipped {gpu.upper()} model now (sha256 {which}…), the same net with its cost heads' ReLU layers left out "
             "(its linear part on the kernel terms, and the comm model), the simulator of the report.", "",
-            f"| pairs | pairs measured | {' | '.join(scorers)} |", "|---|---:|" + "---:|" * len(scorers),
-            *(f"| {what} | {n} | " + " | ".join(f"{c[k]} ({c[k] / max(n, 1):.0%})" for k in scorers) + " |" for what, (c, n) in by.items())]
-
+            f"| pairs | pairs measured | {' | '.join(scorers)} |", "|---|---:|" + "---:|" * len(scorers), *rows]
 
 
 def report_cmd(args) -> None:

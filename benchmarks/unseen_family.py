@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dev_tasks import CALIBRATION, ORACLE_BUDGET, POOL_SEED, SETTINGS, evaluate, heads_scaled, near_pairs, net_ms  # noqa: E402
+from dev_tasks import CALIBRATION, ORACLE_BUDGET, POOL_SEED, SETTINGS, evaluate, heads_scaled, near_pairs, net_ms, ordered_right  # noqa: E402
 from gpu_train_shipped import DREAMSHARD_OPTIONS, PLANNERS, config, training_tasks  # noqa: E402
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
@@ -113,7 +113,7 @@ def main() -> None:
     lines += ["", f"Which of two plans is faster: of {len(pairs)} pairs of near-optimal plans (every two of a task's plans within 5% of its best, "
               "0.5% or more apart), those each cost net orders as the simulator does:", "", "| cost net | pairs ordered as simulated |", "|---|---:|"]
     for name, planner in scorers.items():
-        right = sum((net_ms(planner, a[1]) < net_ms(planner, b[1])) == (a[0] < b[0]) for a, b in pairs)
+        right = ordered_right(pairs, lambda v, planner=planner: net_ms(planner, v[1]))
         lines.append(f"| {name} | {right} ({right / max(len(pairs), 1):.0%}) |")
     atomic_write(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
