@@ -163,10 +163,10 @@ def gpu_name(device: str) -> tuple[str, str]:
     return gpu_slug(name), name
 
 
-def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = False, search_plans: int | None = None):
+def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = False, search_plans: int | None = None, prior_span: int | None = None):
     """The planner's default config with the budget spread over whole iterations of its own size;
-    `quick`: its per-iteration work shrunk too (`QUICK`, the fields it has); `search_plans`:
-    DreamShard's in place of the recipe's."""
+    `quick`: its per-iteration work shrunk too (`QUICK`, the fields it has); `search_plans`,
+    `prior_span`: DreamShard's in place of the recipe's."""
     cls = PLANNERS[name]
     default = cls.config()
     extra = {}
@@ -176,6 +176,8 @@ def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = F
         extra |= {k: v for k, v in QUICK.items() if hasattr(default, k)}
     if name == "dreamshard" and search_plans is not None and prior_plans:  # the caller's number over the recipe's and --quick's
         extra["search_plans"] = search_plans
+    if name == "dreamshard" and prior_span is not None and prior_plans:
+        extra["prior_span"] = prior_span
     if not extra.get("search_plans"):
         extra.pop("search_rank", None)  # a term of the refinement: none without it
     return cls.config(budget=budget, iterations=max(1, budget // default.measurements_per_iteration), batch_size=batch, **extra)
@@ -204,6 +206,7 @@ def main() -> None:
     ap.add_argument("--dreamshard-budget", type=int, default=80, help="DreamShard's measured plans (the shipped recipe)")
     ap.add_argument("--peer-budget", default="auto", help="AutoShard's and the RNN placer's measured plans, the same for both: a number, or auto (≤ 400, what the time allows)")
     ap.add_argument("--search-plans", type=int, help="DreamShard's plans around its own search after training, priced by the simulator (0: none)  [the recipe's: 3000]")
+    ap.add_argument("--prior-span", type=int, help="DreamShard's tasks of span tables in its prior (0: none)  [the recipe's: 24]")
     ap.add_argument("--prior-plans", type=int, default=8000, help="DreamShard's simulator prior: plans priced by the simulator's default calibration before measuring (0: none)")
     ap.add_argument("--tasks-per-family", type=int, default=12)
     ap.add_argument("--pool-tables", type=int, default=300)
@@ -272,7 +275,7 @@ def main() -> None:
 
     summary |= {"gpu": gpu, "device": device_name, "backend": backend.name, "batch_size": batch, "training_tasks": len(tasks), "families": list(families),
                 "tables_per_task": [20, 60], "devices_per_task": [2, 8], "max_memory_bytes": 24 * 10**9, "quick": args.quick,
-                "dreamshard_options": {**DREAMSHARD_OPTIONS, **({"search_plans": args.search_plans} if args.search_plans is not None else {})}, "prior_plans": prior_plans, "total_s": args.total_s}
+                "dreamshard_options": {**DREAMSHARD_OPTIONS, **({"search_plans": args.search_plans} if args.search_plans is not None else {}), **({"prior_span": args.prior_span} if args.prior_span is not None else {})}, "prior_plans": prior_plans, "total_s": args.total_s}
     if "autoshard" in budgets:
         summary["peer_budget"] = budgets["autoshard"]
     summary.setdefault("models", {})
@@ -309,7 +312,7 @@ def main() -> None:
         else:
             reserve = sum(peer_estimate_s(p, budgets[p], seconds_per_plan()) for p in later)
         deadline = t_end - reserve
-        cfg = config(name, budgets[name], batch, prior_plans, args.quick, args.search_plans)
+        cfg = config(name, budgets[name], batch, prior_plans, args.quick, args.search_plans, args.prior_span)
         entry |= {"budget": budgets[name], "iterations": cfg.iterations, "config": cfg.name, "measurements_per_iteration": budgets[name] // cfg.iterations}
         save_summary()
         say(f"{name}: {budgets[name]} measured plans over {cfg.iterations} iterations (config {cfg.name}), until {deadline - T0:.0f} s")

@@ -46,15 +46,15 @@ BUDGET, PRIOR_PLANS = 60, 4_000  # the shipped recipe's (gpu_train_shipped.py)
 SPAN = DREAMSHARD_OPTIONS["prior_span"]
 
 
-def trained(path: Path, families: tuple[str, ...], span: int = SPAN) -> Path:
+def trained(path: Path, families: tuple[str, ...], span: int = SPAN, seed: int = 0) -> Path:
     """The shipped recipe on the simulator over `families`' training tasks (with `span` tasks of
-    span tables in its prior, Config.prior_span), at `path` (kept if there)."""
+    span tables in its prior, Config.prior_span; `seed` the training's), at `path` (kept if there)."""
     if path.is_file():
         return path
     sim = SimBackend(CALIBRATION)
     tasks = training_tasks(12, 300, Workload(65_536), families)
-    print(f"training {path} on {len(tasks)} tasks of {', '.join(families)} (prior_span {span}) ...", flush=True)
-    cfg = replace(config("dreamshard", BUDGET, 65_536, PRIOR_PLANS), prior_span=span)
+    print(f"training {path} on {len(tasks)} tasks of {', '.join(families)} (prior_span {span}, seed {seed}) ...", flush=True)
+    cfg = replace(config("dreamshard", BUDGET, 65_536, PRIOR_PLANS), prior_span=span, seed=seed)
     PLANNERS["dreamshard"].fit(tasks, sim, path, cfg, progress=False, prior=SimBackend(CALIBRATION))
     return path
 
@@ -65,14 +65,15 @@ def main() -> None:
     ap.add_argument("--models", default="runs/unseen_family", help="folder for the three models (reused when there)")
     ap.add_argument("--out", default="benchmarks/results/unseen_family.md")
     ap.add_argument("--span", type=int, default=0, help="also the recipe without the family with this many span tasks in its prior (the recipe's: 24)")
+    ap.add_argument("--seed", type=int, default=0, help="the models' training seed (another seed: another run of the same recipe)  [%(default)s]")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
     models = Path(args.models)
     models.mkdir(parents=True, exist_ok=True)
-    without = trained(models / f"without_{args.family}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family))
-    every = trained(models / "every_family.pt", TRAINING_FAMILIES)
+    without = trained(models / f"without_{args.family}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), SPAN, args.seed)
+    every = trained(models / "every_family.pt", TRAINING_FAMILIES, SPAN, args.seed)
     sim = SimBackend(CALIBRATION)
     planners = {
         f"dreamshard, trained without {args.family}": get_planner("dreamshard", model=str(without)),
@@ -81,10 +82,10 @@ def main() -> None:
         f"dreamshard, trained without {args.family}, cost heads x0.5": get_planner("dreamshard", model=heads_scaled(without, 0.5)),
         f"dreamshard, trained without {args.family}, linear part": get_planner("dreamshard", model=heads_scaled(without, 0.0)),
     }
-    no_span = trained(models / f"without_{args.family}_no_span.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), 0)
+    no_span = trained(models / f"without_{args.family}_no_span.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), 0, args.seed)
     planners[f"dreamshard, trained without {args.family}, no span tasks in its prior"] = get_planner("dreamshard", model=str(no_span))
     if args.span:
-        more = trained(models / f"without_{args.family}_span{args.span}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), args.span)
+        more = trained(models / f"without_{args.family}_span{args.span}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), args.span, args.seed)
         planners[f"dreamshard, trained without {args.family}, {args.span} span tasks in its prior"] = get_planner("dreamshard", model=str(more))
     planners |= {
         "dreamshard, trained on every family": get_planner("dreamshard", model=str(every)),
@@ -95,7 +96,7 @@ def main() -> None:
     by_family, errors = evaluate(sim, planners, nets, [args.family], kept)
     ratios = {name: by_family[name][args.family] for name in planners}
     lines = [f"# DreamShard on a family it never saw: `{args.family}` ({sim.name})", "",
-             f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}{f' --span {args.span}' if args.span else ''}`: models trained on the simulator by the shipped recipe "
+             f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}{f' --span {args.span}' if args.span else ''}{f' --seed {args.seed}' if args.seed else ''}`: models trained on the simulator by the shipped recipe "
              f"({BUDGET} plans priced as measurements, a prior of {PRIOR_PLANS:,}), with and without `{args.family}`; {len(ratios['oracle'])} "
              f"development tasks of `{args.family}` ({' and '.join(f'{t} tables on {d} devices' for t, d in SETTINGS)}, pools of seed {POOL_SEED}); "
              "mean of per-task ratios to the best table-wise heuristic (simulated).", "",

@@ -86,7 +86,7 @@ def test_the_gpus_own_file_else_the_default_gpus_else_another_and_the_label_says
     assert shipped.describe_default("rnn") == "the shipped H100 model" and shipped.describe_default("dreamshard") == ""
 
 
-SHIPPED = {"dreamshard": ("h100", "h200"), "autoshard": ("h100",), "rnn": ("h100", "h200")}  # what the package ships, per planner
+SHIPPED = {"dreamshard": ("h100", "h200"), "autoshard": ("h100", "h200"), "rnn": ("h100", "h200")}  # what the package ships, per planner
 
 
 def test_the_package_ships_every_learned_planners_models_by_this_rule(monkeypatch):
