@@ -3,9 +3,10 @@ trained on the simulator without one training family, then that family's develop
 planned, beside the same recipe trained on every family and `oracle`; and how each cost net
 orders the family's near-optimal plans, with its cost heads' ReLU layers halved or left out.
 
-    .venv/bin/python benchmarks/unseen_family.py                  # --family hot: ~15 min on a 2-core CPU
-    .venv/bin/python benchmarks/unseen_family.py --family wide --out runs/unseen_wide.md
-    .venv/bin/python benchmarks/unseen_family.py --family wide --span 96   # and the recipe with 96 span tasks in its prior
+    .venv/bin/python benchmarks/unseen_family.py                  # --family hot → results/unseen_family.md: ~15 min on a 2-core CPU
+    .venv/bin/python benchmarks/unseen_family.py --family wide    # → results/unseen_family_wide.md
+    .venv/bin/python benchmarks/unseen_family.py --family wide --span 96            # and the recipe with 96 span tasks in its prior
+    .venv/bin/python benchmarks/unseen_family.py --family wide --span 96 --seed 1   # another training run → ..._wide_seed1.md
 
 The held-out families measure this on a GPU, where the cost net's error on new tables and the
 search's reach are mixed together. Here the simulator (H100 calibration) is both what the models
@@ -62,17 +63,19 @@ def trained(path: Path, families: tuple[str, ...], span: int = SPAN, seed: int =
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="hot", choices=TRAINING_FAMILIES, help="the training family left out  [%(default)s]")
-    ap.add_argument("--models", default="runs/unseen_family", help="folder for the three models (reused when there)")
-    ap.add_argument("--out", default="benchmarks/results/unseen_family.md")
+    ap.add_argument("--models", help="folder for the models (reused when there)  [runs/unseen_family, runs/unseen_family_seed<N> with --seed N]")
+    ap.add_argument("--out", help="[benchmarks/results/unseen_family[_FAMILY][_seedN].md: the family unless hot, the seed unless 0]")
     ap.add_argument("--span", type=int, default=0, help="also the recipe without the family with this many span tasks in its prior (the recipe's: 24)")
     ap.add_argument("--seed", type=int, default=0, help="the models' training seed (another seed: another run of the same recipe)  [%(default)s]")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
-    models = Path(args.models)
+    out = args.out or f"benchmarks/results/unseen_family{'' if args.family == 'hot' else '_' + args.family}{f'_seed{args.seed}' if args.seed else ''}.md"
+    models = Path(args.models or f"runs/unseen_family{f'_seed{args.seed}' if args.seed else ''}")  # a model of another seed is never reused
     models.mkdir(parents=True, exist_ok=True)
-    without = trained(models / f"without_{args.family}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), SPAN, args.seed)
+    others = tuple(f for f in TRAINING_FAMILIES if f != args.family)
+    without = trained(models / f"without_{args.family}.pt", others, SPAN, args.seed)
     every = trained(models / "every_family.pt", TRAINING_FAMILIES, SPAN, args.seed)
     sim = SimBackend(CALIBRATION)
     planners = {
@@ -82,10 +85,10 @@ def main() -> None:
         f"dreamshard, trained without {args.family}, cost heads x0.5": get_planner("dreamshard", model=heads_scaled(without, 0.5)),
         f"dreamshard, trained without {args.family}, linear part": get_planner("dreamshard", model=heads_scaled(without, 0.0)),
     }
-    no_span = trained(models / f"without_{args.family}_no_span.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), 0, args.seed)
+    no_span = trained(models / f"without_{args.family}_no_span.pt", others, 0, args.seed)
     planners[f"dreamshard, trained without {args.family}, no span tasks in its prior"] = get_planner("dreamshard", model=str(no_span))
     if args.span:
-        more = trained(models / f"without_{args.family}_span{args.span}.pt", tuple(f for f in TRAINING_FAMILIES if f != args.family), args.span, args.seed)
+        more = trained(models / f"without_{args.family}_span{args.span}.pt", others, args.span, args.seed)
         planners[f"dreamshard, trained without {args.family}, {args.span} span tasks in its prior"] = get_planner("dreamshard", model=str(more))
     planners |= {
         "dreamshard, trained on every family": get_planner("dreamshard", model=str(every)),
@@ -116,7 +119,7 @@ def main() -> None:
     for name, planner in scorers.items():
         right = ordered_right(pairs, lambda v, planner=planner: net_ms(planner, v[1]))
         lines.append(f"| {name} | {right} ({right / max(len(pairs), 1):.0%}) |")
-    atomic_write(args.out, "\n".join(lines) + "\n")
+    atomic_write(out, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
