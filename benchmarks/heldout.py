@@ -426,7 +426,8 @@ def ordering(done: dict, gpu: str) -> list[str]:
     # model changed orders the pairs by the new one
     path = shipped.model_path("dreamshard", gpu)
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-    full, linear = get_planner("dreamshard", model=path), get_planner("dreamshard", model=heads_scaled(path, 0.0))
+    comm = default_model_path("cuda", 4, gpu)  # as `plan` priced the plans' row splits, not this machine's GPU's
+    full, linear = (get_planner("dreamshard", model=m, comm_model=comm) for m in (path, heads_scaled(path, 0.0)))
     # a pair's tuples: (measured ms, max-device ms, simulated ms, plan)
     scorers = {"cost net": lambda v: net_ms(full, v[3]), "its linear part": lambda v: net_ms(linear, v[3]), "simulator": lambda v: v[2]}
     rivals = [(t["dreamshard"], t["oracle (simulator)"]) for t in done.values()

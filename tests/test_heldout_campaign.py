@@ -84,7 +84,7 @@ def test_development_tasks_with_another_model(tmp_path):
     assert bad.returncode != 0 and "give LABEL=PATH with a new label" in bad.stderr
 
 
-def test_plans_for_another_gpu(tmp_path):
+def test_plans_for_another_gpu(tmp_path, monkeypatch):
     """`plan --gpu h200`: the plans carry their GPU; `--again` refuses a file of another GPU's plans,
     and `measure` one whose GPU is not this machine's (here, no GPU at all)."""
     run("plan", "--quick", "--gpu", "h200", "--out", str(tmp_path))
@@ -97,6 +97,17 @@ def test_plans_for_another_gpu(tmp_path):
     assert measure.returncode != 0 and "holds plans for the H200; this machine's GPU is none" in measure.stderr
     run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick")
     assert "Simulator: simulated (H200 calibration" in run("report", str(tmp_path))  # the H200's calibration prices the simulated column
+    # and the report's cost net prices their row splits with the H200's NCCL model, as `plan` did,
+    # not with this machine's default GPU's
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import heldout
+
+    first, second = heldout.load_plans(tmp_path / "plans.jsonl.gz")[:2]
+    comms = []
+    real = heldout.get_planner
+    monkeypatch.setattr(heldout, "get_planner", lambda name, **kw: comms.append(kw.get("comm_model")) or real(name, **kw))
+    assert heldout.ordering({("f", "s", "0"): {"a": (1.0, 1.0, 1.0, first), "b": (1.02, 1.02, 1.01, second)}}, "h200")
+    assert comms and {str(c) for c in comms} == {str(heldout.default_model_path("cuda", 4, "h200"))} != {str(heldout.default_model_path("cuda", 4, "h100"))}
 
 
 def test_probes_of_the_cost_net_plan_on_request(tmp_path):
