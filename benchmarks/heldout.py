@@ -393,7 +393,9 @@ def report(folder: Path) -> str:
         for kind, e in sorted(errs.items()):
             a = np.abs(e)
             lines.append(f"| {label} | {kind} | {len(e)} | {np.median(a) * 100:.1f}% | {a.max() * 100:.1f}% | {pct(float(np.mean(e)))} |")
-    lines += ordering(done, gpu)
+    prices, net = scorers(gpu)
+    lines += ordering(done, prices, net)
+    lines += by_family(done, prices)
     # where DreamShard's plan came from
     won = Counter(notes_with(t["dreamshard"][3], "candidate").get("dreamshard", "?") for t in done.values() if "dreamshard" in t)
     lines += ["", "## DreamShard's search: the candidate chosen, over the measured tasks", "", "| candidate | tasks |", "|---|---:|"]
@@ -411,25 +413,47 @@ def report(folder: Path) -> str:
 NEAR, TIE = 0.05, 0.005  # the pairs `ordering` counts: plans within 5% of the task's best, at least 0.5% apart on the GPU
 
 
-def ordering(done: dict, gpu: str) -> list[str]:
-    """How often the cost net (the shipped model of `gpu`, as `dreamshard` scores its candidates)
-    and the simulator put first the plan of a pair that the GPU measures faster: the pairs of
-    `dreamshard`'s and `oracle`'s plans where they differ, and every pair of a task's near-optimal
-    plans (NEAR, TIE). A search keeps the candidate its scorer under-prices most among
-    near-optimal ones, so the scorer's errors between two good plans matter more than its error
-    on either."""
+def scorers(gpu: str) -> tuple[dict, str]:
+    """The report's three prices of a plan tuple (measured ms, max-device ms, simulated ms, plan):
+    the cost net of the shipped model of `gpu` (as `dreamshard` scores its candidates), the same
+    net with its cost heads' ReLU layers left out, the simulator; and the net's name."""
     import hashlib
 
-    from dev_tasks import heads_scaled, near_pairs, net_ms, ordered_right
+    from dev_tasks import heads_scaled, net_ms
 
     # the shipped model at the time of the report, named by its bytes: a report re-made after the
-    # model changed orders the pairs by the new one
+    # model changed prices the plans by the new one
     path = shipped.model_path("dreamshard", gpu)
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
     comm = default_model_path("cuda", 4, gpu)  # as `plan` priced the plans' row splits, not this machine's GPU's
     full, linear = (get_planner("dreamshard", model=m, comm_model=comm) for m in (path, heads_scaled(path, 0.0)))
-    # a pair's tuples: (measured ms, max-device ms, simulated ms, plan)
-    scorers = {"cost net": lambda v: net_ms(full, v[3]), "its linear part": lambda v: net_ms(linear, v[3]), "simulator": lambda v: v[2]}
+    prices = {"cost net": lambda v: net_ms(full, v[3]), "its linear part": lambda v: net_ms(linear, v[3]), "simulator": lambda v: v[2]}
+    return prices, f"the shipped {gpu.upper()} model now (sha256 {which}…)"
+
+
+def by_family(done: dict, prices: dict) -> list[str]:
+    """Each price's mean signed error on every measured plan (once), by family and plan kind: where
+    a price is off for a whole family, a search on it is misled there."""
+    plans: dict[tuple[str, str], dict[int, tuple]] = defaultdict(dict)
+    for (family, _, _), t in done.items():
+        for v in t.values():
+            plans[(family, plan_kind(v[3]))][id(v[3])] = v
+    lines = ["", "## Each price against the GPU, by family and plan kind (mean signed error on the measured step; every measured plan once)", "",
+             f"| family | plan kind | plans | {' | '.join(prices)} |", "|---|---|---:|" + "---:|" * len(prices)]
+    for (family, kind), vs in sorted(plans.items()):
+        errors = [pct(float(np.mean([price(v) / v[1] - 1 for v in vs.values()]))) for price in prices.values()]
+        lines.append(f"| {family} | {kind} | {len(vs)} | {' | '.join(errors)} |")
+    return lines
+
+
+def ordering(done: dict, prices: dict, net: str) -> list[str]:
+    """How often each of `prices` (`scorers`) puts first the plan of a pair that the GPU measures
+    faster: the pairs of `dreamshard`'s and `oracle`'s plans where they differ, and every pair of
+    a task's near-optimal plans (NEAR, TIE). A search keeps the candidate its scorer under-prices
+    most among near-optimal ones, so the scorer's errors between two good plans matter more than
+    its error on either."""
+    from dev_tasks import near_pairs, ordered_right
+
     rivals = [(t["dreamshard"], t["oracle (simulator)"]) for t in done.values()
               if {"dreamshard", "oracle (simulator)"} <= set(t) and t["dreamshard"][3] is not t["oracle (simulator)"][3]]
     near = [pair for t in done.values() for pair in near_pairs(list({id(v[3]): v for v in t.values()}.values()), NEAR, TIE)]  # a plan several planners made, once
@@ -439,12 +463,12 @@ def ordering(done: dict, gpu: str) -> list[str]:
           f"every two plans of a task within {NEAR:.0%} of its best, {TIE:.1%} or more apart": near}
     rows = []
     for what, pairs in by.items():
-        right = {k: ordered_right(pairs, price) for k, price in scorers.items()}
+        right = {k: ordered_right(pairs, price) for k, price in prices.items()}
         rows.append(f"| {what} | {len(pairs)} | " + " | ".join(f"{c} ({c / max(len(pairs), 1):.0%})" for c in right.values()) + " |")
     return ["", "## Which of two plans is faster: pairs each scorer orders as the GPU does", "",
-            f"The cost net of the shipped {gpu.upper()} model now (sha256 {which}…), the same net with its cost heads' ReLU layers left out "
+            f"The cost net of {net}, the same net with its cost heads' ReLU layers left out "
             "(its linear part on the kernel terms, and the comm model), the simulator of the report.", "",
-            f"| pairs | pairs measured | {' | '.join(scorers)} |", "|---|---:|" + "---:|" * len(scorers), *rows]
+            f"| pairs | pairs measured | {' | '.join(prices)} |", "|---|---:|" + "---:|" * len(prices), *rows]
 
 
 def report_cmd(args) -> None:

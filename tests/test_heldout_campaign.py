@@ -49,6 +49,7 @@ def test_plans_measured_and_reported(tmp_path):
         assert label in text
     assert "| dreamshard | " in text.split("The cost net's per-plan error")[1]
     assert "## DreamShard's search: the candidate chosen" in text
+    assert "| mixed | " in text.split("## Each price against the GPU, by family and plan kind")[1]
 
 
 def test_some_planners_measured_alone(tmp_path):
@@ -106,7 +107,8 @@ def test_plans_for_another_gpu(tmp_path, monkeypatch):
     comms = []
     real = heldout.get_planner
     monkeypatch.setattr(heldout, "get_planner", lambda name, **kw: comms.append(kw.get("comm_model")) or real(name, **kw))
-    assert heldout.ordering({("f", "s", "0"): {"a": (1.0, 1.0, 1.0, first), "b": (1.02, 1.02, 1.01, second)}}, "h200")
+    prices, _ = heldout.scorers("h200")
+    assert heldout.ordering({("f", "s", "0"): {"a": (1.0, 1.0, 1.0, first), "b": (1.02, 1.02, 1.01, second)}}, prices, "")
     assert comms and {str(c) for c in comms} == {str(heldout.default_model_path("cuda", 4, "h200"))} != {str(heldout.default_model_path("cuda", 4, "h100"))}
 
 
