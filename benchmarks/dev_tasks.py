@@ -123,6 +123,37 @@ def heads_scaled(path, keep: float):
     return model
 
 
+def sim_weighted(path, calibration: str, plans: int = 1000, seed: int = 0):
+    """The DreamShard model at `path` with its cost heads' ReLU layers left out and its linear part
+    refit to the simulator of `calibration`: the kernel terms weighed as that simulator prices
+    them (`fit_linear`, as training starts it, on `plans` random placements of the shipped recipe's
+    training tasks and on their tables alone, priced by the simulator), the exchanges by the comm
+    model. A probe of DreamShard's search on the simulator's prices in place of its net's: the
+    linear part it was shipped with has moved from them in training, and its ReLU layers misprice
+    families they never saw."""
+    from gpu_train_shipped import training_tasks
+
+    from dreamshard.learned.dreamshard import fit_linear, measure, to_measured
+    from dreamshard.learned.mdp import prepare
+    from dreamshard.tasks import Task
+
+    model = heads_scaled(path, 0.0)
+    sim, rng = SimBackend(calibration), np.random.default_rng(seed)
+    tasks = training_tasks(12, 300, Workload(65_536), TRAINING_FAMILIES)
+    chosen = [tasks[i] for i in rng.integers(len(tasks), size=plans)]
+    singles = list({t: Task([t], 1, task.max_memory_bytes, task.workload, task.pool) for task in tasks for t in task.tables}.values())
+    placements = [rng.integers(t.devices, size=len(t.tables)) for t in chosen] + [np.zeros(1, np.int64)] * len(singles)
+    kernel_batch = model.kernel.batch_size if model.kernel is not None else 65_536
+    items = []
+    for task, placement, report in zip(chosen + singles, placements, measure(sim, chosen + singles, placements, kernel_batch)):
+        m = to_measured(prepare(task, model.normalization, model.linear_features, model.kernel), placement, report)
+        if task.devices == 1:
+            m.device_costs[:, 2] = np.nan  # a table alone has no exchange (as the prior's singles)
+        items.append(m)
+    fit_linear(model.cost_net, items)
+    return model
+
+
 def near_pairs(plans: list[tuple], near: float = 0.05, tie: float = 0.005) -> list[tuple[tuple, tuple]]:
     """Every two of one task's plans — tuples (true cost, ...) — within `near` of its best cost and
     at least `tie` apart: the pairs a search must order right, among near-optimal plans."""

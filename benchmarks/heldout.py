@@ -88,6 +88,9 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     # `plan` (EXPERIMENTS), planned with --again
     "dreamshard (heads x0.5)": ("dreamshard", {"heads": 0.5}),
     "dreamshard (linear part)": ("dreamshard", {"heads": 0.0}),
+    # its linear part refit to the simulator of the GPU planned for, heads left out (dev_tasks.sim_weighted):
+    # its search on the simulator's prices
+    "dreamshard (simulator's weights)": ("dreamshard", {"sim_weights": True}),
     "neuroshard": ("neuroshard", {}),
     "oracle (simulator)": ("oracle", {"backend": "sim"}),
     "torchrec (all types)": ("torchrec", {"sharding_types": "all"}),
@@ -98,7 +101,7 @@ PLANNERS: dict[str, tuple[str, dict]] = {
 }
 
 
-EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)")  # labels a plain `plan` leaves out
+EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)", "dreamshard (simulator's weights)")  # labels a plain `plan` leaves out
 
 
 # the simulator of the oracle's plans and of the report's simulated column: a calibration of the
@@ -164,6 +167,10 @@ def plan_cmd(args) -> None:
             from dev_tasks import heads_scaled
 
             options["model"] = heads_scaled(options["model"], options.pop("heads"))
+        if options.pop("sim_weights", False):
+            from dev_tasks import sim_weighted
+
+            options["model"] = sim_weighted(options["model"], CALIBRATIONS[args.gpu])
         if name in ("dreamshard", "neuroshard"):  # row splits priced by that GPU's NCCL model (4 devices: the count fitted nearest to 4 and 8)
             options["comm_model"] = default_model_path("cuda", 4, args.gpu)
         try:
@@ -414,20 +421,23 @@ NEAR, TIE = 0.05, 0.005  # the pairs `ordering` counts: plans within 5% of the t
 
 
 def scorers(gpu: str) -> tuple[dict, str]:
-    """The report's three prices of a plan tuple (measured ms, max-device ms, simulated ms, plan):
-    the cost net of the shipped model of `gpu` (as `dreamshard` scores its candidates), the same
-    net with its cost heads' ReLU layers left out, the simulator; and the net's name."""
+    """The report's prices of a plan tuple (measured ms, max-device ms, simulated ms, plan): the
+    cost net of the shipped model of `gpu` (as `dreamshard` scores its candidates), the same net
+    with its cost heads' ReLU layers left out, that linear part refit to the simulator
+    (`dev_tasks.sim_weighted`: what the net's kernel terms can say of the simulator's prices), the
+    simulator; and the net's name."""
     import hashlib
 
-    from dev_tasks import heads_scaled, net_ms
+    from dev_tasks import heads_scaled, net_ms, sim_weighted
 
     # the shipped model at the time of the report, named by its bytes: a report re-made after the
     # model changed prices the plans by the new one
     path = shipped.model_path("dreamshard", gpu)
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
     comm = default_model_path("cuda", 4, gpu)  # as `plan` priced the plans' row splits, not this machine's GPU's
-    full, linear = (get_planner("dreamshard", model=m, comm_model=comm) for m in (path, heads_scaled(path, 0.0)))
-    prices = {"cost net": lambda v: net_ms(full, v[3]), "its linear part": lambda v: net_ms(linear, v[3]), "simulator": lambda v: v[2]}
+    full, linear, refit = (get_planner("dreamshard", model=m, comm_model=comm) for m in (path, heads_scaled(path, 0.0), sim_weighted(path, CALIBRATIONS[gpu])))
+    prices = {"cost net": lambda v: net_ms(full, v[3]), "its linear part": lambda v: net_ms(linear, v[3]),
+              "that part on the simulator's weights": lambda v: net_ms(refit, v[3]), "simulator": lambda v: v[2]}
     return prices, f"the shipped {gpu.upper()} model now (sha256 {which}…)"
 
 
@@ -467,7 +477,8 @@ def ordering(done: dict, prices: dict, net: str) -> list[str]:
         rows.append(f"| {what} | {len(pairs)} | " + " | ".join(f"{c} ({c / max(len(pairs), 1):.0%})" for c in right.values()) + " |")
     return ["", "## Which of two plans is faster: pairs each scorer orders as the GPU does", "",
             f"The cost net of {net}, the same net with its cost heads' ReLU layers left out "
-            "(its linear part on the kernel terms, and the comm model), the simulator of the report.", "",
+            "(its linear part on the kernel terms, and the comm model), that part with its weights refit to the simulator's prices "
+            "of the training tasks' plans, the simulator of the report.", "",
             f"| pairs | pairs measured | {' | '.join(prices)} |", "|---|---:|" + "---:|" * len(prices), *rows]
 
 

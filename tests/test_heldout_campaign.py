@@ -130,3 +130,30 @@ def test_probes_of_the_cost_net_plan_on_request(tmp_path):
     full, half, none = (heads_scaled(shipped.model_path("dreamshard"), k).cost_net for k in (1.0, 0.5, 0.0))
     assert all(float(h[2].weight.abs().sum()) == 0 for h in none.heads)
     assert all(torch.allclose(2 * h[2].weight, f[2].weight) for h, f in zip(half.heads, full.heads))
+
+
+def test_the_probe_on_the_simulators_weights_prices_as_the_simulator():
+    """`dev_tasks.sim_weighted`: the shipped net's linear part refit to a simulator, its ReLU heads
+    left out, prices plans of the training families about as that simulator does (its search then
+    runs on the simulator's prices), where the shipped net's own weights are further off."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from dev_tasks import heads_scaled, net_ms, sim_weighted
+
+    from dreamshard import shipped
+    from dreamshard.costs.sim import SimBackend
+    from dreamshard.families import synth_family
+    from dreamshard.plan import Plan
+    from dreamshard.planners import get_planner
+    from dreamshard.tasks import Workload, sample_tasks
+
+    path = shipped.model_path("dreamshard", "h100")
+    sim = SimBackend("h100_triton.json")
+    probe = get_planner("dreamshard", model=sim_weighted(path, "h100_triton.json", plans=200))
+    linear = get_planner("dreamshard", model=heads_scaled(path, 0.0))
+    task = sample_tasks(synth_family("dlrm", 300, 5), 1, (40, 40), 4, 16 * 10**9, seed=1, workload=Workload(65_536))[0]
+    plans = [get_planner(h).plan(task) for h in ("lookup", "size_lookup", "random", "dim")]
+    off = {name: [net_ms(planner, plan) / sim.evaluate_plan(plan).overall_ms - 1 for plan in plans] for name, planner in (("probe", probe), ("linear", linear))}
+    assert max(abs(e) for e in off["probe"]) < 0.04, off
+    assert np.mean(np.abs(off["probe"])) < np.mean(np.abs(off["linear"])), off
