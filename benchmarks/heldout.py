@@ -436,8 +436,19 @@ def scorers(gpu: str) -> tuple[dict, str]:
     which = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
     comm = default_model_path("cuda", 4, gpu)  # as `plan` priced the plans' row splits, not this machine's GPU's
     full, linear, refit = (get_planner("dreamshard", model=m, comm_model=comm) for m in (path, heads_scaled(path, 0.0), sim_weighted(path, CALIBRATIONS[gpu])))
-    prices = {"cost net": lambda v: net_ms(full, v[3]), "its linear part": lambda v: net_ms(linear, v[3]),
-              "that part on the simulator's weights": lambda v: net_ms(refit, v[3]), "simulator": lambda v: v[2]}
+    nets = {"cost net": full, "its linear part": linear, "that part on the simulator's weights": refit}
+    seen: dict[tuple[str, int], float] = {}  # each plan priced once by each net, for both tables
+
+    def priced(name: str):
+        def price(v: tuple) -> float:
+            key = (name, id(v[3]))
+            if key not in seen:
+                seen[key] = net_ms(nets[name], v[3])
+            return seen[key]
+
+        return price
+
+    prices = {name: priced(name) for name in nets} | {"simulator": lambda v: v[2]}
     return prices, f"the shipped {gpu.upper()} model now (sha256 {which}…)"
 
 
