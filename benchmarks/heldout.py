@@ -17,9 +17,10 @@ tasks per setting, 60 tables on 4 devices at 24 GB and 120 tables on 8 devices a
 65,536, fp16. Every planner of the registry plans every task with its defaults (the shipped
 models) — the heuristics with and without --split, `dreamshard` (its search) and `dreamshard
 --no-split`, `neuroshard`, `oracle` on the simulator, `torchrec` with every sharding type,
-`autoshard`, `rnn`. Two probes of the shipped cost net plan only when named with --again:
+`autoshard`, `rnn`. Three probes of the shipped cost net plan only when named with --again:
 `dreamshard (heads x0.5)` and `dreamshard (linear part)`, its cost heads' ReLU layers halved or
-left out (`dev_tasks.heads_scaled`). The planners run here because TorchRec is not installed on the GPU machines.
+left out (`dev_tasks.heads_scaled`), and `dreamshard (simulator's weights)`, that linear part refit
+to the simulator (`dev_tasks.sim_weighted`). The planners run here because TorchRec is not installed on the GPU machines.
 A placement several planners share is written once, naming them all ("planner ..." notes); the
 notes also carry the family, setting, task, planning time on this machine and, for the planners
 with a cost net, its prediction and the search's chosen candidate.
@@ -40,8 +41,9 @@ DIR's lines).
 planner's mean measured step, the mean of its per-task ratios to the best table-wise heuristic
 (lookup, size_lookup), its tasks more than 2% behind the best planner, its mean simulated step
 beside; the cost net's per-plan error on the measured plans of `dreamshard` and `neuroshard` by
-plan kind; how often the cost net and the simulator order two plans as the GPU does; which
-candidate of DreamShard's search won; the planning times.
+plan kind; how often each price — the cost net, its linear part, that part refit to the
+simulator, the simulator — orders two plans as the GPU does, and each one's mean error by family
+and plan kind; which candidate of DreamShard's search won; the planning times.
 """
 
 from __future__ import annotations
