@@ -123,6 +123,21 @@ def heads_scaled(path, keep: float):
     return model
 
 
+def random_plans(plans: int, seed: int = 0) -> tuple[list, list[np.ndarray]]:
+    """`plans` random placements of the shipped recipe's training tasks, then every distinct table
+    of them alone on one device: (tasks, placements), what the fits to the simulator's prices
+    (`sim_weighted`, shared_costs.py) are made on, as the training's prior is."""
+    from gpu_train_shipped import training_tasks
+
+    from dreamshard.tasks import Task
+
+    rng = np.random.default_rng(seed)
+    tasks = training_tasks(12, 300, Workload(65_536), TRAINING_FAMILIES)
+    chosen = [tasks[i] for i in rng.integers(len(tasks), size=plans)]
+    singles = list({t: Task([t], 1, task.max_memory_bytes, task.workload, task.pool) for task in tasks for t in task.tables}.values())
+    return chosen + singles, [rng.integers(t.devices, size=len(t.tables)) for t in chosen] + [np.zeros(1, np.int64)] * len(singles)
+
+
 def sim_weighted(path, calibration: str, plans: int = 1000, seed: int = 0):
     """The DreamShard model at `path` with its cost heads' ReLU layers left out and its linear part
     refit to the simulator of `calibration`: the kernel terms weighed as that simulator prices
@@ -131,21 +146,15 @@ def sim_weighted(path, calibration: str, plans: int = 1000, seed: int = 0):
     model. A probe of DreamShard's search on the simulator's prices in place of its net's: the
     linear part it was shipped with has moved from them in training, and its ReLU layers misprice
     families they never saw."""
-    from gpu_train_shipped import training_tasks
-
     from dreamshard.learned.dreamshard import fit_linear, measure, to_measured
     from dreamshard.learned.mdp import prepare
-    from dreamshard.tasks import Task
 
     model = heads_scaled(path, 0.0)
-    sim, rng = SimBackend(calibration), np.random.default_rng(seed)
-    tasks = training_tasks(12, 300, Workload(65_536), TRAINING_FAMILIES)
-    chosen = [tasks[i] for i in rng.integers(len(tasks), size=plans)]
-    singles = list({t: Task([t], 1, task.max_memory_bytes, task.workload, task.pool) for task in tasks for t in task.tables}.values())
-    placements = [rng.integers(t.devices, size=len(t.tables)) for t in chosen] + [np.zeros(1, np.int64)] * len(singles)
+    sim = SimBackend(calibration)
+    tasks, placements = random_plans(plans, seed)
     kernel_batch = model.kernel.batch_size if model.kernel is not None else 65_536
     items = []
-    for task, placement, report in zip(chosen + singles, placements, measure(sim, chosen + singles, placements, kernel_batch)):
+    for task, placement, report in zip(tasks, placements, measure(sim, tasks, placements, kernel_batch)):
         m = to_measured(prepare(task, model.normalization, model.linear_features, model.kernel), placement, report)
         if task.devices == 1:
             m.device_costs[:, 2] = np.nan  # a table alone has no exchange (as the prior's singles)

@@ -273,9 +273,10 @@ def main() -> None:
     tasks = training_tasks(per_family, args.pool_tables, workload, families)
     say(f"{len(tasks)} training tasks on {device_name} ({gpu}); plans measured by {backend.name}; planners {', '.join(which)}")
 
+    recipe_overrides = {k: v for k, v in (("search_plans", args.search_plans), ("prior_span", args.prior_span)) if v is not None}  # config()'s, said in the summary
     summary |= {"gpu": gpu, "device": device_name, "backend": backend.name, "batch_size": batch, "training_tasks": len(tasks), "families": list(families),
                 "tables_per_task": [20, 60], "devices_per_task": [2, 8], "max_memory_bytes": 24 * 10**9, "quick": args.quick,
-                "dreamshard_options": {**DREAMSHARD_OPTIONS, **({"search_plans": args.search_plans} if args.search_plans is not None else {}), **({"prior_span": args.prior_span} if args.prior_span is not None else {})}, "prior_plans": prior_plans, "total_s": args.total_s}
+                "dreamshard_options": {**DREAMSHARD_OPTIONS, **recipe_overrides}, "prior_plans": prior_plans, "total_s": args.total_s}
     if "autoshard" in budgets:
         summary["peer_budget"] = budgets["autoshard"]
     summary.setdefault("models", {})

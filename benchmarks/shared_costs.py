@@ -31,8 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-from dev_tasks import net_ms, sim_weighted  # noqa: E402
-from gpu_train_shipped import training_tasks  # noqa: E402
+from dev_tasks import net_ms, random_plans, sim_weighted  # noqa: E402
 from heldout import CALIBRATIONS, tasks_of  # noqa: E402
 
 from dreamshard import shipped  # noqa: E402
@@ -64,13 +63,8 @@ def fits(model, sim: SimBackend, plans: int = 1000, seed: int = 0) -> dict[str, 
     """The two fits of the module docstring: name → (the columns of `device_rows` it uses, its [columns, 2] weights for fwd and bwd)."""
     from scipy.optimize import nnls
 
-    rng = np.random.default_rng(seed)
-    tasks = training_tasks(12, 300, Workload(65_536), TRAINING_FAMILIES)
-    chosen = [tasks[i] for i in rng.integers(len(tasks), size=plans)]
-    singles = list({t: Task([t], 1, task.max_memory_bytes, task.workload, task.pool) for task in tasks for t in task.tables}.values())
     X, Y = [], []
-    for task in chosen + singles:
-        placement = rng.integers(task.devices, size=len(task.tables))
+    for task, placement in zip(*random_plans(plans, seed)):
         costs = sim.costs_batch(task.tables, placement[None, :], task.devices, task.workload)[0]
         for d in np.unique(placement):
             X.append(device_rows(model, sim, [t for t, q in zip(task.tables, placement) if q == d], task.workload))

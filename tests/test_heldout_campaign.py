@@ -144,7 +144,6 @@ def test_the_probe_on_the_simulators_weights_prices_as_the_simulator():
     from dreamshard import shipped
     from dreamshard.costs.sim import SimBackend
     from dreamshard.families import synth_family
-    from dreamshard.plan import Plan
     from dreamshard.planners import get_planner
     from dreamshard.tasks import Workload, sample_tasks
 
