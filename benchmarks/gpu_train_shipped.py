@@ -163,10 +163,10 @@ def gpu_name(device: str) -> tuple[str, str]:
     return gpu_slug(name), name
 
 
-def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = False, search_plans: int | None = None, prior_span: int | None = None):
+def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = False, overrides: dict | None = None):
     """The planner's default config with the budget spread over whole iterations of its own size;
-    `quick`: its per-iteration work shrunk too (`QUICK`, the fields it has); `search_plans`,
-    `prior_span`: DreamShard's in place of the recipe's."""
+    `quick`: its per-iteration work shrunk too (`QUICK`, the fields it has); `overrides`: DreamShard's
+    options in place of the recipe's (those of WITH_PRIOR only with a prior)."""
     cls = PLANNERS[name]
     default = cls.config()
     extra = {}
@@ -174,10 +174,8 @@ def config(name: str, budget: int, batch: int, prior_plans: int, quick: bool = F
         extra = {**DREAMSHARD_OPTIONS, "prior_plans": prior_plans} if prior_plans else {k: v for k, v in DREAMSHARD_OPTIONS.items() if k not in WITH_PRIOR}
     if quick:
         extra |= {k: v for k, v in QUICK.items() if hasattr(default, k)}
-    if name == "dreamshard" and search_plans is not None and prior_plans:  # the caller's number over the recipe's and --quick's
-        extra["search_plans"] = search_plans
-    if name == "dreamshard" and prior_span is not None and prior_plans:
-        extra["prior_span"] = prior_span
+    if name == "dreamshard":  # the caller's over the recipe's and --quick's
+        extra |= {k: v for k, v in (overrides or {}).items() if prior_plans or k not in WITH_PRIOR}
     if not extra.get("search_plans"):
         extra.pop("search_rank", None)  # a term of the refinement: none without it
     return cls.config(budget=budget, iterations=max(1, budget // default.measurements_per_iteration), batch_size=batch, **extra)
@@ -207,6 +205,7 @@ def main() -> None:
     ap.add_argument("--peer-budget", default="auto", help="AutoShard's and the RNN placer's measured plans, the same for both: a number, or auto (≤ 400, what the time allows)")
     ap.add_argument("--search-plans", type=int, help="DreamShard's plans around its own search after training, priced by the simulator (0: none)  [the recipe's: 3000]")
     ap.add_argument("--prior-span", type=int, help="DreamShard's tasks of span tables in its prior (0: none)  [the recipe's: 24]")
+    ap.add_argument("--shared-terms", choices=["on", "off"], help="DreamShard's cost net with the six terms a shard pays once (Config.shared_terms)  [the recipe's]")
     ap.add_argument("--prior-plans", type=int, default=8000, help="DreamShard's simulator prior: plans priced by the simulator's default calibration before measuring (0: none)")
     ap.add_argument("--tasks-per-family", type=int, default=12)
     ap.add_argument("--pool-tables", type=int, default=300)
@@ -273,7 +272,8 @@ def main() -> None:
     tasks = training_tasks(per_family, args.pool_tables, workload, families)
     say(f"{len(tasks)} training tasks on {device_name} ({gpu}); plans measured by {backend.name}; planners {', '.join(which)}")
 
-    recipe_overrides = {k: v for k, v in (("search_plans", args.search_plans), ("prior_span", args.prior_span)) if v is not None}  # config()'s, said in the summary
+    recipe_overrides = {k: v for k, v in (("search_plans", args.search_plans), ("prior_span", args.prior_span),
+                                          ("shared_terms", None if args.shared_terms is None else args.shared_terms == "on")) if v is not None}  # config()'s, said in the summary
     summary |= {"gpu": gpu, "device": device_name, "backend": backend.name, "batch_size": batch, "training_tasks": len(tasks), "families": list(families),
                 "tables_per_task": [20, 60], "devices_per_task": [2, 8], "max_memory_bytes": 24 * 10**9, "quick": args.quick,
                 "dreamshard_options": {**DREAMSHARD_OPTIONS, **recipe_overrides}, "prior_plans": prior_plans, "total_s": args.total_s}
@@ -313,7 +313,7 @@ def main() -> None:
         else:
             reserve = sum(peer_estimate_s(p, budgets[p], seconds_per_plan()) for p in later)
         deadline = t_end - reserve
-        cfg = config(name, budgets[name], batch, prior_plans, args.quick, args.search_plans, args.prior_span)
+        cfg = config(name, budgets[name], batch, prior_plans, args.quick, recipe_overrides)
         entry |= {"budget": budgets[name], "iterations": cfg.iterations, "config": cfg.name, "measurements_per_iteration": budgets[name] // cfg.iterations}
         save_summary()
         say(f"{name}: {budgets[name]} measured plans over {cfg.iterations} iterations (config {cfg.name}), until {deadline - T0:.0f} s")

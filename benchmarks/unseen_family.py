@@ -7,6 +7,7 @@ orders the family's near-optimal plans, with its cost heads' ReLU layers halved 
     .venv/bin/python benchmarks/unseen_family.py --family wide    # → results/unseen_family_wide.md
     .venv/bin/python benchmarks/unseen_family.py --family wide --span 96            # and the recipe with 96 span tasks in its prior
     .venv/bin/python benchmarks/unseen_family.py --family wide --span 96 --seed 1   # another training run → ..._wide_seed1.md
+    .venv/bin/python benchmarks/unseen_family.py --family wide --shared-terms on --out F  # and the recipe with its cost net's shared terms
 
 The held-out families measure this on a GPU, where the cost net's error on new tables and the
 search's reach are mixed together. Here the simulator (H100 calibration) is both what the models
@@ -47,15 +48,16 @@ BUDGET, PRIOR_PLANS = 60, 4_000  # the shipped recipe's (gpu_train_shipped.py)
 SPAN = DREAMSHARD_OPTIONS["prior_span"]
 
 
-def trained(path: Path, families: tuple[str, ...], span: int = SPAN, seed: int = 0) -> Path:
+def trained(path: Path, families: tuple[str, ...], span: int = SPAN, seed: int = 0, shared: bool | None = None) -> Path:
     """The shipped recipe on the simulator over `families`' training tasks (with `span` tasks of
-    span tables in its prior, Config.prior_span; `seed` the training's), at `path` (kept if there)."""
+    span tables in its prior, Config.prior_span; `seed` the training's; `shared`: Config.shared_terms
+    in place of the recipe's), at `path` (kept if there)."""
     if path.is_file():
         return path
     sim = SimBackend(CALIBRATION)
     tasks = training_tasks(12, 300, Workload(65_536), families)
     print(f"training {path} on {len(tasks)} tasks of {', '.join(families)} (prior_span {span}, seed {seed}) ...", flush=True)
-    cfg = replace(config("dreamshard", BUDGET, 65_536, PRIOR_PLANS), prior_span=span, seed=seed)
+    cfg = replace(config("dreamshard", BUDGET, 65_536, PRIOR_PLANS, overrides=None if shared is None else {"shared_terms": shared}), prior_span=span, seed=seed)
     PLANNERS["dreamshard"].fit(tasks, sim, path, cfg, progress=False, prior=SimBackend(CALIBRATION))
     return path
 
@@ -66,6 +68,7 @@ def main() -> None:
     ap.add_argument("--models", help="folder for the models (reused when there)  [runs/unseen_family, runs/unseen_family_seed<N> with --seed N]")
     ap.add_argument("--out", help="[benchmarks/results/unseen_family[_FAMILY][_seedN].md: the family unless hot, the seed unless 0]")
     ap.add_argument("--span", type=int, default=0, help="also the recipe without the family with this many span tasks in its prior (the recipe's: 24)")
+    ap.add_argument("--shared-terms", choices=["on", "off"], help="also the recipe without the family with its cost net's shared terms on or off (Config.shared_terms)")
     ap.add_argument("--seed", type=int, default=0, help="the models' training seed (another seed: another run of the same recipe)  [%(default)s]")
     args = ap.parse_args()
     import torch
@@ -90,6 +93,9 @@ def main() -> None:
     if args.span:
         more = trained(models / f"without_{args.family}_span{args.span}.pt", others, args.span, args.seed)
         planners[f"dreamshard, trained without {args.family}, {args.span} span tasks in its prior"] = get_planner("dreamshard", model=str(more))
+    if args.shared_terms:
+        other = trained(models / f"without_{args.family}_shared_{args.shared_terms}.pt", others, SPAN, args.seed, args.shared_terms == "on")
+        planners[f"dreamshard, trained without {args.family}, shared terms {args.shared_terms}"] = get_planner("dreamshard", model=str(other))
     planners |= {
         "dreamshard, trained on every family": get_planner("dreamshard", model=str(every)),
         "oracle": get_planner("oracle", backend=sim, budget=ORACLE_BUDGET),
@@ -99,7 +105,7 @@ def main() -> None:
     by_family, errors = evaluate(sim, planners, nets, [args.family], kept)
     ratios = {name: by_family[name][args.family] for name in planners}
     lines = [f"# DreamShard on a family it never saw: `{args.family}` ({sim.name})", "",
-             f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}{f' --span {args.span}' if args.span else ''}{f' --seed {args.seed}' if args.seed else ''}`: models trained on the simulator by the shipped recipe "
+             f"`.venv/bin/python benchmarks/unseen_family.py --family {args.family}{f' --span {args.span}' if args.span else ''}{f' --shared-terms {args.shared_terms}' if args.shared_terms else ''}{f' --seed {args.seed}' if args.seed else ''}`: models trained on the simulator by the shipped recipe "
              f"({BUDGET} plans priced as measurements, a prior of {PRIOR_PLANS:,}), with and without `{args.family}`; {len(ratios['oracle'])} "
              f"development tasks of `{args.family}` ({' and '.join(f'{t} tables on {d} devices' for t, d in SETTINGS)}, pools of seed {POOL_SEED}); "
              "mean of per-task ratios to the best table-wise heuristic (simulated).", "",

@@ -14,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dreamshard.costs.sim import SimBackend
+from dreamshard.costs.terms import shared_terms
 from dreamshard.learned.dreamshard import Config, get_config, train
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, predict, prepare, rollout
 from dreamshard.learned.nets import CostNet, DreamShardModel, PolicyNet, plan_cost
@@ -592,15 +593,17 @@ def test_short_training_beats_every_heuristic_on_held_out_tasks(pool, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def options_model(sees_table: bool, tasks, seed: int = 7, cost_linear: bool = False) -> DreamShardModel:
-    """A fresh model with both options (and the cost net's linear part, its weights drawn so that
-    they matter), as `train` makes one against the simulator."""
+def options_model(sees_table: bool, tasks, seed: int = 7, cost_linear: bool = False, shared: bool = False) -> DreamShardModel:
+    """A fresh model with both options (and the cost net's linear part and its shared terms, their
+    weights drawn so that they matter), as `train` makes one against the simulator."""
     from dreamshard.learned.dreamshard import create_model
 
-    model = create_model(small_config(policy_sees_table=sees_table, kernel_features=True, comm="model", seed=seed, cost_linear=cost_linear), tasks, SimBackend())
-    if cost_linear:
-        with torch.no_grad():
-            model.cost_net.linear_raw.copy_(torch.randn(model.cost_net.linear_raw.shape, generator=torch.Generator().manual_seed(seed)))
+    cfg = small_config(policy_sees_table=sees_table, kernel_features=True, comm="model", seed=seed, cost_linear=cost_linear, shared_terms=shared)
+    model = create_model(cfg, tasks, SimBackend())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in ("linear_raw",) * cost_linear + ("shared_raw",) * shared:
+            getattr(model.cost_net, name).copy_(torch.randn(getattr(model.cost_net, name).shape, generator=g))
     return model
 
 
@@ -684,6 +687,7 @@ def test_kernel_features_count_the_cache_of_the_backend():
 def test_options_are_checked(pool, tmp_path):
     for bad, msg in ((dict(comm="nccl"), "comm 'nccl': use one of head, model"), (dict(kernel_features="yes"), "kernel_features must be true or false"),
                      (dict(cost_linear=True), "cost_linear weighs the kernel features"), (dict(prior_singles=True), "prior_singles needs a prior"),
+                     (dict(kernel_features=True, shared_terms=True), "shared_terms are weighed by the cost net's linear part"),
                      (dict(prior_singles=True, prior_plans=4, normalization="task"), "normalization 'fixed'")):
         with pytest.raises(ValueError, match=msg) as e:
             small_config(**bad)
@@ -703,17 +707,21 @@ def test_options_are_checked(pool, tmp_path):
         DreamShardModel.from_state(state)
 
 
-@pytest.mark.parametrize("sees_table,keep_room,cost_linear", [(False, False, False), (True, True, False), (False, True, True)])
-def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, keep_room, cost_linear):
+@pytest.mark.parametrize("sees_table,keep_room,cost_linear,shared", [(False, False, False, False), (True, True, False, False), (False, True, True, False),
+                                                                    (True, False, True, True)])
+def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, keep_room, cost_linear, shared):
     """The torch MDP (training) and the NumPy player (planning) see the same kernel features, the
-    same modelled all-to-all and the same linear part: same greedy placements, same predicted costs."""
+    same modelled all-to-all, the same linear part and shared terms: same greedy placements, same
+    predicted costs."""
+    from dreamshard.costs.terms import SHARED_WIDTH
+
     tasks = [Task(pool[:40], 8, 10**12), Task(pool[100:103], 2, 10**12), Task(pool[40:90], 4, 2 * 10**9), Task(pool[120:121], 1, 10**12)]
-    model = options_model(sees_table, tasks, cost_linear=cost_linear)
+    model = options_model(sees_table, tasks, cost_linear=cost_linear, shared=shared)
     model.cost_net.scale.fill_(0.7)  # units of ms that are not 1: the comm model's ms are scaled like the heads'
     player = FastPlayer(model.cost_net, model.policy, keep_room, model.comm)
     for task in tasks:
         p = prepare(task, model.normalization, model.linear_features, model.kernel)
-        assert p.x.shape[1] == NUM_FEATURES + 5 + 17 and np.array_equal(p.x, model.features(task.tables, task.workload))
+        assert p.x.shape[1] == NUM_FEATURES + 5 + 17 + SHARED_WIDTH * shared and np.array_equal(p.x, model.features(task.tables, task.workload))
         with torch.no_grad():
             ro = rollout(model.cost_net, model.policy, EpisodeBatch.of([p]), greedy=True, keep_room=keep_room, comm=model.comm)
         placement, stuck, costs, overall = player.play(p, np.array([True]))
@@ -777,36 +785,68 @@ def test_scorer_features_are_the_planners(pool):
     assert np.array_equal(prepare(small, "fixed", True, model.kernel).x, x[:5]) and model.kernel.scale == scale
 
 
-def test_linear_part_starts_at_the_least_squares_of_its_terms(pool):
+def test_scorer_prices_the_shared_terms_as_the_torch_net(pool):
+    """The split search's scorer (NumPy state rows) prices a device's compute with the shared terms
+    as the torch cost net does, by `costs` and by `compute` (the searches' greedy)."""
+    from dreamshard.planners import splits
+    from dreamshard.planners.scoring import PieceScorer
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 3, (20, 30), 4, 10**12, seed=4)
+    model = options_model(False, tasks, cost_linear=True, shared=True)
+    rng = np.random.default_rng(1)
+    for task in tasks:
+        placement = rng.integers(task.devices, size=len(task.tables))
+        scorer = PieceScorer(model, task)
+        state = scorer.state(splits.whole(task), placement)
+        got = scorer.device_costs(state)[:, :2]
+        x = torch.from_numpy(model.features(task.tables, task.workload))
+        with torch.no_grad():
+            want = model.cost_net(x[None], torch.from_numpy(placement)[None], torch.ones(1, task.devices, dtype=torch.bool))[0][0, :, :2].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(scorer.net.compute(state[:, : scorer.net.nP]), want.sum(1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_linear_part_starts_at_the_least_squares_of_its_terms(pool, shared):
     """`fit_linear` finds non-negative weights that price device costs which are exactly a weighted
-    sum of the devices' (gated) kernel terms."""
+    sum of the devices' (gated) kernel terms (and of their shared terms): the cost net then prices
+    them so."""
     from dreamshard.learned.dreamshard import fit_linear
     from dreamshard.learned.nets import Measured
 
     tasks = sample_tasks(split_pool(pool, 0)[0], 6, (8, 14), 3, 10**12, seed=5)
-    model = options_model(False, tasks, cost_linear=True)
+    model = options_model(False, tasks, cost_linear=True, shared=shared)
     net = model.cost_net
     net.scale.fill_(1.0)
     rng = np.random.default_rng(0)
     w = rng.uniform(0.0, 1.0, net.linear_raw.shape) * (rng.random(net.linear_raw.shape) < 0.7)  # some weights 0
+    ws = rng.uniform(0.0, 1.0, (6, 3)) * (rng.random((6, 3)) < 0.7)
+
+    def priced(x, placement, devices, w, ws):
+        with torch.no_grad():
+            terms = net.linear_inputs(torch.from_numpy(x)).numpy()
+            z = net.encode(torch.from_numpy(x)).numpy()[:, net.latent + 3 :]
+        return np.stack([terms[placement == d].sum(0) @ w + (np.stack(shared_terms(z[placement == d].sum(0))) @ ws if shared else 0.0)
+                         for d in range(devices)])
+
     items = []
     for task in tasks * 4:
         x = model.features(task.tables, task.workload)
         placement = rng.integers(task.devices, size=len(task.tables))
-        with torch.no_grad():
-            terms = net.linear_inputs(torch.from_numpy(x)).numpy()
-        costs = np.stack([terms[placement == d].sum(0) @ w for d in range(task.devices)]).astype(np.float32)
-        items.append(Measured(x, placement, costs, float("nan")))
+        items.append(Measured(x, placement, priced(x, placement, task.devices, w, ws).astype(np.float32), float("nan")))
     fit_linear(net, items)
     got = net.linear_weight().detach().numpy()
     assert got.min() >= 0
     # the terms are collinear (a gated copy equals its term where no table takes the product
     # path), so the weights are not unique: what they price is
     for m in items:
-        with torch.no_grad():
-            terms = net.linear_inputs(torch.from_numpy(m.x)).numpy()
-        priced = np.stack([terms[m.placement == d].sum(0) @ got for d in range(len(m.device_costs))])
-        assert np.allclose(priced, m.device_costs, rtol=1e-3, atol=1e-3)
+        assert np.allclose(priced(m.x, m.placement, len(m.device_costs), got, net.shared_weight().detach().numpy() if shared else None), m.device_costs,
+                           rtol=1e-3, atol=1e-3)
+        if shared:  # and the net's own linear outputs with its heads' parts taken out are those prices
+            with torch.no_grad():
+                z = net.shards(torch.from_numpy(m.x)[None], torch.from_numpy(m.placement)[None], len(m.device_costs))
+                heads = torch.cat([h(z[..., : net.latent]) for h in net.heads], dim=-1)
+                np.testing.assert_allclose((net.shard_costs(z) - heads)[0].numpy(), m.device_costs, rtol=1e-3, atol=1e-3)
 
 
 def test_options_train_save_load_plan(pool, tmp_path):

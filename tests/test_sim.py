@@ -267,6 +267,27 @@ def test_triton_terms_additive_except_the_shared_ones():
         assert np.allclose(cost[:, [0, 3]], sim.shard_compute(shards, Workload(65536)))
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_shared_terms_of_summed_rows_are_the_simulators(optimizer):
+    """What the cost net makes of sums of per-table rows (terms.shared_rows, shared_terms) is each
+    shard's SHARD_TERMS exactly as sim.shard_terms sets them: every family, empty devices too."""
+    from dreamshard.costs.sim import shard_terms
+    from dreamshard.costs.terms import SHARD_TERMS, TERMS, shared_rows, shared_terms, table_terms
+    from dreamshard.families import FAMILIES, synth_family
+
+    wl = Workload(65536, optimizer=optimizer)
+    rng = np.random.default_rng(0)
+    for family in FAMILIES:
+        tables = synth_family(family, 60, 2)
+        P, dims = table_terms(tables, wl), np.array([t.dim for t in tables])
+        flat = rng.integers(0, 12, len(tables))  # 12 devices, some likely of one table, some empty
+        want = shard_terms(P, flat, 12, dims, wl)[:, [TERMS.index(t) for t in SHARD_TERMS]]
+        sums = np.zeros((12, len(shared_rows(P[:1], dims[:1], optimizer)[0])))
+        np.add.at(sums, flat, shared_rows(P, dims, optimizer))
+        np.testing.assert_allclose(np.stack(shared_terms(sums), axis=-1), want, rtol=1e-12, err_msg=family)
+        assert want[:, SHARD_TERMS.index("launches")].max() > 0
+
+
 FAMILY_CAL = __import__("pathlib").Path(__file__).parents[1] / "dreamshard/data/calibrations/h200_triton_families.json"
 
 

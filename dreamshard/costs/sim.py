@@ -74,7 +74,7 @@ from dreamshard.costs.host import HostLink, tier_ms
 from dreamshard.costs.hierarchy import topology_comm_ms
 from dreamshard.costs.paths import dense_us, product_tables, table_arrays
 # the per-table counts: shape arithmetic shared with the learned cost net's features (costs/terms.py)
-from dreamshard.costs.terms import TERMS, TW_CLASSES, DP_CLASSES, WIDE_DIM, ALL_DIMS, BLOCK_WIDTH, fwd_class, table_terms, wide_grad_factor
+from dreamshard.costs.terms import FWD_CLASSES, TERMS, TILE_CLASS, TILE_CLASSES, WIDE_DIM, fwd_class, table_terms, wide_grad_factor
 from dreamshard.rowshard import RowShardSpec, rowwise_tables
 from dreamshard.tables import TableSpec
 from dreamshard.files import atomic_write
@@ -191,10 +191,6 @@ class Calibration:
         return f"simulated ({short} calibration of {self.date})" if self.date else f"simulated ({short} calibration)"
 
 
-_NUM_CLASSES = 2 * len(TW_CLASSES)
-_NUM_FWD_CLASSES = 2 * len(DP_CLASSES)
-_CLASS = {whole: np.log2(BLOCK_WIDTH[whole]).astype(np.int64) - 4 + np.where(ALL_DIMS % BLOCK_WIDTH[whole] == 0, 0, len(TW_CLASSES)) for whole in (False, True)}
-
 
 def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray, workload: Workload = Workload(),
                 columns: Sequence[int] | None = None) -> np.ndarray:
@@ -230,10 +226,10 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
         out[:, wp] *= widest > WIDE_DIM
     la = TERMS.index("launches")
     if la in cols:
-        cls = _CLASS[workload.optimizer == "rowwise_adagrad"][np.minimum(dims.astype(np.int64), 1024)]
-        per_class = np.zeros(n_shards * _NUM_CLASSES)
-        np.maximum.at(per_class, flat * _NUM_CLASSES + stacked(cls), stacked(P[:, la]))
-        out[:, la] = per_class.reshape(n_shards, _NUM_CLASSES).sum(axis=1)
+        cls = TILE_CLASS[workload.optimizer == "rowwise_adagrad"][np.minimum(dims.astype(np.int64), 1024)]
+        per_class = np.zeros(n_shards * TILE_CLASSES)
+        np.maximum.at(per_class, flat * TILE_CLASSES + stacked(cls), stacked(P[:, la]))
+        out[:, la] = per_class.reshape(n_shards, TILE_CLASSES).sum(axis=1)
     wg = TERMS.index("wide_grad_bytes")
     if wg in cols:
         gb = TERMS.index("grad_bytes")
@@ -243,9 +239,9 @@ def shard_terms(P: np.ndarray, flat: np.ndarray, n_shards: int, dims: np.ndarray
     if bl in cols:
         # every program of the forward's one launch carries the code of every branch (one per dim
         # class) its shard has: the more branches, the slower each lookup (measured, docs/simulator.md)
-        present = np.zeros(n_shards * _NUM_FWD_CLASSES, dtype=bool)
-        present[flat * _NUM_FWD_CLASSES + stacked(fwd_class(dims))] = True
-        branches = present.reshape(n_shards, _NUM_FWD_CLASSES).sum(axis=1)
+        present = np.zeros(n_shards * FWD_CLASSES, dtype=bool)
+        present[flat * FWD_CLASSES + stacked(fwd_class(dims))] = True
+        branches = present.reshape(n_shards, FWD_CLASSES).sum(axis=1)
         out[:, bl] = lookups * np.maximum(branches - 1, 0)
     return out
 

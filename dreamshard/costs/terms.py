@@ -84,6 +84,14 @@ ALL_DIMS = np.arange(0, 1025, dtype=np.int64)
 BLOCK_WIDTH = {whole: np.array([_block_width(max(d, 4), whole) for d in ALL_DIMS]) for whole in (False, True)}
 
 
+# per dim: the backward's tile class (its block width, and whether the dim fills it: tables of one
+# class share each level's launch) and how many classes there are; the forward's branch classes (fwd_class)
+TILE_CLASSES = 2 * len(TW_CLASSES)
+FWD_CLASSES = 2 * len(DP_CLASSES)
+TILE_CLASS = {whole: np.log2(BLOCK_WIDTH[whole]).astype(np.int64) - 4 + np.where(ALL_DIMS % BLOCK_WIDTH[whole] == 0, 0, len(TW_CLASSES))
+              for whole in (False, True)}
+
+
 def _chunk(tw: np.ndarray, lanes: int) -> np.ndarray:
     """triton_tbe._chunk: elements of a tile, P = lanes / TW within [16, BWD_PMAX]."""
     return np.minimum(np.maximum(lanes // tw, 16), max(BWD_PMAX, 16))
@@ -206,3 +214,55 @@ def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), ca
     out[:, TERMS.index("launches")] = g["levels"]  # alone; in a shard, tables of one class share launches (shard_terms)
     # wide_grad_bytes and branch_lookups stay 0: a shard's, from its width and its dims' classes (shard_terms)
     return out
+
+
+# The shard terms as functions of sums over a shard's tables (the cost net sums per-table rows into
+# shard vectors, and can only apply a function after the sum): per table a row of SHARED_WIDTH
+# columns (`shared_rows`), summed per shard, turned into the six SHARD_TERMS by `shared_terms`.
+# A max over a shard's tables is a sum of thresholds: its launches (per tile class, the most levels
+# of its tables) count, per class and level l, whether any table of the class has l levels or more.
+MAX_LEVELS = 12  # a table's backward levels (levels past the first fold tiles by 8 or more: 2^31 lookups make 10)
+_SHARED_SCALARS = ("tables", "active", "lookups", "programs", "wide", "grad_bytes", "width")
+SHARED_WIDTH = len(_SHARED_SCALARS) + FWD_CLASSES + TILE_CLASSES * MAX_LEVELS
+_FWD_AT = len(_SHARED_SCALARS)
+_LEVELS_AT = _FWD_AT + FWD_CLASSES
+
+
+def shared_rows(terms: np.ndarray, dims: np.ndarray, optimizer: str, scale: dict[str, float] | None = None) -> np.ndarray:
+    """[T, SHARED_WIDTH] per table (its `table_terms` row and dim): 1; whether it has lookups; its
+    lookups, forward programs and gradient bytes (each over `scale[term]`, default 1); whether its
+    dim is over WIDE_DIM; its dim over WIDE_GRAD_WIDTH; its forward class, one-hot; per tile class
+    and level l = 1..MAX_LEVELS, whether it is of the class with at least l levels."""
+    scale = scale or {}
+    dims = np.asarray(dims, dtype=np.int64)
+    n = len(dims)
+    out = np.zeros((n, SHARED_WIDTH))
+    lookups = terms[:, TERMS.index("lookups")]
+    out[:, 0] = 1.0
+    out[:, 1] = lookups > 0
+    out[:, 2] = lookups / scale.get("lookups", 1.0)
+    out[:, 3] = terms[:, TERMS.index("programs")] / scale.get("programs", 1.0)
+    out[:, 4] = dims > WIDE_DIM
+    out[:, 5] = terms[:, TERMS.index("grad_bytes")] / scale.get("grad_bytes", 1.0)
+    out[:, 6] = dims / WIDE_GRAD_WIDTH
+    out[np.arange(n), _FWD_AT + fwd_class(dims)] = 1.0
+    cls = TILE_CLASS[optimizer == "rowwise_adagrad"][np.minimum(dims, 1024)]
+    levels = np.minimum(terms[:, TERMS.index("launches")], MAX_LEVELS).astype(np.int64)
+    thresholds = (levels[:, None] >= np.arange(1, MAX_LEVELS + 1)).astype(np.float64)
+    block = np.zeros((n, TILE_CLASSES, MAX_LEVELS))
+    block[np.arange(n), cls] = thresholds
+    out[:, _LEVELS_AT:] = block.reshape(n, -1)
+    return out
+
+
+def shared_terms(sums) -> list:
+    """The six SHARD_TERMS (in its order, each [...]) of shards whose `shared_rows` sum to `sums`
+    [..., SHARED_WIDTH] (NumPy or torch: the cost net applies it to its shard vectors in both):
+    launch and active, a shard's once; the programs of a shard with a dim over WIDE_DIM; its
+    launches, per tile class its most levels; its gradient bytes × wide_grad_factor of its width;
+    its lookups × its forward branches beyond the first. Equal to sim.shard_terms' (tests/test_sim.py)."""
+    width = sums[..., 6].clip(min=1.0)
+    log2 = width.log2() if hasattr(width, "log2") else np.log2(width)  # a torch tensor, or NumPy
+    branches = sums[..., _FWD_AT:_LEVELS_AT].clip(max=1.0).sum(-1)
+    return [sums[..., 0].clip(max=1.0), sums[..., 1].clip(max=1.0), sums[..., 3] * sums[..., 4].clip(max=1.0),
+            sums[..., _LEVELS_AT:].clip(max=1.0).sum(-1), sums[..., 5] * log2, sums[..., 2] * (branches - 1.0).clip(min=0.0)]

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
+from dreamshard.costs.terms import shared_terms
 from dreamshard.learned.loop import BudgetConfig, Checkpoint, Measurer, Progress, RunLog, check_training_tasks, complete, decay_lr, finished_run, make_config, mape, measure, numpy_rng_restorer, run_meta, spearman
 from dreamshard.learned.mdp import CutSet, EpisodeBatch, FastPlayer, Prepared, best_placement, cut_set, plan_cuts, predict, prepare, rollout, rollout_cuts
 from dreamshard.learned.nets import SCORES, CommFormula, DreamShardModel, KernelFeatures, Measured, ReplayBuffer, collate, plan_cost
@@ -132,6 +133,10 @@ class Config(BudgetConfig):
     # with kernel_features: the cost net's linear part on them (nets.CostNet `linear`): non-negative
     # weights of the kernel terms, as the simulator prices a fused kernel, beside the ReLU layers
     cost_linear: bool = False
+    # with cost_linear: + the six terms a shard pays once, whatever its tables (its launch, the
+    # backward's set-up, a launch per level and tile class, the wide path, the forward's branches:
+    # sim.shard_terms), from sums of per-table rows, through non-negative weights (nets.CostNet `shared`)
+    shared_terms: bool = False
     keep_room: bool = False  # MDP: a device is legal only if the largest table to come still fits somewhere
     # the split action (nets.CutNet, mdp.choose_cuts): each episode first chooses per table whole,
     # column halves or quarters, then places the pieces; measured plans are plans of those pieces
@@ -152,7 +157,9 @@ class Config(BudgetConfig):
             raise OptionError(f"comm {self.comm!r}: use one of {', '.join(COMM_SOURCES)}")
         if self.cost_linear and not self.kernel_features:
             raise OptionError("cost_linear weighs the kernel features: set kernel_features true too")
-        for f in ("kernel_features", "kernel_product_path", "cost_linear"):
+        if self.shared_terms and not self.cost_linear:
+            raise OptionError("shared_terms are weighed by the cost net's linear part: set cost_linear true too")
+        for f in ("kernel_features", "kernel_product_path", "cost_linear", "shared_terms"):
             if not isinstance(getattr(self, f), bool):
                 raise OptionError(f"{f} must be true or false, got {getattr(self, f)!r:.40}")
         if self.advantage not in ("batch", "task"):
@@ -219,7 +226,7 @@ def create_model(cfg: Config, tasks: Sequence[Task], backend: CostBackend) -> Dr
     """A fresh model for `cfg` (nets seeded by cfg.seed): the kernel features' scale from the
     training tasks' tables and their cache from `backend` (`CostBackend.cache_bytes`), the comm
     model's parameters from `backend` (`CostBackend.comm_params`, the all-to-all its costs include)."""
-    kernel = KernelFeatures.fit(tasks, cfg.batch_size, cfg.kernel_product_path, backend.cache_bytes()) if cfg.kernel_features else None
+    kernel = KernelFeatures.fit(tasks, cfg.batch_size, cfg.kernel_product_path, backend.cache_bytes(), cfg.shared_terms) if cfg.kernel_features else None
     comm = None
     if cfg.comm == "model":
         params = backend.comm_params()
@@ -432,9 +439,10 @@ def group_draw(task_of: np.ndarray, n: int, rng: np.random.Generator) -> np.ndar
 
 
 def fit_linear(cost_net, items: Sequence[Measured]) -> None:
-    """The cost net's linear part (`CostNet.linear`) started where the prior puts it: per
-    component, the non-negative least squares of every device's measured cost (units) on the sum of
-    its tables' kernel features, as `dreamshard calibrate` fits the simulator's terms; the ReLU
+    """The cost net's linear part (`CostNet.linear`, and its shared terms, `CostNet.shared`)
+    started where the prior puts it: per component, the non-negative least squares of every
+    device's measured cost (units) on the sum of its tables' kernel features (and the six terms of
+    the sum of their shared rows), as `dreamshard calibrate` fits the simulator's terms; the ReLU
     layers then fit what it leaves. From near 0 instead, it takes most of the prior's steps to
     grow, and the layers learn the terms' sums meanwhile."""
     from scipy.optimize import nnls
@@ -444,8 +452,10 @@ def fit_linear(cost_net, items: Sequence[Measured]) -> None:
     for m in items:
         with torch.no_grad():
             x = cost_net.linear_inputs(torch.from_numpy(m.x)).numpy()
+        rows = m.x[:, m.x.shape[1] - cost_net.shared :].astype(np.float64)
         for d in range(len(m.device_costs)):
-            X.append(x[m.placement == d].sum(0))
+            on = m.placement == d
+            X.append(np.concatenate([x[on].sum(0), shared_terms(rows[on].sum(0)) if cost_net.shared else []]))
             Y.append(m.device_costs[d] / scale)
     X, Y = np.array(X, np.float64), np.array(Y, np.float64)
     w = np.zeros((X.shape[1], Y.shape[1]))
@@ -453,9 +463,11 @@ def fit_linear(cost_net, items: Sequence[Measured]) -> None:
         known = np.isfinite(Y[:, c])
         if known.any():
             w[:, c] = nnls(X[known], Y[known, c])[0]
-    w = np.maximum(w, 1e-6)  # softplus⁻¹ of 0 is −∞
+    raw = torch.from_numpy(np.log(np.expm1(np.maximum(w, 1e-6)))).float()  # softplus⁻¹ of 0 is −∞
     with torch.no_grad():
-        cost_net.linear_raw.copy_(torch.from_numpy(np.log(np.expm1(w))).float())
+        cost_net.linear_raw.copy_(raw[: len(cost_net.linear_raw)])
+        if cost_net.shared:
+            cost_net.shared_raw.copy_(raw[len(cost_net.linear_raw) :])
 
 
 def advantages(returns: torch.Tensor, groups: torch.Tensor, ok: torch.Tensor, mode: str) -> torch.Tensor:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from dreamshard.costs.terms import shared_terms
 from dreamshard.learned.nets import CUT_CONTEXT, CUT_PARTS, CommFormula, CostNet, CutNet, DreamShardModel, KernelFeatures, PolicyNet, a2a_dims, plan_cost, replace_comm, shard_sum, table_features
 from dreamshard.plan import Shard, column_cuts
 from dreamshard.tasks import Task
@@ -463,7 +464,19 @@ class NumpyCostNet:
                 b1[k] = np.append(b1[k], np.float32(0.0))
                 W2[k] = np.append(W2[k], np.float32(1.0))
             Wo1 = np.concatenate([Wo1, np.zeros((n, Wo1.shape[1]), np.float32)])
-        self.W1, self.b1, self.W2blk = np.concatenate(W1, axis=1), np.concatenate(b1), np.stack(W2)  # [H, 3·64], [3·64], [3, 64] (+1 unit a head with the linear part)
+        self.shared = cost_net.shared
+        if self.shared:
+            # the shared terms' rows (CostNet `shared`) pass through too, after the heads' units,
+            # so a device's pre-activations carry their sums; `costs` makes the six terms of them
+            H = Wo1.shape[0]
+            W1 = [np.concatenate([w, np.zeros((self.shared, w.shape[1]), np.float32)]) for w in W1]
+            W1.append(np.eye(H + self.shared, dtype=np.float32)[:, H:])
+            b1.append(np.zeros(self.shared, np.float32))
+            Wo1 = np.concatenate([Wo1, np.zeros((self.shared, Wo1.shape[1]), np.float32)])
+            self._shared_w = _np(cost_net.shared_weight())  # [6, 3]
+            self._shared_compute = self._shared_w[:, :2].sum(1)
+        # [H, 3·64 (+ shared)], [3·64 (+ shared)], [3, 64] (+1 unit a head with the linear part)
+        self.W1, self.b1, self.W2blk = np.concatenate(W1, axis=1), np.concatenate(b1), np.stack(W2)
         self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
         self.Wo1, self.bo1, self.wo2, self.bo2 = Wo1, _np(ov[0].bias), _np(ov[2].weight)[0], float(ov[2].bias.detach())
         self.nP = self.W1.shape[1]
@@ -491,14 +504,21 @@ class NumpyCostNet:
         """Heads on pre-activations that already include the first-layer bias → [..., 3] units
         (block-diagonal second layer as one einsum: a [.., 192] @ [192, 3] matmul is 2-3x slower
         at these sizes)."""
-        h = np.maximum(pre, 0.0)
-        return np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, self.W2blk.shape[1]), self.W2blk) + self.b2
+        k = self.W2blk.shape[1]
+        h = np.maximum(pre[..., : 3 * k], 0.0)
+        out = np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, k), self.W2blk) + self.b2
+        if self.shared:
+            out += np.stack(shared_terms(pre[..., 3 * k :]), axis=-1) @ self._shared_w
+        return out
 
     def compute(self, pre: np.ndarray) -> np.ndarray:
         """[...] forward + backward compute of `costs` (its first two heads) in one product: what
         the searches' greedy places by, step after step."""
         k = self.W2blk.shape[1]
-        return np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
+        out = np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
+        if self.shared:
+            out += np.stack(shared_terms(pre[..., 3 * k :]), axis=-1) @ self._shared_compute
+        return out
 
     def overall(self, csum: np.ndarray) -> np.ndarray:
         """[..., D, H] shard vectors → [...] the overall head's cost, units."""

@@ -28,7 +28,7 @@ from dreamshard import shipped
 from dreamshard.bins import BIN_MEAN
 from dreamshard.costs.comm import alltoall_bytes_array, alltoall_ms, comm_params_problem
 from dreamshard.costs.paths import product_us, sparse_us, table_arrays
-from dreamshard.costs.terms import TERMS, WIDE_DIM, table_terms
+from dreamshard.costs.terms import SHARD_TERMS, SHARED_WIDTH, TERMS, WIDE_DIM, shared_rows, shared_terms, table_terms
 from dreamshard.files import load_torch_file
 from dreamshard.learned.loop import atomic_save
 from dreamshard.rowshard import RowShardSpec
@@ -82,20 +82,35 @@ class KernelFeatures:
     (paths.takes_product), as the kernel took them before that rule (older files carry no key).
 
     `cache_bytes` (models trained against an L2-aware backend): the terms count a table's repeated gathers
-    that miss this cache as cold bytes, as the backend trained against does (CostBackend.cache_bytes)."""
+    that miss this cache as cold bytes, as the backend trained against does (CostBackend.cache_bytes).
+
+    With `shared` (Config.shared_terms) the columns of `terms.shared_rows` follow (`shared_width`):
+    what a shard's six shared terms (launch, active, launches per tile class, the wide path, the
+    forward's branches: sim.shard_terms) are functions of once summed over its tables, which the
+    cost net applies to its shard vectors (CostNet `shared`)."""
 
     scale: tuple[float, ...]
     batch_size: int
     product_scale: float = 0.0  # 0: no product-path features (models trained before the path)
     cache_bytes: float = 0.0  # 0: every repeat counted as a possible cache hit (models trained before)
     product_rule: str = "candidate"  # which tables the product features mark (PRODUCT_RULES; the docstring)
+    shared: bool = False  # + the shared terms' rows (models trained before them: none)
+
+    @property
+    def linear_width(self) -> int:
+        """The kernel terms, the wide flag and the product-path pair: what the linear part weighs."""
+        return len(KERNEL_FEATURE_TERMS) + 1 + (2 if self.product_scale else 0)
+
+    @property
+    def shared_width(self) -> int:
+        return SHARED_WIDTH if self.shared else 0
 
     @property
     def width(self) -> int:
-        return len(KERNEL_FEATURE_TERMS) + 1 + (2 if self.product_scale else 0)
+        return self.linear_width + self.shared_width
 
     @staticmethod
-    def fit(tasks: Sequence[Task], batch_size: int, product_path: bool = True, cache_bytes: float = 0.0) -> "KernelFeatures":
+    def fit(tasks: Sequence[Task], batch_size: int, product_path: bool = True, cache_bytes: float = 0.0, shared: bool = False) -> "KernelFeatures":
         """The scales from the training tasks' tables (each task's table list, under its workload at `batch_size`)."""
         workloads = [t.workload.with_overrides(batch_size) for t in tasks]
         raw = np.concatenate([table_terms(t.tables, w, cache_bytes)[:, _KERNEL_COLUMNS] for t, w in zip(tasks, workloads)])
@@ -108,20 +123,25 @@ class KernelFeatures:
             # the mean over the tables that take it; without any, a sorted-path table's mean time
             product_scale = float(us[us > 0].mean()) if (us > 0).any() else float(np.mean(np.concatenate(
                 [sparse_us(table_arrays(t.tables, w.batch_size)[0], [x.dim for x in t.tables], w.elt_bytes) for t, w in zip(tasks, workloads)])) or 1.0)
-        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale, float(cache_bytes), "kernel" if product_path else "candidate")
+        return KernelFeatures(tuple(float(v) for v in scale), int(batch_size), product_scale, float(cache_bytes), "kernel" if product_path else "candidate", shared)
 
     def __call__(self, tables: Sequence[TableSpec], workload: Workload) -> np.ndarray:
         workload = workload.with_overrides(self.batch_size)
-        columns = [table_terms(tables, workload, self.cache_bytes)[:, _KERNEL_COLUMNS] / np.array(self.scale), [[t.dim > WIDE_DIM] for t in tables]]
+        terms = table_terms(tables, workload, self.cache_bytes)
+        columns = [terms[:, _KERNEL_COLUMNS] / np.array(self.scale), [[t.dim > WIDE_DIM] for t in tables]]
         if self.product_scale:
             us = _product_us(tables, workload, self.product_rule)
             columns += [(us > 0)[:, None], us[:, None] / self.product_scale]
+        if self.shared:
+            scale = {t: self.scale[KERNEL_FEATURE_TERMS.index(t)] for t in ("lookups", "programs", "grad_bytes")}
+            columns.append(shared_rows(terms, [t.dim for t in tables], workload.optimizer, scale))
         return np.concatenate(columns, axis=1).astype(np.float32).reshape(len(tables), self.width)
 
     def to_json(self) -> dict:
         return {"scale": list(self.scale), "batch_size": self.batch_size, **({"product_scale": self.product_scale} if self.product_scale else {}),
                 **({"cache_bytes": self.cache_bytes} if self.cache_bytes else {}),
-                **({"product_rule": self.product_rule} if self.product_scale and self.product_rule != "candidate" else {})}
+                **({"product_rule": self.product_rule} if self.product_scale and self.product_rule != "candidate" else {}),
+                **({"shared": True} if self.shared else {})}
 
 
 def _product_us(tables: Sequence[TableSpec], workload: Workload, rule: str) -> np.ndarray:
@@ -262,41 +282,64 @@ class CostNet(nn.Module):
     product-path flag): the terms enter twice, as they are and zeroed for the tables that take the
     product path, whose backward the simulator prices by the path's time instead of its terms —
     without the gated copy one weight per term has to price both kinds of table.
+
+    `shared` > 0 (our change, Config.shared_terms; needs `linear`): the last `shared` features are
+    `terms.shared_rows`, before them the `linear` ones. They pass into the shard vectors unchanged
+    (after the linear outputs), and each component adds the six shard terms `terms.shared_terms`
+    makes of their sums, through non-negative weights: the fixed costs a shard pays once (a launch,
+    the backward's set-up, a launch per level and tile class, the wide path, the forward's
+    branches), which no weights on sums of per-table terms can price — a device of one small table
+    would be priced low and one of sixty high (benchmarks/shared_costs.py). With them the linear
+    part can price a device exactly as the simulator does. The encoder does not see them.
     """
 
-    def __init__(self, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, head: int = 64, linear: int = 0, gate: int | None = None):
+    def __init__(self, features: int = NUM_FEATURES, hidden: int = 128, latent: int = 32, head: int = 64, linear: int = 0, gate: int | None = None,
+                 shared: int = 0):
         super().__init__()
-        self.encoder = mlp([features, hidden, latent], last_relu=True)
+        if shared and not linear:
+            raise ModelError("a cost net's shared terms need its linear part")
+        self.encoder = mlp([features - shared, hidden, latent], last_relu=True)
         self.heads = nn.ModuleList([mlp([latent, head, 1], last_relu=False) for _ in COST_COMPONENTS])
         self.overall_head = mlp([latent, head, 1], last_relu=False)
         self.register_buffer("scale", torch.tensor(1.0))  # ms per unit of the targets
-        self.latent, self.linear, self.gate = latent, linear, gate
+        self.latent, self.linear, self.gate, self.shared = latent, linear, gate, shared
         if linear:
             # softplus(raw) >= 0: a term can only add work; training starts it at its least squares
             # on the first plans (learned.dreamshard.fit_linear), here near 0
             self.linear_raw = nn.Parameter(torch.full((linear * (1 if gate is None else 2), len(COST_COMPONENTS)), -10.0))
+        if shared:
+            self.shared_raw = nn.Parameter(torch.full((len(SHARD_TERMS), len(COST_COMPONENTS)), -10.0))
 
     def linear_inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., F] → what the linear part weighs: the last `linear` features (and, with `gate`,
-        them again zeroed where the gate column is 1)."""
-        k = x[..., -self.linear :].clamp(min=0.0)
+        """[..., F] → what the linear part weighs: the `linear` features before the `shared` ones
+        (and, with `gate`, them again zeroed where the gate column is 1)."""
+        k = x[..., x.shape[-1] - self.shared - self.linear : x.shape[-1] - self.shared].clamp(min=0.0)
         return k if self.gate is None else torch.cat([k, k * (1.0 - k[..., self.gate : self.gate + 1])], dim=-1)
 
     def linear_weight(self) -> torch.Tensor:
         """[linear, 3] the non-negative weights of the linear part."""
         return F.softplus(self.linear_raw)
 
+    def shared_weight(self) -> torch.Tensor:
+        """[6, 3] the non-negative weights of the shard terms (`shared`)."""
+        return F.softplus(self.shared_raw)
+
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., F] → [..., latent (+ 3 with `linear`)] shard vectors of single tables."""
-        z = self.encoder(x)
+        """[..., F] → [..., latent (+ 3 with `linear`, + `shared`)] shard vectors of single tables."""
+        z = self.encoder(x[..., : x.shape[-1] - self.shared])
         if not self.linear:
             return z
-        return torch.cat([z, self.linear_inputs(x) @ self.linear_weight()], dim=-1)
+        return torch.cat([z, self.linear_inputs(x) @ self.linear_weight()] + ([x[..., -self.shared :]] if self.shared else []), dim=-1)
 
     def shard_costs(self, z: torch.Tensor) -> torch.Tensor:
         """[..., H] shard vectors → [..., 3] (fwd_comp, bwd_comp, comm) in units."""
         out = torch.cat([h(z[..., : self.latent]) for h in self.heads], dim=-1)
-        return out + z[..., self.latent :] if self.linear else out
+        if not self.linear:
+            return out
+        out = out + z[..., self.latent : self.latent + len(COST_COMPONENTS)]
+        if self.shared:
+            out = out + torch.stack(shared_terms(z[..., -self.shared :]), dim=-1) @ self.shared_weight()
+        return out
 
     def overall(self, z: torch.Tensor, device_mask: torch.Tensor | None = None) -> torch.Tensor:
         """[E, D, H] shard vectors → [E] overall cost in units (max over the real devices)."""
@@ -502,7 +545,10 @@ class DreamShardModel:
         if cost_linear and kernel is None:
             raise ModelError("a cost net's linear part prices the kernel features: it needs kernel features")
         f = feature_count(linear_features, kernel)
-        linear = dict(linear=kernel.width, gate=kernel.width - 2 if kernel.product_scale else None) if cost_linear else {}  # the flag: KernelFeatures.__call__
+        if kernel is not None and kernel.shared and not cost_linear:
+            raise ModelError("the shared terms are priced by the cost net's linear part: they need it")
+        # the product flag: KernelFeatures.__call__
+        linear = dict(linear=kernel.linear_width, gate=kernel.linear_width - 2 if kernel.product_scale else None, shared=kernel.shared_width) if cost_linear else {}
         return DreamShardModel(CostNet(features=f, **linear), PolicyNet(sees_table, features=f), normalization, best_of, score, linear_features, keep_room, {}, kernel, comm,
                                CutNet(features=f) if cuts else None)
 
@@ -623,7 +669,10 @@ def _kernel_from_state(d, where: str) -> KernelFeatures | None:
     rule = d.get("product_rule", "candidate")
     if rule not in PRODUCT_RULES:
         raise ModelError(f"{where}, key 'kernel_features': product_rule {rule!r:.40} is not one of {', '.join(PRODUCT_RULES)}")
-    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"), float(product), float(cache), rule)
+    shared = d.get("shared", False)
+    if not isinstance(shared, bool):
+        raise ModelError(f"{where}, key 'kernel_features': shared {shared!r:.40} is not true or false")
+    return KernelFeatures(tuple(float(v) for v in d["scale"]), _batch(d, where, "kernel_features"), float(product), float(cache), rule, shared)
 
 
 def _comm_from_state(d, where: str) -> CommFormula | None:

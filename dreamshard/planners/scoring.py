@@ -101,7 +101,7 @@ class PieceScorer:
         self.comm = comm if comm is not None else comm_params(None, self.topology.gpus_per_host if self.topology else task.devices)
         self.row_moves = model.score == "max_device" and task.devices > 1
         nP = self.net.nP
-        self._heads = nP // len(COST_COMPONENTS)
+        self._heads = self.net.W2blk.shape[1]  # a head's units in a state row
         self._rw = nP + self.net.Wo1.shape[0]  # the column of a piece's share of the row-wise dim
         self._a2a = self._rw + 1  # the column of a piece's all-to-all width
         self._rc = self._a2a + 1  # the column of a row piece's columns in its device's TBE output (the copies around the exchange)
