@@ -342,7 +342,9 @@ def pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
-def report(folder: Path) -> str:
+def report(folder: Path, models: dict[str, str] | None = None) -> str:
+    """The report's text; `models` (label → path, the --model planners): their cost nets price the
+    plans too, beside the shipped model's (`scorers`)."""
     plans = load_plans(folder / "plans.jsonl.gz")
     with open(folder / "measured.csv") as fh:
         measured = {row_id(r): r for r in csv.DictReader(fh)}
@@ -390,7 +392,7 @@ def report(folder: Path) -> str:
     # the cost net on measured held-out plans, by plan kind
     lines += ["## The cost net's per-plan error on the measured plans (predicted vs measured max-device step)", "",
               "| planner | plan kind | plans | median abs error | max abs error | mean signed |", "|---|---|---:|---:|---:|---:|"]
-    for label in ("dreamshard", "dreamshard --no-split", "neuroshard"):
+    for label in labels_all:  # those with a cost net: their plans carry its prediction
         errs: dict[str, list[float]] = defaultdict(list)
         for t in done.values():
             if label not in t:
@@ -402,7 +404,7 @@ def report(folder: Path) -> str:
         for kind, e in sorted(errs.items()):
             a = np.abs(e)
             lines.append(f"| {label} | {kind} | {len(e)} | {np.median(a) * 100:.1f}% | {a.max() * 100:.1f}% | {pct(float(np.mean(e)))} |")
-    prices, net = scorers(gpu)
+    prices, net = scorers(gpu, models)
     lines += ordering(done, prices, net)
     lines += by_family(done, prices)
     # where DreamShard's plan came from
@@ -422,12 +424,12 @@ def report(folder: Path) -> str:
 NEAR, TIE = 0.05, 0.005  # the pairs `ordering` counts: plans within 5% of the task's best, at least 0.5% apart on the GPU
 
 
-def scorers(gpu: str) -> tuple[dict, str]:
+def scorers(gpu: str, models: dict[str, str] | None = None) -> tuple[dict, str]:
     """The report's prices of a plan tuple (measured ms, max-device ms, simulated ms, plan): the
     cost net of the shipped model of `gpu` (as `dreamshard` scores its candidates), the same net
     with its cost heads' ReLU layers left out, that linear part refit to the simulator
     (`dev_tasks.sim_weighted`: what the net's kernel terms can say of the simulator's prices), the
-    simulator; and the net's name."""
+    cost net of each of `models` (label → path), the simulator; and the shipped net's name."""
     import hashlib
 
     from dev_tasks import heads_scaled, net_ms, sim_weighted
@@ -439,6 +441,7 @@ def scorers(gpu: str) -> tuple[dict, str]:
     comm = default_model_path("cuda", 4, gpu)  # as `plan` priced the plans' row splits, not this machine's GPU's
     full, linear, refit = (get_planner("dreamshard", model=m, comm_model=comm) for m in (path, heads_scaled(path, 0.0), sim_weighted(path, CALIBRATIONS[gpu])))
     nets = {"cost net": full, "its linear part": linear, "that part on the simulator's weights": refit}
+    nets |= {f"{label}'s cost net": get_planner("dreamshard", model=path, comm_model=comm) for label, path in (models or {}).items()}
     seen: dict[tuple[str, int], float] = {}  # each plan priced once by each net, for both tables
 
     def priced(name: str):
@@ -491,12 +494,12 @@ def ordering(done: dict, prices: dict, net: str) -> list[str]:
     return ["", "## Which of two plans is faster: pairs each scorer orders as the GPU does", "",
             f"The cost net of {net}, the same net with its cost heads' ReLU layers left out "
             "(its linear part on the kernel terms, and the comm model), that part with its weights refit to the simulator's prices "
-            "of the training tasks' plans, the simulator of the report.", "",
+            "of the training tasks' plans, the cost nets of the --model planners, the simulator of the report.", "",
             f"| pairs | pairs measured | {' | '.join(prices)} |", "|---|---:|" + "---:|" * len(prices), *rows]
 
 
 def report_cmd(args) -> None:
-    text = report(Path(args.folder))
+    text = report(Path(args.folder), {label: path for label, path in (spec.partition("=")[::2] for spec in args.model)})
     if args.write:
         Path(args.folder, "report.md").write_text(text)
     print(text)

@@ -715,6 +715,8 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--comm", "comm_source", help="dreamshard: a device's all-to-all from the cost net's comm head ('head') or from the comm model of the backend trained against ('model'; its parameters are stored in the model)  [config's: head]")
 @click.option("--cost-linear/--no-cost-linear", default=None,
               help="dreamshard, with --kernel-features: the cost net also weighs the kernel terms linearly (non-negative weights), as the simulator prices a kernel  [config's: no; docs/costs.md]")
+@click.option("--shared-terms/--no-shared-terms", default=None,
+              help="dreamshard, with --cost-linear: the cost net also prices the terms a shard pays once (its launch, set-up, launches per tile class, wide path, branches), as the simulator does  [config's: no; docs/costs.md]")
 @click.option("--prior-singles/--no-prior-singles", default=None,
               help="dreamshard, with --prior-plans: every training table alone on a device is priced by the simulator too  [config's: no]")
 @click.option("--prior-span", type=click.IntRange(0, 10**4), help="dreamshard, with --prior-plans: this many more tasks for the prior, of tables spread over every shape the tool accepts (not a family's), so the cost net has seen shapes beyond the training families  [config's: 0; docs/dreamshard.md]")
@@ -724,7 +726,7 @@ def predicted_table(predicted: dict) -> Table:
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for the nets  [1; $OMP_NUM_THREADS where set; torch's default with a kernel measured on the CPU]")
 @click.pass_context
 def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, device, comm_model, out, config_name, iterations, budget, batch_size, seed, eval_tasks, log_file, resume,
-              prior_plans, kernel_features, comm_source, cost_linear, prior_singles, prior_span, search_plans, search_rank, plot_file, threads) -> None:
+              prior_plans, kernel_features, comm_source, cost_linear, shared_terms, prior_singles, prior_span, search_plans, search_rank, plot_file, threads) -> None:
     """Train a learned planner (DreamShard, AutoShard, the RNN placer) against a cost backend."""
     from dreamshard.learned.dreamshard import COMM_SOURCES
     from dreamshard.learned.loop import check_training_tasks
@@ -743,7 +745,8 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
         raise OptionError(f"--prior-plans is for --planner dreamshard, not {planner_name}")
     if prior_plans is not None and prior_plans < 0:
         raise OptionError(f"--prior-plans must be >= 0, got {prior_plans}")
-    dreamshard_only = (("--kernel-features", kernel_features), ("--comm", comm_source), ("--cost-linear", cost_linear), ("--prior-singles", prior_singles),
+    dreamshard_only = (("--kernel-features", kernel_features), ("--comm", comm_source), ("--cost-linear", cost_linear), ("--shared-terms", shared_terms),
+                       ("--prior-singles", prior_singles),
                        ("--prior-span", prior_span), ("--search-plans", search_plans), ("--search-rank", search_rank))
     for option, value in dreamshard_only:
         if value is not None and planner_name != "dreamshard":
@@ -769,7 +772,7 @@ def train_cmd(ctx, planner_name, tasks_file, backend, calibration, runner, devic
     if batch_size is None and backend != "sim" and dev_type == "cpu":
         batch_size = 1024  # B = 65,536 on a CPU would take minutes per measured plan
     cfg = planner_cls.config(config_name, iterations=iterations, budget=budget, batch_size=batch_size, seed=seed, prior_plans=prior_plans,
-                             **({"kernel_features": kernel_features, "comm": comm_source, "cost_linear": cost_linear, "prior_singles": prior_singles,
+                             **({"kernel_features": kernel_features, "comm": comm_source, "cost_linear": cost_linear, "shared_terms": shared_terms, "prior_singles": prior_singles,
                                  "prior_span": prior_span, "search_plans": search_plans, "search_rank": search_rank}
                               if planner_name == "dreamshard" else {}))
     tasks = load_tasks(tasks_file)

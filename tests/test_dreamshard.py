@@ -920,6 +920,7 @@ def test_cli_train_options(pool, tmp_path):
                        (["--comm", "model", "--backend", "torch", "--runner", "distributed"], "--comm model: the distributed runner measures real all-to-alls"),
                        (["--prior-singles", "--planner", "rnn"], "--prior-singles is for --planner dreamshard, not rnn"),
                        (["--cost-linear"], "cost_linear weighs the kernel features: set kernel_features true too"),
+                       (["--kernel-features", "--shared-terms"], "shared_terms are weighed by the cost net's linear part"),
                        (["--prior-singles"], "prior_singles needs a prior"), (["--prior-span", "3"], "prior_span adds tasks to the prior's"),
                        (["--prior-span", "3", "--planner", "rnn"], "--prior-span is for --planner dreamshard, not rnn"),
                        (["--search-rank", "2"], "search_rank weighs differences"), (["--search-rank", "2", "--planner", "rnn"], "--search-rank is for --planner dreamshard")):
@@ -929,12 +930,16 @@ def test_cli_train_options(pool, tmp_path):
     assert r.exit_code == 0, r.output
     model = DreamShardModel.load(tmp_path / "m.pt")
     assert model.kernel is not None and model.comm is not None and model.meta["config"]["comm"] == "model"
-    # the shipped model's recipe: the linear part and the tables alone in the prior
+    # the shipped model's recipe: the linear part and the tables alone in the prior (and the shared terms)
     r = CliRunner().invoke(cli, base + ["--kernel-features", "--comm", "model", "--cost-linear", "--prior-plans", "6", "--prior-singles", "--prior-span", "2",
-                                        "--calibration", "dreamshard/data/calibrations/cpu_fbgemm.json", "--out", str(tmp_path / "r.pt")])
+                                        "--shared-terms", "--calibration", "dreamshard/data/calibrations/cpu_fbgemm.json", "--out", str(tmp_path / "r.pt")])
     assert r.exit_code == 0, r.output
     model = DreamShardModel.load(tmp_path / "r.pt")
-    assert model.cost_net.linear == model.kernel.width and model.meta["config"]["prior_singles"] and model.meta["config"]["prior_span"] == 2
+    assert model.cost_net.linear == model.kernel.linear_width and model.meta["config"]["prior_singles"] and model.meta["config"]["prior_span"] == 2
+    from dreamshard.costs.terms import SHARED_WIDTH
+
+    assert model.kernel.shared and model.cost_net.shared == SHARED_WIDTH and model.meta["config"]["shared_terms"]
+    assert (model.cost_net.shared_weight() > 1e-5).any()  # started by fit_linear on the prior, not left near 0
 
 
 def test_no_learned_module_or_planner_imports_a_cost_backend():

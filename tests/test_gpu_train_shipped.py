@@ -84,9 +84,12 @@ def test_dreamshard_config_refines_its_cost_net_with_a_prior_only():
     spec.loader.exec_module(module)
     assert module.config("dreamshard", 60, 65_536, 4000).search_plans == module.DREAMSHARD_OPTIONS["search_plans"] > 0
     assert module.config("dreamshard", 60, 65_536, 4000).search_rank == module.DREAMSHARD_OPTIONS["search_rank"] > 0
-    assert module.config("dreamshard", 60, 65_536, 4000, search_plans=0).search_plans == 0 == module.config("dreamshard", 60, 65_536, 4000, search_plans=0).search_rank
-    assert module.config("dreamshard", 60, 65_536, 0).search_plans == 0 == module.config("dreamshard", 60, 65_536, 0, search_plans=500).search_plans
+    assert module.config("dreamshard", 60, 65_536, 4000, overrides={"search_plans": 0}).search_plans == 0 == module.config("dreamshard", 60, 65_536, 4000, overrides={"search_plans": 0}).search_rank
+    assert module.config("dreamshard", 60, 65_536, 0).search_plans == 0 == module.config("dreamshard", 60, 65_536, 0, overrides={"search_plans": 500}).search_plans
     # --prior-span N likewise: the recipe's count replaced, none without a prior
     assert module.config("dreamshard", 60, 65_536, 4000).prior_span == module.DREAMSHARD_OPTIONS["prior_span"] > 0
-    assert module.config("dreamshard", 60, 65_536, 4000, prior_span=96).prior_span == 96
-    assert module.config("dreamshard", 60, 65_536, 0, prior_span=96).prior_span == 0
+    assert module.config("dreamshard", 60, 65_536, 4000, overrides={"prior_span": 96}).prior_span == 96
+    assert module.config("dreamshard", 60, 65_536, 0, overrides={"prior_span": 96}).prior_span == 0
+    # --shared-terms on: with or without a prior (it needs none)
+    assert not module.config("dreamshard", 60, 65_536, 4000).shared_terms
+    assert module.config("dreamshard", 60, 65_536, 0, overrides={"shared_terms": True}).shared_terms

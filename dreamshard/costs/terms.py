@@ -248,9 +248,8 @@ def shared_rows(terms: np.ndarray, dims: np.ndarray, optimizer: str, scale: dict
     out[np.arange(n), _FWD_AT + fwd_class(dims)] = 1.0
     cls = TILE_CLASS[optimizer == "rowwise_adagrad"][np.minimum(dims, 1024)]
     levels = np.minimum(terms[:, TERMS.index("launches")], MAX_LEVELS).astype(np.int64)
-    thresholds = (levels[:, None] >= np.arange(1, MAX_LEVELS + 1)).astype(np.float64)
     block = np.zeros((n, TILE_CLASSES, MAX_LEVELS))
-    block[np.arange(n), cls] = thresholds
+    block[np.arange(n), cls] = levels[:, None] >= np.arange(1, MAX_LEVELS + 1)
     out[:, _LEVELS_AT:] = block.reshape(n, -1)
     return out
 
@@ -261,8 +260,9 @@ def shared_terms(sums) -> list:
     launch and active, a shard's once; the programs of a shard with a dim over WIDE_DIM; its
     launches, per tile class its most levels; its gradient bytes × wide_grad_factor of its width;
     its lookups × its forward branches beyond the first. Equal to sim.shard_terms' (tests/test_sim.py)."""
+    present = sums.clip(max=1.0)  # min(1, ·) of the flags and one-hots; one call for all (the searches' inner loop)
     width = sums[..., 6].clip(min=1.0)
     log2 = width.log2() if hasattr(width, "log2") else np.log2(width)  # a torch tensor, or NumPy
-    branches = sums[..., _FWD_AT:_LEVELS_AT].clip(max=1.0).sum(-1)
-    return [sums[..., 0].clip(max=1.0), sums[..., 1].clip(max=1.0), sums[..., 3] * sums[..., 4].clip(max=1.0),
-            sums[..., _LEVELS_AT:].clip(max=1.0).sum(-1), sums[..., 5] * log2, sums[..., 2] * (branches - 1.0).clip(min=0.0)]
+    branches = present[..., _FWD_AT:_LEVELS_AT].sum(-1)
+    return [present[..., 0], present[..., 1], sums[..., 3] * present[..., 4], present[..., _LEVELS_AT:].sum(-1), sums[..., 5] * log2,
+            sums[..., 2] * (branches - 1.0).clip(min=0.0)]

@@ -468,11 +468,11 @@ class NumpyCostNet:
         if self.shared:
             # the shared terms' rows (CostNet `shared`) pass through too, after the heads' units,
             # so a device's pre-activations carry their sums; `costs` makes the six terms of them
+            # (the overall head does not read them: a state keeps the shard vector without them, `rows`)
             H = Wo1.shape[0]
             W1 = [np.concatenate([w, np.zeros((self.shared, w.shape[1]), np.float32)]) for w in W1]
             W1.append(np.eye(H + self.shared, dtype=np.float32)[:, H:])
             b1.append(np.zeros(self.shared, np.float32))
-            Wo1 = np.concatenate([Wo1, np.zeros((self.shared, Wo1.shape[1]), np.float32)])
             self._shared_w = _np(cost_net.shared_weight())  # [6, 3]
             self._shared_compute = self._shared_w[:, :2].sum(1)
         # [H, 3·64 (+ shared)], [3·64 (+ shared)], [3, 64] (+1 unit a head with the linear part)
@@ -483,15 +483,16 @@ class NumpyCostNet:
         self.scale = float(cost_net.scale)
         self._w2_compute, self._b2_compute = self.W2blk[:2].reshape(-1), float(self.b2[:2].sum())  # `compute`: the fwd and bwd heads' second layers
 
-    def encode(self, x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """(shard-vector encodings [T, H], head pre-activations [T, nP]) of table features [T, F]."""
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the shard-vector encodings the overall head reads [T, H], head pre-activations [T, nP])
+        of table features [T, F] (the shared terms' rows are in the pre-activations only)."""
         with torch.inference_mode():
-            cenc = self.cost_net.encode(torch.from_numpy(x))
-            return cenc, cenc @ torch.from_numpy(self.W1)
+            cenc = self.cost_net.encode(x)
+            return cenc[:, : self.Wo1.shape[0]], cenc @ torch.from_numpy(self.W1)
 
     def rows(self, x: np.ndarray) -> np.ndarray:
         """[T, nP + H]: what each table adds to its device's state."""
-        cenc, P = self.encode(x)
+        cenc, P = self.encode(torch.from_numpy(x))
         return torch.cat([P, cenc], dim=1).numpy()
 
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -564,10 +565,10 @@ class FastPlayer:
         K, T, D = len(greedy), len(p.sizes), p.devices
         # Per-table work in torch (one matmul per layer over all T tables); NumPy's BLAS wakes
         # its thread pool for matrices this size, which costs more than the maths on a busy CPU.
+        x = torch.from_numpy(p.x)
+        cenc, P = self.net.encode(x)  # [T, 3·64] the cost heads' pre-activations
         with torch.inference_mode():
-            x = torch.from_numpy(p.x)
-            cenc, penc = self.cost_net.encode(x), self.policy.encode(x)
-            P = cenc @ torch.from_numpy(self.W1)  # [T, 3·64] the cost heads' pre-activations
+            penc = self.policy.encode(x)
             Q = penc @ torch.from_numpy(self.Wa)  # [T, hidden] (or [T, 1]): the policy head's shard term
             rows = torch.cat([P, cenc, Q], dim=1).numpy()  # what a table adds to its device's state
             R = (penc @ torch.from_numpy(self.Wc)).numpy() if self.policy.sees_table else None
