@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dreamshard.costs.sim import SimBackend
-from dreamshard.costs.terms import shared_terms
+from dreamshard.costs.terms import SHARED_WIDTH, shared_terms
 from dreamshard.learned.dreamshard import Config, get_config, train
 from dreamshard.learned.mdp import EpisodeBatch, FastPlayer, predict, prepare, rollout
 from dreamshard.learned.nets import CostNet, DreamShardModel, PolicyNet, plan_cost
@@ -713,7 +713,6 @@ def test_fast_player_plays_the_same_episodes_with_the_options(pool, sees_table, 
     """The torch MDP (training) and the NumPy player (planning) see the same kernel features, the
     same modelled all-to-all, the same linear part and shared terms: same greedy placements, same
     predicted costs."""
-    from dreamshard.costs.terms import SHARED_WIDTH
 
     tasks = [Task(pool[:40], 8, 10**12), Task(pool[100:103], 2, 10**12), Task(pool[40:90], 4, 2 * 10**9), Task(pool[120:121], 1, 10**12)]
     model = options_model(sees_table, tasks, cost_linear=cost_linear, shared=shared)
@@ -849,17 +848,21 @@ def test_linear_part_starts_at_the_least_squares_of_its_terms(pool, shared):
                 np.testing.assert_allclose((net.shard_costs(z) - heads)[0].numpy(), m.device_costs, rtol=1e-3, atol=1e-3)
 
 
-def test_options_train_save_load_plan(pool, tmp_path):
-    """Both options, the linear part and the tables alone through the loop (with a prior, so every path that fits the cost net runs),
-    saved and loaded with their parameters; the loaded model plans the same."""
+@pytest.mark.parametrize("shared", [False, True])
+def test_options_train_save_load_plan(pool, tmp_path, shared):
+    """Both options, the linear part (and its shared terms) and the tables alone through the loop (with a prior, so every path that fits
+    the cost net runs), saved and loaded with their parameters; the loaded model plans the same."""
     from dreamshard.planners.dreamshard import DreamShardPlanner
 
     train_half, test_half = split_pool(pool, 0)
     tasks = sample_tasks(train_half, 4, (6, 10), 3, 10**12, seed=1)
-    cfg = small_config(iterations=2, kernel_features=True, comm="model", prior_plans=30, prior_epochs=2, cost_linear=True, prior_singles=True)
+    cfg = small_config(iterations=2, kernel_features=True, comm="model", prior_plans=30, prior_epochs=2, cost_linear=True, prior_singles=True, shared_terms=shared)
     model = train(cfg, tasks, SimBackend(), tmp_path / "m.pt", log=tmp_path / "m.jsonl", progress=False, prior=SimBackend("dreamshard/data/calibrations/cpu_fbgemm.json"))
     loaded = DreamShardModel.load(tmp_path / "m.pt")
-    assert loaded.cost_net.linear == model.kernel.width and torch.equal(loaded.cost_net.linear_raw, model.cost_net.linear_raw)
+    assert loaded.cost_net.linear == model.kernel.linear_width and torch.equal(loaded.cost_net.linear_raw, model.cost_net.linear_raw)
+    assert loaded.cost_net.shared == model.kernel.shared_width == (SHARED_WIDTH if shared else 0)
+    if shared:
+        assert torch.equal(loaded.cost_net.shared_raw, model.cost_net.shared_raw)
     assert loaded.kernel == model.kernel and loaded.comm == model.comm and loaded.comm.batch_size == cfg.batch_size
     assert model.kernel.cache_bytes == SimBackend().cache_bytes() == 60 * 2**20  # the cache of the backend trained against
     assert loaded.meta["config"]["kernel_features"] is True and loaded.meta["config"]["comm"] == "model"
@@ -877,6 +880,7 @@ def test_options_train_save_load_plan(pool, tmp_path):
                           ("kernel_features", {**state["kernel_features"], "product_scale": -1.0}, "product_scale"),
                           ("kernel_features", {**state["kernel_features"], "cache_bytes": "60MiB"}, "cache_bytes"),
                           ("kernel_features", {**state["kernel_features"], "product_rule": "always"}, "product_rule 'always' is not one of candidate, kernel"),
+                          ("kernel_features", {**state["kernel_features"], "shared": "yes"}, "shared 'yes' is not true or false"),
                           ("comm", {**state["comm"], "bandwidth_GBps": 0.0}, "key 'comm'"), ("comm", {**state["comm"], "batch_size": "x"}, "batch_size")):
         with pytest.raises(ModelError, match=msg) as e:
             DreamShardModel.from_state({**state, key: bad})
@@ -936,8 +940,6 @@ def test_cli_train_options(pool, tmp_path):
     assert r.exit_code == 0, r.output
     model = DreamShardModel.load(tmp_path / "r.pt")
     assert model.cost_net.linear == model.kernel.linear_width and model.meta["config"]["prior_singles"] and model.meta["config"]["prior_span"] == 2
-    from dreamshard.costs.terms import SHARED_WIDTH
-
     assert model.kernel.shared and model.cost_net.shared == SHARED_WIDTH and model.meta["config"]["shared_terms"]
     assert (model.cost_net.shared_weight() > 1e-5).any()  # started by fit_linear on the prior, not left near 0
 
