@@ -206,6 +206,7 @@ def main() -> None:
     ap.add_argument("--search-plans", type=int, help="DreamShard's plans around its own search after training, priced by the simulator (0: none)  [the recipe's: 3000]")
     ap.add_argument("--prior-span", type=int, help="DreamShard's tasks of span tables in its prior (0: none)  [the recipe's: 24]")
     ap.add_argument("--shared-terms", choices=["on", "off"], help="DreamShard's cost net with the six terms a shard pays once (Config.shared_terms)  [the recipe's]")
+    ap.add_argument("--seed", type=int, help="DreamShard's training seed: another training run of the same recipe  [0]")
     ap.add_argument("--prior-plans", type=int, default=8000, help="DreamShard's simulator prior: plans priced by the simulator's default calibration before measuring (0: none)")
     ap.add_argument("--tasks-per-family", type=int, default=12)
     ap.add_argument("--pool-tables", type=int, default=300)
@@ -273,7 +274,8 @@ def main() -> None:
     say(f"{len(tasks)} training tasks on {device_name} ({gpu}); plans measured by {backend.name}; planners {', '.join(which)}")
 
     recipe_overrides = {k: v for k, v in (("search_plans", args.search_plans), ("prior_span", args.prior_span),
-                                          ("shared_terms", None if args.shared_terms is None else args.shared_terms == "on")) if v is not None}  # config()'s, said in the summary
+                                          ("shared_terms", None if args.shared_terms is None else args.shared_terms == "on"), ("seed", args.seed))
+                        if v is not None}  # config()'s, said in the summary
     summary |= {"gpu": gpu, "device": device_name, "backend": backend.name, "batch_size": batch, "training_tasks": len(tasks), "families": list(families),
                 "tables_per_task": [20, 60], "devices_per_task": [2, 8], "max_memory_bytes": 24 * 10**9, "quick": args.quick,
                 "dreamshard_options": {**DREAMSHARD_OPTIONS, **recipe_overrides}, "prior_plans": prior_plans, "total_s": args.total_s}

@@ -93,3 +93,4 @@ def test_dreamshard_config_refines_its_cost_net_with_a_prior_only():
     # --shared-terms on: with or without a prior (it needs none)
     assert not module.config("dreamshard", 60, 65_536, 4000).shared_terms
     assert module.config("dreamshard", 60, 65_536, 0, overrides={"shared_terms": True}).shared_terms
+    assert module.config("dreamshard", 60, 65_536, 4000, overrides={"seed": 1}).seed == 1  # --seed: another training run
