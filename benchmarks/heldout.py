@@ -37,13 +37,14 @@ per plan, appended as it goes, keyed by the task and the hash of its shards (a p
 otherwise is measured again; one re-made the same by other planners is not; `--resume DIR` keeps
 DIR's lines).
 
-**report** — per held-out family and setting, over the tasks whose every plan was measured: each
+**report** — per family and setting, over the tasks whose every plan was measured: each
 planner's mean measured step, the mean of its per-task ratios to the best table-wise heuristic
 (lookup, size_lookup), its tasks more than 2% behind the best planner, its mean simulated step
-beside; the cost net's per-plan error on the measured plans of `dreamshard` and `neuroshard` by
-plan kind; how often each price — the cost net, its linear part, that part refit to the
-simulator, the simulator — orders two plans as the GPU does, and each one's mean error by family
-and plan kind; which candidate of DreamShard's search won; the planning times.
+beside; the last two over every task; the cost net's per-plan error on the measured plans of each
+planner with one (`dreamshard`, `neuroshard`, the --model ones) by plan kind; how often each price
+— the cost net, its linear part, that part refit to the simulator, the --model nets, the
+simulator — orders two plans as the GPU does, and each one's mean error by family and plan kind;
+which candidate of DreamShard's search won; the planning times.
 """
 
 from __future__ import annotations
@@ -389,6 +390,16 @@ def report(folder: Path, models: dict[str, str] | None = None) -> str:
             simm = float(np.mean([done[t][label][2] for t in ts]))
             rows.append((float(np.mean(ms)), f"| {label} | {np.mean(ms):.3f} | {pct(ratio)} | {behind} | {pct(worst)} | {simm:.3f} |"))
         lines += [r for _, r in sorted(rows, key=lambda r: r[0])] + [""]
+    # every planner over every task it planned, the settings together
+    lines += [f"## Over the {len(done)} tasks", "", "| planner | tasks | vs best table-wise heuristic (mean of per-task ratios) | tasks > 2% behind the best |",
+              "|---|---:|---:|---:|"]
+    over = []
+    for label in labels_all:
+        have = [t for t in done.values() if label in t]
+        ratio = float(np.mean([t[label][0] / min(t[h][0] for h in TABLE_WISE_BEST) - 1 for t in have]))
+        behind = sum(t[label][0] > min(v[0] for v in t.values()) * (1 + BEHIND) for t in have)
+        over.append((ratio, f"| {label} | {len(have)} | {ratio * 100:+.2f}% | {behind} |"))
+    lines += [r for _, r in sorted(over)] + [""]
     # the cost net on measured held-out plans, by plan kind
     lines += ["## The cost net's per-plan error on the measured plans (predicted vs measured max-device step)", "",
               "| planner | plan kind | plans | median abs error | max abs error | mean signed |", "|---|---|---:|---:|---:|---:|"]
