@@ -510,7 +510,7 @@ def ordering(done: dict, prices: dict, net: str) -> list[str]:
 
 
 def report_cmd(args) -> None:
-    text = report(Path(args.folder), {label: path for label, path in (spec.partition("=")[::2] for spec in args.model)})
+    text = report(Path(args.folder), args.models)
     if args.write:
         Path(args.folder, "report.md").write_text(text)
     print(text)
@@ -542,11 +542,13 @@ def main() -> None:
     p.add_argument("--gpu", choices=sorted(CALIBRATIONS), default="h100", help="the GPU the plans are for: its shipped models, NCCL models and calibration (for the oracle)  [h100]")
     p.add_argument("--dev", action="store_true", help="the development tasks (training families, pools of seed 5) instead of the held-out ones")
     args = ap.parse_args()
+    args.models = {}  # label → path
     for spec in args.model:
         label, _, path = spec.partition("=")
         if not path or label in PLANNERS:
             raise SystemExit(f"--model {spec!r}: give LABEL=PATH with a new label")
         PLANNERS[label] = ("dreamshard", {"model": path})
+        args.models[label] = path
     args.run(args)
 
 

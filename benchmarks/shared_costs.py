@@ -36,7 +36,7 @@ from heldout import CALIBRATIONS, tasks_of  # noqa: E402
 
 from dreamshard import shipped  # noqa: E402
 from dreamshard.costs.sim import SimBackend, shard_terms  # noqa: E402
-from dreamshard.costs.terms import TERMS  # noqa: E402
+from dreamshard.costs.terms import SHARD_TERMS, TERMS  # noqa: E402
 from dreamshard.families import HELD_OUT_FAMILIES, TRAINING_FAMILIES  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
@@ -44,7 +44,6 @@ from dreamshard.tasks import Task, Workload  # noqa: E402
 
 COUNTS = (1, 2, 5, 10, 20, 40, 60)
 SETTING = "60 tables / 4 devices / 24 GB"
-SHARD_TERMS = ("launch", "active", "launches", "wide_programs", "wide_grad_bytes", "branch_lookups")  # what sim.shard_terms does not sum
 
 
 def device_rows(model, sim: SimBackend, tables: list, workload: Workload) -> np.ndarray:

@@ -824,7 +824,7 @@ def test_linear_part_starts_at_the_least_squares_of_its_terms(pool, shared):
     def priced(x, placement, devices, w, ws):
         with torch.no_grad():
             terms = net.linear_inputs(torch.from_numpy(x)).numpy()
-            z = net.encode(torch.from_numpy(x)).numpy()[:, net.latent + 3 :]
+            z = net.shared_inputs(x)
         return np.stack([terms[placement == d].sum(0) @ w + (np.stack(shared_terms(z[placement == d].sum(0))) @ ws if shared else 0.0)
                          for d in range(devices)])
 

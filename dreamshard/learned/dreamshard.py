@@ -452,7 +452,7 @@ def fit_linear(cost_net, items: Sequence[Measured]) -> None:
     for m in items:
         with torch.no_grad():
             x = cost_net.linear_inputs(torch.from_numpy(m.x)).numpy()
-        rows = m.x[:, m.x.shape[1] - cost_net.shared :].astype(np.float64)
+        rows = cost_net.shared_inputs(m.x).astype(np.float64)
         for d in range(len(m.device_costs)):
             on = m.placement == d
             X.append(np.concatenate([x[on].sum(0), shared_terms(rows[on].sum(0)) if cost_net.shared else []]))

@@ -509,7 +509,7 @@ class NumpyCostNet:
         h = np.maximum(pre[..., : 3 * k], 0.0)
         out = np.einsum("...hj,hj->...h", h.reshape(*h.shape[:-1], 3, k), self.W2blk) + self.b2
         if self.shared:
-            out += np.stack(shared_terms(pre[..., 3 * k :]), axis=-1) @ self._shared_w
+            out += self._shared_units(pre, self._shared_w)
         return out
 
     def compute(self, pre: np.ndarray) -> np.ndarray:
@@ -518,8 +518,13 @@ class NumpyCostNet:
         k = self.W2blk.shape[1]
         out = np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
         if self.shared:
-            out += np.stack(shared_terms(pre[..., 3 * k :]), axis=-1) @ self._shared_compute
+            out += self._shared_units(pre, self._shared_compute)
         return out
+
+    def _shared_units(self, pre: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """The shared terms (CostNet `shared`) of the sums that pre-activations carry after the
+        heads' units, weighed by `weights` ([6, ...])."""
+        return np.stack(shared_terms(pre[..., 3 * self.W2blk.shape[1] :]), axis=-1) @ weights
 
     def overall(self, csum: np.ndarray) -> np.ndarray:
         """[..., D, H] shard vectors → [...] the overall head's cost, units."""

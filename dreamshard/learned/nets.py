@@ -316,6 +316,10 @@ class CostNet(nn.Module):
         k = x[..., x.shape[-1] - self.shared - self.linear : x.shape[-1] - self.shared].clamp(min=0.0)
         return k if self.gate is None else torch.cat([k, k * (1.0 - k[..., self.gate : self.gate + 1])], dim=-1)
 
+    def shared_inputs(self, x):
+        """[..., F] (torch or NumPy) → the `shared` features, `terms.shared_rows` (none without them)."""
+        return x[..., x.shape[-1] - self.shared :]
+
     def linear_weight(self) -> torch.Tensor:
         """[linear, 3] the non-negative weights of the linear part."""
         return F.softplus(self.linear_raw)
@@ -329,7 +333,7 @@ class CostNet(nn.Module):
         z = self.encoder(x[..., : x.shape[-1] - self.shared])
         if not self.linear:
             return z
-        return torch.cat([z, self.linear_inputs(x) @ self.linear_weight()] + ([x[..., -self.shared :]] if self.shared else []), dim=-1)
+        return torch.cat([z, self.linear_inputs(x) @ self.linear_weight(), self.shared_inputs(x)], dim=-1)
 
     def shard_costs(self, z: torch.Tensor) -> torch.Tensor:
         """[..., H] shard vectors → [..., 3] (fwd_comp, bwd_comp, comm) in units."""
