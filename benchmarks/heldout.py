@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shutil
 import sys
 import time
@@ -279,6 +280,8 @@ def measure_cmd(args) -> None:
     if path.exists():
         with open(path) as fh:
             done = {row_id(r) for r in csv.DictReader(fh)}
+    if args.gpus > 1:
+        return measure_on_gpus(args, out, path)
     device = "cpu" if args.cpu else "cuda"
     if not args.cpu:
         from dreamshard.costs.hardware import gpu_slug
@@ -293,9 +296,12 @@ def measure_cmd(args) -> None:
     if fresh:
         writer.writeheader()
     last_task, measured = None, 0
+    tasks = list(dict.fromkeys(plan_id(p)[:3] for p in plans))
+    part, parts = args.part
+    mine = set(tasks[part::parts])  # every parts-th task: each GPU gets every setting
     for plan in plans:
         key = plan_id(plan)
-        if key in done:
+        if key in done or key[:3] not in mine:
             continue
         if key[:3] != last_task and time.monotonic() - T0 > args.budget_s:
             print(f"[{time.monotonic() - T0:6.1f}s] budget spent: stopping before {key[:3]}", flush=True)
@@ -321,6 +327,54 @@ def measure_cmd(args) -> None:
     atomic_write(out / "summary.json", json.dumps(summary, indent=1))
     print(json.dumps(summary), flush=True)
 
+
+
+def measure_on_gpus(args, out: Path, path: Path) -> None:
+    """`measure` on `args.gpus` GPUs at once: a child per GPU (`--part i/N`, its own OUT/gpu<i>),
+    each measuring every N-th task whole, so that a task's plans are compared on one GPU; their
+    lines then appended to OUT/measured.csv, which their `--resume` starts from."""
+    import subprocess
+
+    plans = out / "plans.jsonl.gz" if args.planners else args.plans  # --planners wrote the ones to measure there
+    children = []
+    for i in range(args.gpus):
+        cmd = [sys.executable, __file__, "measure", "--out", str(out / f"gpu{i}"), "--plans", str(plans), "--budget-s", str(args.budget_s),
+               "--part", f"{i}/{args.gpus}"] + (["--resume", str(out)] if path.exists() else []) + (["--cpu"] if args.cpu else []) + (["--quick"] if args.quick else [])
+        env = os.environ | {"CUDA_VISIBLE_DEVICES": str(i)}
+        children.append(subprocess.Popen(cmd, env=env))
+    failed = [i for i, c in enumerate(children) if c.wait() != 0]
+    known = set()
+    if path.exists():
+        with open(path) as fh:
+            known = {row_id(r) for r in csv.DictReader(fh)}
+    with open(path, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, COLUMNS)
+        if not known:
+            writer.writeheader()
+        for i in range(args.gpus):
+            part = out / f"gpu{i}" / "measured.csv"
+            if part.exists():
+                with open(part) as src:
+                    rows = [r for r in csv.DictReader(src) if row_id(r) not in known]
+                writer.writerows(rows)
+                known |= {row_id(r) for r in rows}
+    summaries = [json.loads((out / f"gpu{i}" / "summary.json").read_text()) for i in range(args.gpus) if i not in failed]
+    if summaries:
+        summary = summaries[0] | {"gpus": args.gpus, "measured_this_call": sum(s["measured_this_call"] for s in summaries),
+                                  "wall_s": round(time.monotonic() - T0, 1), "command": " ".join(["benchmarks/heldout.py", *sys.argv[1:]])}
+        atomic_write(out / "summary.json", json.dumps(summary, indent=1))
+    if failed:
+        raise SystemExit(f"measure: the child on GPU {failed[0]} failed (its lines so far are kept in {path})")
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    try:
+        part, parts = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected I/N, e.g. 0/4") from None
+    if not 0 <= part < parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: I must be in 0..N-1")
+    return part, parts
 
 
 def notes_with(plan, key: str) -> dict[str, str]:
@@ -530,6 +584,8 @@ def main() -> None:
     m.add_argument("--budget-s", type=float, default=540.0, help="no new task after this many seconds")
     m.add_argument("--resume", help="an earlier call's OUT: its measured.csv is kept and its plans are not measured again")
     m.add_argument("--planners", metavar="LABELS", help="measure only the plans these planners made (comma-separated labels); OUT/plans.jsonl.gz holds them, for `report OUT`")
+    m.add_argument("--gpus", type=int, default=1, help="measure on this many GPUs at once, every N-th task on each (a task's plans on one GPU)")
+    m.add_argument("--part", type=parse_part, default=(0, 1), metavar="I/N", help=argparse.SUPPRESS)  # --gpus' children: every N-th task from the I-th
     m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
     m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
     m.set_defaults(run=measure_cmd)

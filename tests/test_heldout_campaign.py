@@ -156,3 +156,17 @@ def test_the_probe_on_the_simulators_weights_prices_as_the_simulator():
     off = {name: [net_ms(planner, plan) / sim.evaluate_plan(plan).overall_ms - 1 for plan in plans] for name, planner in (("probe", probe), ("linear", linear))}
     assert max(abs(e) for e in off["probe"]) < 0.04, off
     assert np.mean(np.abs(off["probe"])) < np.mean(np.abs(off["linear"])), off
+
+
+def test_measured_on_several_gpus_at_once(tmp_path):
+    """`measure --gpus N`: a child per GPU measures every N-th task whole, and their lines are
+    merged into OUT/measured.csv, each plan once, as one call on one GPU would write them."""
+    run("plan", "--quick", "--out", str(tmp_path))
+    run("measure", "--out", str(tmp_path / "two"), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick", "--gpus", "2")
+    merged = (tmp_path / "two" / "measured.csv").read_text().splitlines()
+    assert len(merged) - 1 == len(text_of(tmp_path / "plans.jsonl.gz").splitlines())
+    parts = [(tmp_path / "two" / f"gpu{i}" / "measured.csv").read_text().splitlines() for i in range(2)]
+    assert parts[0][0] == parts[1][0] == merged[0] and sorted(parts[0][1:] + parts[1][1:]) == sorted(merged[1:])
+    # the one task of --quick lies whole on the first GPU; the second had none
+    assert len(parts[1]) == 1
+    assert '"measured_this_call": ' + str(len(merged) - 1) in (tmp_path / "two" / "summary.json").read_text().replace("\n", "")
