@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--prior-span", type=int, help="DreamShard's tasks of span tables in its prior (0: none)  [the recipe's: 24]")
     ap.add_argument("--shared-terms", choices=["on", "off"], help="DreamShard's cost net with the six terms a shard pays once (Config.shared_terms)  [the recipe's]")
     ap.add_argument("--seed", type=int, help="DreamShard's training seed: another training run of the same recipe  [0]")
+    ap.add_argument("--leave-out", choices=TRAINING_FAMILIES, metavar="FAMILY", help="train without this training family: its development tasks (heldout.py plan --dev --family) then show a family the models never saw, with no held-out family looked at")
     ap.add_argument("--prior-plans", type=int, default=8000, help="DreamShard's simulator prior: plans priced by the simulator's default calibration before measuring (0: none)")
     ap.add_argument("--tasks-per-family", type=int, default=12)
     ap.add_argument("--pool-tables", type=int, default=300)
@@ -246,6 +247,7 @@ def main() -> None:
         torch.set_num_threads(1)  # small nets: threads only contend on a small CPU
     batch = 1024 if args.quick else 65_536
     per_family, families = (1, ("dlrm", "hot")) if args.quick else (args.tasks_per_family, TRAINING_FAMILIES)
+    families = tuple(f for f in families if f != args.leave_out)
     prior_plans = 32 if args.quick else args.prior_plans
     # a resumed run keeps the budgets its checkpoints were started with (the peers': one for both)
     budgets = {p: checkpoint_budget(Path(f"{paths[p]}.ckpt")) for p in started}

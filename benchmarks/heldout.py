@@ -144,6 +144,10 @@ def plan_cmd(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     families = DEV_FAMILIES if args.dev else HELD_OUT_FAMILIES
     families = families[:1] if args.quick else families
+    if args.family:
+        if args.family not in families:
+            raise SystemExit(f"--family {args.family}: not one of {', '.join(families)}")
+        families = (args.family,)
     settings = list(SETTINGS)[:1] if args.quick else list(SETTINGS)
     labels = ["dreamshard", "dreamshard --no-split", "neuroshard", "lookup", "size_lookup", "lookup --split"] if args.quick else [lb for lb in PLANNERS if lb not in EXPERIMENTS]
     kept: dict[tuple, list] = defaultdict(list)  # (family, setting, task) → the plans kept from OUT/plans.jsonl.gz
@@ -576,6 +580,7 @@ def main() -> None:
     p = sub.add_parser("plan", help=plan_cmd.__doc__)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--quick", action="store_true", help="one task of one family and setting, six planners (a logic check)")
+    p.add_argument("--family", help="this family's tasks only")
     p.add_argument("--again", metavar="LABELS", help="plan with these planners only (comma-separated labels), keeping OUT/plans.jsonl.gz's other plans where it exists")
     p.set_defaults(run=plan_cmd)
     m = sub.add_parser("measure", help=measure_cmd.__doc__)
