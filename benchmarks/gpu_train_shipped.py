@@ -77,11 +77,11 @@ ORDER = ("dreamshard", "autoshard", "rnn")  # trained in this order; the peers s
 PEERS = ("autoshard", "rnn")
 # The shipped DreamShard model's cost-net options on top of the default config (docs/dreamshard.md,
 # "The shipped model"): kernel-term features, weighed by the cost net's linear part too, the comm
-# model's all-to-all, every training table alone in the prior, and the cost net refined on plans
-# around its own search (priced by the prior), with a term on the differences between one task's
-# plans. Its budget and prior are the flags' defaults.
+# model's all-to-all, every training table alone in the prior, the terms a shard pays once
+# (shared_terms), and the cost net refined on plans around its own search (priced by the prior),
+# with a term on the differences between one task's plans.
 DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "prior_span": 24, "search_plans": 3000,
-                      "search_rank": 8.0}
+                      "search_rank": 8.0, "shared_terms": True}
 WITH_PRIOR = ("prior_singles", "prior_span", "search_plans", "search_rank")  # priced by the prior: left out without one
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
 # seconds per measured plan before any is timed (a call without DreamShard: the peers' budget is

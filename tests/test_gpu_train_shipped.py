@@ -43,7 +43,13 @@ def test_quick_trains_the_three_shipped_models_in_one_call(tmp_path, monkeypatch
     # the default config of each planner, DreamShard's with the shipped model's cost-net options and prior
     assert summary["models"]["dreamshard"]["config"] == PLANNERS["dreamshard"].default_config
     ds = torch.load(tmp_path / "dreamshard_cpu.pt", weights_only=True)["meta"]["config"]
-    assert ds["kernel_features"] and ds["comm"] == "model" and ds["prior_plans"] == 32
+    assert ds["kernel_features"] and ds["comm"] == "model" and ds["prior_plans"] == 32 and ds["shared_terms"]
+    assert summary["families"] == ["dlrm", "hot"]
+
+
+def test_a_family_left_out_of_training(tmp_path, monkeypatch):
+    summary = run(monkeypatch, "--out", tmp_path, "--planners", "rnn", "--budget", 4, "--leave-out", "hot")
+    assert summary["families"] == ["dlrm"] and summary["training_tasks"] == 1
 
 
 def test_a_call_cut_by_its_deadline_resumes_to_the_uninterrupted_model(tmp_path, monkeypatch):
@@ -90,7 +96,7 @@ def test_dreamshard_config_refines_its_cost_net_with_a_prior_only():
     assert module.config("dreamshard", 60, 65_536, 4000).prior_span == module.DREAMSHARD_OPTIONS["prior_span"] > 0
     assert module.config("dreamshard", 60, 65_536, 4000, overrides={"prior_span": 96}).prior_span == 96
     assert module.config("dreamshard", 60, 65_536, 0, overrides={"prior_span": 96}).prior_span == 0
-    # --shared-terms on: with or without a prior (it needs none)
-    assert not module.config("dreamshard", 60, 65_536, 4000).shared_terms
-    assert module.config("dreamshard", 60, 65_536, 0, overrides={"shared_terms": True}).shared_terms
+    # the shared terms: the recipe's, with or without a prior (they need none); --shared-terms off
+    assert module.config("dreamshard", 60, 65_536, 4000).shared_terms and module.config("dreamshard", 60, 65_536, 0).shared_terms
+    assert not module.config("dreamshard", 60, 65_536, 4000, overrides={"shared_terms": False}).shared_terms
     assert module.config("dreamshard", 60, 65_536, 4000, overrides={"seed": 1}).seed == 1  # --seed: another training run
