@@ -27,7 +27,8 @@ with a cost net, its prediction and the search's chosen candidate.
 
 **--dev** — the development tasks instead (the training families but `onehot`, pools of seed
 5, as `dev_tasks.py`'s; never a held-out family): where a change to a planner or a model is chosen,
-on the GPU. **--model LABEL=PATH** (repeatable, the same on every step) — one more planner, `dreamshard`
+on the GPU; `--family F` one family's tasks (with `gpu_train_shipped.py --leave-out F`: a family
+the model never saw, no held-out family looked at). **--model LABEL=PATH** (repeatable, the same on every step) — one more planner, `dreamshard`
 with the model at PATH, under LABEL.
 
 **measure** — each plan timed by the sequential runner (our Triton TBE, shard by shard on the GPU;
@@ -35,7 +36,8 @@ the collectives from the comm model shipped for the GPU and the plan's device co
 task in the file's order, so a call cut by its budget (--budget-s) leaves whole tasks. One CSV line
 per plan, appended as it goes, keyed by the task and the hash of its shards (a plan re-made
 otherwise is measured again; one re-made the same by other planners is not; `--resume DIR` keeps
-DIR's lines).
+DIR's lines). `--gpus N`: N GPUs of one machine at once, every N-th task on each, a task's plans
+all on one GPU (so they are compared on one).
 
 **report** — per family and setting, over the tasks whose every plan was measured: each
 planner's mean measured step, the mean of its per-task ratios to the best table-wise heuristic

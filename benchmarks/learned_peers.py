@@ -72,7 +72,9 @@ def main() -> None:
         tag = "_masked" if masked else ""
         label = f"{name} @{budget}" + (" (devices without room masked)" if masked else "")
         t0 = time.time()
-        planner = cls.fit(tasks, sim, models / f"{name}_{budget}{tag}.pt", cfg, log=out / f"{name}_{budget}{tag}.jsonl", progress=False, resume=args.resume)
+        path = models / f"{name}_{budget}{tag}.pt"
+        resume = args.resume and Path(f"{path}.ckpt").exists()  # --resume: a model not started yet is trained from the start
+        planner = cls.fit(tasks, sim, path, cfg, log=out / f"{name}_{budget}{tag}.jsonl", progress=False, resume=resume)
         meta = planner.model.meta
         seconds = round(time.time() - t0, 1)
         if label in before and before[label]["measured_plans"] == meta["measurements"] and seconds < 0.5 * before[label]["seconds"]:

@@ -266,26 +266,3 @@ def shared_terms(sums) -> list:
     branches = present[..., _FWD_AT:_LEVELS_AT].sum(-1)
     return [present[..., 0], present[..., 1], sums[..., 3] * present[..., 4], present[..., _LEVELS_AT:].sum(-1), sums[..., 5] * log2,
             sums[..., 2] * (branches - 1.0).clip(min=0.0)]
-
-
-def shared_fused(weights: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """`shared_weighted`'s constants for `weights` [6] (non-negative) of the six terms: a
-    [SHARED_WIDTH, 3] matrix that gives, from min(1, sums), the terms linear in it (launch, active,
-    launches: weighed and summed), the wide flag × its weight and the forward branches × theirs;
-    the gradient term's weight; the branches' weight."""
-    w = np.asarray(weights, dtype=np.float32)
-    m = np.zeros((SHARED_WIDTH, 3), np.float32)
-    m[0, 0], m[1, 0], m[_LEVELS_AT:, 0] = w[0], w[1], w[3]
-    m[4, 1] = w[2]
-    m[_FWD_AT:_LEVELS_AT, 2] = w[5]
-    return m, float(w[4]), float(w[5])
-
-
-def shared_weighted(sums: np.ndarray, fused: tuple[np.ndarray, float, float]) -> np.ndarray:
-    """`shared_terms(sums)` weighed by the weights `fused` was made of and summed, [...]: the same
-    number in a third of the NumPy calls (the searches' greedy prices every device it fills by it;
-    tests/test_sim.py holds the two equal). With w ≥ 0, w · max(0, b − 1) = max(0, w·b − w)."""
-    m, w_grad, w_branch = fused
-    q = np.minimum(sums, 1.0) @ m
-    return (q[..., 0] + sums[..., 3] * q[..., 1] + w_grad * sums[..., 5] * np.log2(np.maximum(sums[..., 6], 1.0))
-            + sums[..., 2] * np.maximum(q[..., 2] - w_branch, 0.0))

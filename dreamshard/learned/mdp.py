@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from dreamshard.costs.terms import shared_fused, shared_terms, shared_weighted
+from dreamshard.costs.terms import shared_terms
 from dreamshard.learned.nets import CUT_CONTEXT, CUT_PARTS, CommFormula, CostNet, CutNet, DreamShardModel, KernelFeatures, PolicyNet, a2a_dims, plan_cost, replace_comm, shard_sum, table_features
 from dreamshard.plan import Shard, column_cuts
 from dreamshard.tasks import Task
@@ -474,7 +474,7 @@ class NumpyCostNet:
             W1.append(np.eye(H + self.shared, dtype=np.float32)[:, H:])
             b1.append(np.zeros(self.shared, np.float32))
             self._shared_w = _np(cost_net.shared_weight())  # [6, 3]
-            self._shared_compute = shared_fused(self._shared_w[:, :2].sum(1))  # the fwd and bwd heads' weights, for `compute`
+            self._shared_compute = self._shared_w[:, :2].sum(1)
         # [H, 3·64 (+ shared)], [3·64 (+ shared)], [3, 64] (+1 unit a head with the linear part)
         self.W1, self.b1, self.W2blk = np.concatenate(W1, axis=1), np.concatenate(b1), np.stack(W2)
         self.b2 = np.array([float(h[2].bias.detach()) for h in heads], np.float32)
@@ -518,7 +518,7 @@ class NumpyCostNet:
         k = self.W2blk.shape[1]
         out = np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
         if self.shared:
-            out += shared_weighted(pre[..., 3 * k :], self._shared_compute)
+            out += self._shared_units(pre, self._shared_compute)
         return out
 
     def _shared_units(self, pre: np.ndarray, weights: np.ndarray) -> np.ndarray:

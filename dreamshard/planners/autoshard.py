@@ -14,9 +14,9 @@ from dreamshard.planners.peers import DescribedModel, PeerPlanner
 from dreamshard.validation import OptionError
 
 LEARNED = "dreamshard.learned.autoshard"  # its nets and training (torch), imported on first use
-# the greedy episode: sampled ones (best_of 16) keep a policy of a few hundred measured plans from
-# piling tables onto one device on the simulator, but the shipped H100 model's best of 16 measured
-# slower than its greedy plans on 7 of 8 held-out tasks (docs/dreamshard.md, "The learned peers")
+# the greedy episode, as the reference plans: the best of 16 sampled ones plans worse on the
+# simulator, and the shipped H100 model's measured slower than its greedy plans on 7 of 8 held-out
+# tasks (docs/dreamshard.md, "The learned peers")
 BEST_OF = 1
 
 
