@@ -154,6 +154,19 @@ def test_autoshard_plans_the_best_of_sampled_episodes_where_its_greedy_one_piles
             AutoShardPlanner(model=autoshard.AutoShardModel(net), best_of=bad)
 
 
+def test_autoshard_policy_starts_uniform_and_learns_from_its_first_update():
+    """The logits MLP's last layer starts at zero: every device gets the same logit whatever it
+    holds (the reference's random layer prefers devices by their summed latents), and the layer
+    still gets a gradient."""
+    torch.manual_seed(0)
+    net = autoshard.AutoShardNet()
+    z, used, count = torch.randn(5, 4, 32) * 3, torch.rand(5, 4), torch.tensor([[0, 1, 5, 9]] * 5)
+    logits = net.logits(torch.randn(5, 64), z, used, count)
+    assert torch.equal(logits, torch.zeros(5, 4))
+    logits.log_softmax(-1)[:, 2].sum().backward()
+    assert net.policy[-1].weight.grad.abs().sum() > 0
+
+
 def test_rnn_has_no_plan_for_a_task_wider_than_its_model(tasks):
     """No plan for this task (NoPlanError): a file of tasks, `compare` and the demo go on."""
     planner = RNNPlanner(model=rnn.RNNModel(rnn.Seq2SeqPlacer(4)))

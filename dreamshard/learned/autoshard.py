@@ -41,8 +41,7 @@ Departures, each for a reason:
   with room, as planning does. At 5 GB a device a quarter of the reference's sampled episodes
   overflow throughout 4,000 measured plans and its policy stays near uniform; masked, the balance
   reward climbs more than twice as fast (docs/dreamshard.md, "The learned peers").
-
-- **The policy starts uniform**: the last layer of its logits MLP starts at zero (the reference
+- **A uniform start.** The last layer of the policy's logits MLP starts at zero (the reference
   initializes it at random, as every layer). At random it gives the devices logits that move with
   what each device holds, the same way for every table, and on the simulator the greedy plan of a
   model trained on 400 measured plans put 78% of a task's tables on one device; from zero (its
