@@ -803,6 +803,31 @@ def test_scorer_prices_the_shared_terms_as_the_torch_net(pool):
             want = model.cost_net(x[None], torch.from_numpy(placement)[None], torch.ones(1, task.devices, dtype=torch.bool))[0][0, :, :2].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(scorer.net.compute(state[:, : scorer.net.nP]), want.sum(1), rtol=1e-4, atol=1e-4)
+        # the greedy's narrowed state (only the presences these tables have): the same compute
+        keep, layout = scorer.net.narrowed(state)
+        assert len(keep) < state.shape[1]
+        narrow = state[:, keep][:, : scorer.net.nP - (state.shape[1] - len(keep))]
+        np.testing.assert_allclose(scorer.net.compute(narrow, layout), want.sum(1), rtol=1e-4, atol=1e-4)
+
+
+def test_the_greedy_of_the_search_narrowed_to_the_presences_it_needs_places_as_on_every_column(pool, monkeypatch):
+    """greedy_batch prices a shared-terms net on the presence columns its pieces have: the same
+    placements and costs as on all 193."""
+    from dreamshard.planners import scoring, splits
+    from dreamshard.planners.scoring import PieceScorer, greedy_batch
+
+    tasks = sample_tasks(split_pool(pool, 0)[0], 2, (20, 30), 4, 10**12, seed=4)
+    model = options_model(False, tasks, cost_linear=True, shared=True)
+    caps = np.array([1.0, 1.2])
+    for task in tasks:
+        pieces = [splits.whole(task), [q for t, p in enumerate(splits.whole(task)) for q in (splits.cut(p, 2) if t < 3 else [p])]]
+        got = [greedy_batch(PieceScorer(model, task), [ps], caps) for ps in pieces]
+        with monkeypatch.context() as m:
+            m.setattr(scoring.NumpyCostNet, "narrowed", lambda self, rows: (None, None))
+            want = [greedy_batch(PieceScorer(model, task), [ps], caps) for ps in pieces]
+        for (cost, devices), (cost0, devices0) in zip(got, want):
+            np.testing.assert_allclose(cost, cost0, rtol=1e-5)
+            assert np.array_equal(devices, devices0)
 
 
 @pytest.mark.parametrize("shared", [False, True])

@@ -254,15 +254,27 @@ def shared_rows(terms: np.ndarray, dims: np.ndarray, optimizer: str, scale: dict
     return out
 
 
-def shared_terms(sums) -> list:
+def shared_terms(sums, fwd_at: int = _FWD_AT, levels_at: int = _LEVELS_AT) -> list:
     """The six SHARD_TERMS (in its order, each [...]) of shards whose `shared_rows` sum to `sums`
     [..., SHARED_WIDTH] (NumPy or torch: the cost net applies it to its shard vectors in both):
     launch and active, a shard's once; the programs of a shard with a dim over WIDE_DIM; its
     launches, per tile class its most levels; its gradient bytes × wide_grad_factor of its width;
-    its lookups × its forward branches beyond the first. Equal to sim.shard_terms' (tests/test_sim.py)."""
+    its lookups × its forward branches beyond the first. Equal to sim.shard_terms' (tests/test_sim.py).
+    `fwd_at`, `levels_at`: where the forward classes and the levels start in `sums` when it holds
+    only some of them (`shared_columns`)."""
     present = sums.clip(max=1.0)  # min(1, ·) of the flags and one-hots; one call for all (the searches' inner loop)
     width = sums[..., 6].clip(min=1.0)
     log2 = width.log2() if hasattr(width, "log2") else np.log2(width)  # a torch tensor, or NumPy
-    branches = present[..., _FWD_AT:_LEVELS_AT].sum(-1)
-    return [present[..., 0], present[..., 1], sums[..., 3] * present[..., 4], present[..., _LEVELS_AT:].sum(-1), sums[..., 5] * log2,
+    branches = present[..., fwd_at:levels_at].sum(-1)
+    return [present[..., 0], present[..., 1], sums[..., 3] * present[..., 4], present[..., levels_at:].sum(-1), sums[..., 5] * log2,
             sums[..., 2] * (branches - 1.0).clip(min=0.0)]
+
+
+def shared_columns(rows: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The columns of `shared_rows` rows [..., SHARED_WIDTH] that sums of them need: the scalars,
+    and the forward classes and levels some row has (the others stay 0 in every sum, and 0 adds
+    nothing to a term); with the offsets `shared_terms` reads those columns by. A search over the
+    pieces of one task prices ~40 of the 193 columns at each step, not all."""
+    seen = (rows.reshape(-1, SHARED_WIDTH) != 0).any(0)
+    fwd, levels = np.flatnonzero(seen[_FWD_AT:_LEVELS_AT]) + _FWD_AT, np.flatnonzero(seen[_LEVELS_AT:]) + _LEVELS_AT
+    return np.concatenate([np.arange(_FWD_AT), fwd, levels]), _FWD_AT, _FWD_AT + len(fwd)

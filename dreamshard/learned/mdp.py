@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from dreamshard.costs.terms import shared_terms
+from dreamshard.costs.terms import shared_columns, shared_terms
 from dreamshard.learned.nets import CUT_CONTEXT, CUT_PARTS, CommFormula, CostNet, CutNet, DreamShardModel, KernelFeatures, PolicyNet, a2a_dims, plan_cost, replace_comm, shard_sum, table_features
 from dreamshard.plan import Shard, column_cuts
 from dreamshard.tasks import Task
@@ -512,19 +512,31 @@ class NumpyCostNet:
             out += self._shared_units(pre, self._shared_w)
         return out
 
-    def compute(self, pre: np.ndarray) -> np.ndarray:
+    def compute(self, pre: np.ndarray, layout: tuple[int, int] | None = None) -> np.ndarray:
         """[...] forward + backward compute of `costs` (its first two heads) in one product: what
-        the searches' greedy places by, step after step."""
+        the searches' greedy places by, step after step; `layout`: pre-activations of `narrowed`
+        columns."""
         k = self.W2blk.shape[1]
         out = np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
         if self.shared:
-            out += self._shared_units(pre, self._shared_compute)
+            out += self._shared_units(pre, self._shared_compute, layout)
         return out
 
-    def _shared_units(self, pre: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def narrowed(self, rows: np.ndarray) -> tuple[np.ndarray | None, tuple[int, int] | None]:
+        """The columns of state rows [..., R] that sums of these rows need, and the `compute`
+        layout of them: every column but the shared terms' presences no row has (`shared_columns`:
+        they stay 0). (None, None) without shared terms: every column."""
+        if not self.shared:
+            return None, None
+        at = 3 * self.W2blk.shape[1]
+        cols, fwd_at, levels_at = shared_columns(rows[..., at : at + self.shared])
+        keep = np.concatenate([np.arange(at), at + cols, np.arange(self.nP, rows.shape[-1])])
+        return keep, (fwd_at, levels_at)
+
+    def _shared_units(self, pre: np.ndarray, weights: np.ndarray, layout: tuple[int, int] | None = None) -> np.ndarray:
         """The shared terms (CostNet `shared`) of the sums that pre-activations carry after the
         heads' units, weighed by `weights` ([6, ...])."""
-        return np.stack(shared_terms(pre[..., 3 * self.W2blk.shape[1] :]), axis=-1) @ weights
+        return np.stack(shared_terms(pre[..., 3 * self.W2blk.shape[1] :], *(layout or ())), axis=-1) @ weights
 
     def overall(self, csum: np.ndarray) -> np.ndarray:
         """[..., D, H] shard vectors → [...] the overall head's cost, units."""
