@@ -354,3 +354,20 @@ def test_eval_tasks_that_cannot_be_placed_are_refused_before_training(tmp_path):
                                 "--iterations", "1", "--budget", "2", "--out", str(tmp_path / "m.pt")])
         assert r.exit_code == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
         assert f"{tmp_path / 'eval.jsonl'}: eval task 2 of 2 cannot be placed" in r.stderr and not (tmp_path / "m.pt").exists()
+
+
+def test_autoshard_memory_plots_training_curves_and_refuses_bad_usage(tmp_path):
+    """benchmarks/autoshard_memory.py plot: one figure of the logs' reward and overflow curves; a
+    bad command line gets its usage line, not a traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "ref_400.jsonl"
+    log.write_text("".join(json.dumps({"measurements": 8 * (i + 1), "collect/reward": 0.1 + i / 100, "collect/overflow": 0.2}) + "\n" for i in range(12)))
+    done = subprocess.run([sys.executable, "benchmarks/autoshard_memory.py", "plot", str(tmp_path / "c.png"), str(log)], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, "benchmarks/autoshard_memory.py", "rf", "400"], cwd=root, capture_output=True, text=True)
+    assert bad.returncode != 0 and bad.stderr.strip().startswith("usage: autoshard_memory.py") and "Traceback" not in bad.stderr
