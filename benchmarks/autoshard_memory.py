@@ -48,11 +48,11 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     cls = PLANNERS["autoshard"]
     cfg = cls.config("masked" if variant == "mask" else None, seed=seed, budget=budget, iterations=budget // 8)
-    name = f"{variant}_{budget}" + (f"_seed{seed}" if seed else "")
-    path = OUT / f"{name}.pt"
+    run = f"{variant}_{budget}" + (f"_seed{seed}" if seed else "")
+    path = OUT / f"{run}.pt"
     if not path.is_file():  # a model trained before is planned with again
         t0 = time.time()
-        cls.fit(tasks, sim, path, cfg, log=OUT / f"{name}.jsonl", progress=False)
+        cls.fit(tasks, sim, path, cfg, log=OUT / f"{run}.jsonl", progress=False)
         print(f"{variant}: trained in {time.time() - t0:.0f} s", flush=True)
     planners = {"lookup": get_planner("lookup"), "size_lookup": get_planner("size_lookup"),
                 "autoshard (greedy, the default)": get_planner("autoshard", model=str(path)),

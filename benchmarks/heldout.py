@@ -512,7 +512,7 @@ def scorers(gpu: str, models: dict[str, str] | None = None) -> tuple[dict, str]:
     comm = default_model_path("cuda", 4, gpu)  # as `plan` priced the plans' row splits, not this machine's GPU's
     full, linear, refit = (get_planner("dreamshard", model=m, comm_model=comm) for m in (path, heads_scaled(path, 0.0), sim_weighted(path, CALIBRATIONS[gpu])))
     nets = {"cost net": full, "its linear part": linear, "that part on the simulator's weights": refit}
-    nets |= {f"{label}'s cost net": get_planner("dreamshard", model=path, comm_model=comm) for label, path in (models or {}).items()}
+    nets |= {f"{label}'s cost net": get_planner("dreamshard", model=model, comm_model=comm) for label, model in (models or {}).items()}
     seen: dict[tuple[str, int], float] = {}  # each plan priced once by each net, for both tables
 
     def priced(name: str):

@@ -804,9 +804,9 @@ def test_scorer_prices_the_shared_terms_as_the_torch_net(pool):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(scorer.net.compute(state[:, : scorer.net.nP]), want.sum(1), rtol=1e-4, atol=1e-4)
         # the greedy's narrowed state (only the presences these tables have): the same compute
-        keep, layout = scorer.net.narrowed(state)
-        assert len(keep) < state.shape[1]
-        narrow = state[:, keep][:, : scorer.net.nP - (state.shape[1] - len(keep))]
+        keep, n_pre, layout = scorer.net.narrowed(state)
+        assert len(keep) < state.shape[1] and n_pre < scorer.net.nP
+        narrow = state[:, keep][:, :n_pre]
         np.testing.assert_allclose(scorer.net.compute(narrow, layout), want.sum(1), rtol=1e-4, atol=1e-4)
 
 
@@ -823,7 +823,7 @@ def test_the_greedy_of_the_search_narrowed_to_the_presences_it_needs_places_as_o
         pieces = [splits.whole(task), [q for t, p in enumerate(splits.whole(task)) for q in (splits.cut(p, 2) if t < 3 else [p])]]
         got = [greedy_batch(PieceScorer(model, task), [ps], caps) for ps in pieces]
         with monkeypatch.context() as m:
-            m.setattr(scoring.NumpyCostNet, "narrowed", lambda self, rows: (None, None))
+            m.setattr(scoring.NumpyCostNet, "narrowed", lambda self, rows: (None, self.nP, None))
             want = [greedy_batch(PieceScorer(model, task), [ps], caps) for ps in pieces]
         for (cost, devices), (cost0, devices0) in zip(got, want):
             np.testing.assert_allclose(cost, cost0, rtol=1e-5)

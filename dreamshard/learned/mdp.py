@@ -522,16 +522,17 @@ class NumpyCostNet:
             out += self._shared_units(pre, self._shared_compute, layout)
         return out
 
-    def narrowed(self, rows: np.ndarray) -> tuple[np.ndarray | None, tuple[int, int] | None]:
-        """The columns of state rows [..., R] that sums of these rows need, and the `compute`
-        layout of them: every column but the shared terms' presences no row has (`shared_columns`:
-        they stay 0). (None, None) without shared terms: every column."""
+    def narrowed(self, rows: np.ndarray) -> tuple[np.ndarray | None, int, tuple[int, int] | None]:
+        """The columns of state rows [..., R] that sums of these rows need, how many of them are
+        pre-activations, and their `compute` layout: every column but the shared terms' presences
+        no row has (`shared_columns`: they stay 0). (None, nP, None) without shared terms: every
+        column."""
         if not self.shared:
-            return None, None
+            return None, self.nP, None
         at = 3 * self.W2blk.shape[1]
         cols, fwd_at, levels_at = shared_columns(rows[..., at : at + self.shared])
         keep = np.concatenate([np.arange(at), at + cols, np.arange(self.nP, rows.shape[-1])])
-        return keep, (fwd_at, levels_at)
+        return keep, at + len(cols), (fwd_at, levels_at)
 
     def _shared_units(self, pre: np.ndarray, weights: np.ndarray, layout: tuple[int, int] | None = None) -> np.ndarray:
         """The shared terms (CostNet `shared`) of the sums that pre-activations carry after the

@@ -310,7 +310,6 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     C, n, D, S = len(pieces), len(pieces[0]), task.devices, len(caps)
     slots = scorer.slots(pieces)  # [C, n]
     rows = scorer.table[slots]  # [C, n, R]
-    nP = net.nP
     # the row pieces' constraints, of the candidates that have row pieces (a row piece's state row
     # has its columns in the TBE output, `_rc`; most candidates have none)
     pins, groups, blocks = np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64)
@@ -335,10 +334,10 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     G = splits.host_gpus(task) or D
     # With shared terms, only the columns these pieces' sums need (`NumpyCostNet.narrowed`): the
     # steps price ~40 of the 193 presence columns; the last step puts them back for `score`.
-    keep, layout = net.narrowed(rows)
+    keep, nP, layout = net.narrowed(rows)
     width = rows.shape[-1]
     if keep is not None:
-        rows, nP = np.ascontiguousarray(rows[..., keep]), nP - (width - len(keep))  # C order: the steps' row gathers
+        rows = np.ascontiguousarray(rows[..., keep])  # C order: the steps' row gathers
     # Episode e's device d at e·D + d: a step's updates are 1-D gathers and scatters.
     state = scorer.empty((E, D)).reshape(E * D, -1)
     state = state if keep is None else np.ascontiguousarray(state[:, keep])
