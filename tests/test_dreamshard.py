@@ -803,16 +803,16 @@ def test_scorer_prices_the_shared_terms_as_the_torch_net(pool):
             want = model.cost_net(x[None], torch.from_numpy(placement)[None], torch.ones(1, task.devices, dtype=torch.bool))[0][0, :, :2].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(scorer.net.compute(state[:, : scorer.net.nP]), want.sum(1), rtol=1e-4, atol=1e-4)
-        # the greedy's narrowed state (only the presences these tables have): the same compute
-        keep, n_pre, layout = scorer.net.narrowed(state)
-        assert len(keep) < state.shape[1] and n_pre < scorer.net.nP
-        narrow = state[:, keep][:, :n_pre]
-        np.testing.assert_allclose(scorer.net.compute(narrow, layout), want.sum(1), rtol=1e-4, atol=1e-4)
+        # what the greedy carries (the heads' and the scalar columns, the presences as bits): the same compute
+        keep, bits = scorer.net.compute_columns(state)
+        assert len(keep) < scorer.net.nP / 2 and bits[0].dtype == np.uint64
+        np.testing.assert_allclose(scorer.net.compute(state[:, keep], bits), want.sum(1), rtol=1e-4, atol=1e-4)
 
 
-def test_the_greedy_of_the_search_narrowed_to_the_presences_it_needs_places_as_on_every_column(pool, monkeypatch):
-    """greedy_batch prices a shared-terms net on the presence columns its pieces have: the same
-    placements and costs as on all 193."""
+def test_the_greedy_of_the_search_on_the_columns_compute_reads_places_as_on_every_column(pool, monkeypatch):
+    """greedy_batch carries a shared-terms net's compute columns and presence bits
+    (`compute_columns`) and makes the full states after its last step: the same placements and
+    costs as on every pre-activation column, step by step."""
     from dreamshard.planners import scoring, splits
     from dreamshard.planners.scoring import PieceScorer, greedy_batch
 
@@ -823,7 +823,7 @@ def test_the_greedy_of_the_search_narrowed_to_the_presences_it_needs_places_as_o
         pieces = [splits.whole(task), [q for t, p in enumerate(splits.whole(task)) for q in (splits.cut(p, 2) if t < 3 else [p])]]
         got = [greedy_batch(PieceScorer(model, task), [ps], caps) for ps in pieces]
         with monkeypatch.context() as m:
-            m.setattr(scoring.NumpyCostNet, "narrowed", lambda self, rows: (None, self.nP, None))
+            m.setattr(scoring.NumpyCostNet, "compute_columns", lambda self, rows: (np.arange(self.nP), None))
             want = [greedy_batch(PieceScorer(model, task), [ps], caps) for ps in pieces]
         for (cost, devices), (cost0, devices0) in zip(got, want):
             np.testing.assert_allclose(cost, cost0, rtol=1e-5)

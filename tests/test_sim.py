@@ -288,6 +288,26 @@ def test_shared_terms_of_summed_rows_are_the_simulators(optimizer):
         assert want[:, SHARD_TERMS.index("launches")].max() > 0
 
 
+def test_presence_bits_count_the_presences_of_sums():
+    """The OR of rows' `presence_bits` counts, by popcount, the forward classes and the tile-class
+    levels their sum has (what `shared_terms` takes min(1, ·) of), also past one 64-bit word."""
+    from dreamshard.costs.terms import _FWD_AT, _LEVELS_AT, SHARED_SCALARS, SHARED_WIDTH, presence_bits, shard_terms_of, shared_terms
+
+    rng = np.random.default_rng(0)
+    rows = np.zeros((300, SHARED_WIDTH))
+    rows[:, :SHARED_SCALARS] = rng.random((300, SHARED_SCALARS)) * 4
+    rows[:, _FWD_AT:] = rng.random((300, SHARED_WIDTH - _FWD_AT)) < 0.02  # ~100 of the ~180 presence columns seen: two words of levels
+    words, f = presence_bits(rows)
+    assert words.dtype == np.uint64 and words.shape[1] - f >= 2
+    groups = [rng.choice(300, size=k, replace=False) for k in (1, 5, 40, 300)]
+    for g in groups:
+        sums = rows[g].sum(0)
+        counts = np.bitwise_count(np.bitwise_or.reduce(words[g], axis=0))
+        got = shard_terms_of(sums, counts[:f].sum(), counts[f:].sum())
+        np.testing.assert_allclose(got, shared_terms(sums), rtol=1e-12)
+        assert counts[f:].sum() == (sums[_LEVELS_AT:] > 0).sum()
+
+
 FAMILY_CAL = __import__("pathlib").Path(__file__).parents[1] / "dreamshard/data/calibrations/h200_triton_families.json"
 
 

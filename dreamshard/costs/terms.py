@@ -223,6 +223,7 @@ def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), ca
 # of its tables) count, per class and level l, whether any table of the class has l levels or more.
 MAX_LEVELS = 12  # a table's backward levels (levels past the first fold tiles by 8 or more: 2^31 lookups make 10)
 _SHARED_SCALARS = ("tables", "active", "lookups", "programs", "wide", "grad_bytes", "width")
+SHARED_SCALARS = len(_SHARED_SCALARS)
 SHARED_WIDTH = len(_SHARED_SCALARS) + FWD_CLASSES + TILE_CLASSES * MAX_LEVELS
 _FWD_AT = len(_SHARED_SCALARS)
 _LEVELS_AT = _FWD_AT + FWD_CLASSES
@@ -254,27 +255,38 @@ def shared_rows(terms: np.ndarray, dims: np.ndarray, optimizer: str, scale: dict
     return out
 
 
-def shared_terms(sums, fwd_at: int = _FWD_AT, levels_at: int = _LEVELS_AT) -> list:
+def shared_terms(sums) -> list:
     """The six SHARD_TERMS (in its order, each [...]) of shards whose `shared_rows` sum to `sums`
     [..., SHARED_WIDTH] (NumPy or torch: the cost net applies it to its shard vectors in both):
     launch and active, a shard's once; the programs of a shard with a dim over WIDE_DIM; its
     launches, per tile class its most levels; its gradient bytes × wide_grad_factor of its width;
-    its lookups × its forward branches beyond the first. Equal to sim.shard_terms' (tests/test_sim.py).
-    `fwd_at`, `levels_at`: where the forward classes and the levels start in `sums` when it holds
-    only some of them (`shared_columns`)."""
-    present = sums.clip(max=1.0)  # min(1, ·) of the flags and one-hots; one call for all (the searches' inner loop)
+    its lookups × its forward branches beyond the first. Equal to sim.shard_terms' (tests/test_sim.py)."""
+    present = sums[..., _FWD_AT:].clip(max=1.0)  # min(1, ·) of the one-hots
+    return shard_terms_of(sums, present[..., : _LEVELS_AT - _FWD_AT].sum(-1), present[..., _LEVELS_AT - _FWD_AT :].sum(-1))
+
+
+def shard_terms_of(sums, branches, launches) -> list:
+    """`shared_terms` from the scalar columns of the sums (the first SHARED_SCALARS), the count
+    of forward classes present (`branches`) and of tile-class levels present (`launches`)."""
     width = sums[..., 6].clip(min=1.0)
     log2 = width.log2() if hasattr(width, "log2") else np.log2(width)  # a torch tensor, or NumPy
-    branches = present[..., fwd_at:levels_at].sum(-1)
-    return [present[..., 0], present[..., 1], sums[..., 3] * present[..., 4], present[..., levels_at:].sum(-1), sums[..., 5] * log2,
+    flags = sums[..., :2].clip(max=1.0)
+    return [flags[..., 0], flags[..., 1], sums[..., 3] * sums[..., 4].clip(max=1.0), launches, sums[..., 5] * log2,
             sums[..., 2] * (branches - 1.0).clip(min=0.0)]
 
 
-def shared_columns(rows: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """The columns of `shared_rows` rows [..., SHARED_WIDTH] that sums of them need: the scalars,
-    and the forward classes and levels some row has (the others stay 0 in every sum, and 0 adds
-    nothing to a term); with the offsets `shared_terms` reads those columns by. A search over the
-    pieces of one task prices ~40 of the 193 columns at each step, not all."""
+def presence_bits(rows: np.ndarray) -> tuple[np.ndarray, int]:
+    """`shared_rows` rows [..., SHARED_WIDTH] → ([..., W] uint64, f): the forward classes and the
+    tile-class levels each row has as bits, the forward ones in the first f words — of the
+    columns some row has only (the others stay 0 in every sum). The OR of rows' bits counts, by
+    popcount, the presences of their sum (`shard_terms_of`'s `branches` and `launches`): a greedy
+    keeps a device's presences as a word or two, not ~190 columns."""
     seen = (rows.reshape(-1, SHARED_WIDTH) != 0).any(0)
-    fwd, levels = np.flatnonzero(seen[_FWD_AT:_LEVELS_AT]) + _FWD_AT, np.flatnonzero(seen[_LEVELS_AT:]) + _LEVELS_AT
-    return np.concatenate([np.arange(_FWD_AT), fwd, levels]), _FWD_AT, _FWD_AT + len(fwd)
+    words, fwd_words = [], 0
+    for k, (lo, hi) in enumerate(((_FWD_AT, _LEVELS_AT), (_LEVELS_AT, SHARED_WIDTH))):
+        cols = np.flatnonzero(seen[lo:hi]) + lo
+        for w in range(0, max(1, len(cols)), 64):
+            c = cols[w : w + 64]
+            words.append(((rows[..., c] != 0).astype(np.uint64) << np.arange(len(c), dtype=np.uint64)).sum(-1, dtype=np.uint64))
+            fwd_words += k == 0
+    return np.stack(words, axis=-1), fwd_words

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from dreamshard.costs.terms import shared_columns, shared_terms
+from dreamshard.costs.terms import SHARED_SCALARS, presence_bits, shard_terms_of, shared_terms
 from dreamshard.learned.nets import CUT_CONTEXT, CUT_PARTS, CommFormula, CostNet, CutNet, DreamShardModel, KernelFeatures, PolicyNet, a2a_dims, plan_cost, replace_comm, shard_sum, table_features
 from dreamshard.plan import Shard, column_cuts
 from dreamshard.tasks import Task
@@ -512,32 +512,37 @@ class NumpyCostNet:
             out += self._shared_units(pre, self._shared_w)
         return out
 
-    def compute(self, pre: np.ndarray, layout: tuple[int, int] | None = None) -> np.ndarray:
+    def compute(self, pre: np.ndarray, presences: tuple[np.ndarray, int] | None = None) -> np.ndarray:
         """[...] forward + backward compute of `costs` (its first two heads) in one product: what
-        the searches' greedy places by, step after step; `layout`: pre-activations of `narrowed`
-        columns."""
+        the searches' greedy places by, step after step. With `presences` ((words, f) of
+        `terms.presence_bits` of the same sums): `pre` holds only `compute_columns`."""
         k = self.W2blk.shape[1]
         out = np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
         if self.shared:
-            out += self._shared_units(pre, self._shared_compute, layout)
+            if presences is None:
+                out += self._shared_units(pre, self._shared_compute)
+            else:
+                words, f = presences
+                counts = np.bitwise_count(words)
+                terms = shard_terms_of(pre[..., 2 * k :], counts[..., :f].sum(-1), counts[..., f:].sum(-1))
+                out += np.stack(terms, axis=-1) @ self._shared_compute
         return out
 
-    def narrowed(self, rows: np.ndarray) -> tuple[np.ndarray | None, int, tuple[int, int] | None]:
-        """The columns of state rows [..., R] that sums of these rows need, how many of them are
-        pre-activations, and their `compute` layout: every column but the shared terms' presences
-        no row has (`shared_columns`: they stay 0). (None, nP, None) without shared terms: every
-        column."""
+    def compute_columns(self, rows: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, int] | None]:
+        """What `compute` of sums of state rows [..., R] needs, for a greedy to carry step by step:
+        the columns (the forward and backward heads' units; with shared terms their scalar sums)
+        and with shared terms the rows' presences as bits (`terms.presence_bits`: OR-ed, not
+        summed). ~140 of ~430 columns with shared terms."""
+        k = self.W2blk.shape[1]
         if not self.shared:
-            return None, self.nP, None
-        at = 3 * self.W2blk.shape[1]
-        cols, fwd_at, levels_at = shared_columns(rows[..., at : at + self.shared])
-        keep = np.concatenate([np.arange(at), at + cols, np.arange(self.nP, rows.shape[-1])])
-        return keep, at + len(cols), (fwd_at, levels_at)
+            return np.arange(2 * k), None
+        at = 3 * k
+        return np.concatenate([np.arange(2 * k), at + np.arange(SHARED_SCALARS)]), presence_bits(rows[..., at : at + self.shared])
 
-    def _shared_units(self, pre: np.ndarray, weights: np.ndarray, layout: tuple[int, int] | None = None) -> np.ndarray:
+    def _shared_units(self, pre: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """The shared terms (CostNet `shared`) of the sums that pre-activations carry after the
         heads' units, weighed by `weights` ([6, ...])."""
-        return np.stack(shared_terms(pre[..., 3 * self.W2blk.shape[1] :], *(layout or ())), axis=-1) @ weights
+        return np.stack(shared_terms(pre[..., 3 * self.W2blk.shape[1] :]), axis=-1) @ weights
 
     def overall(self, csum: np.ndarray) -> np.ndarray:
         """[..., D, H] shard vectors → [...] the overall head's cost, units."""

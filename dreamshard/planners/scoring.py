@@ -332,15 +332,17 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     # the steps that place a row piece of each kind: the others skip its check (a no-op there)
     pinned, grouped, hosted = (pin >= 0).any(1).tolist(), (group >= 0).any(1).tolist(), (block >= 0).any(1).tolist()
     G = splits.host_gpus(task) or D
-    # With shared terms, only the columns these pieces' sums need (`NumpyCostNet.narrowed`): the
-    # steps price ~40 of the 193 presence columns; the last step puts them back for `score`.
-    keep, nP, layout = net.narrowed(rows)
-    width = rows.shape[-1]
-    if keep is not None:
-        rows = np.ascontiguousarray(rows[..., keep])  # C order: the steps' row gathers
+    # The steps carry only what `compute` reads (`NumpyCostNet.compute_columns`: ~140 of ~430
+    # columns with shared terms, whose presences are bits OR-ed per device): each step's gathers
+    # and scatters move those; the full states, which `score` reads, are made once after the last
+    # step from the placements.
+    keep, bits = net.compute_columns(rows)
+    step_rows = np.ascontiguousarray(rows[..., keep])  # C order: the steps' row gathers
     # Episode e's device d at e·D + d: a step's updates are 1-D gathers and scatters.
-    state = scorer.empty((E, D)).reshape(E * D, -1)
-    state = state if keep is None else np.ascontiguousarray(state[:, keep])
+    state = np.repeat(scorer.empty((1,))[:, keep], E * D, axis=0)
+    if bits is not None:
+        piece_bits, fwd_words = bits[0].reshape(C * n, -1), bits[1]
+        device_bits = np.zeros((E * D, piece_bits.shape[1]), np.uint64)
     comp = np.zeros(E * D)  # an empty device computes nothing (not the heads' bias)
     used, dim_sum = np.zeros((E, D), np.int64), np.zeros((E, D), np.int64)
     flat_used, flat_dim = used.reshape(-1), dim_sum.reshape(-1)
@@ -348,7 +350,7 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     host_of = np.full((E, max(1, int(group.max()) + 1)), -1, np.int64)  # the host of each table-row-wise group, once its first block is placed
     chosen = np.zeros((n, E), np.int64)
     ok = np.zeros((n, E), bool)  # the device chosen was legal (else the episode failed)
-    flat_rows, taken = rows.reshape(C * n, -1), cand * n + piece  # [n, E] the row each episode adds at each step
+    flat_rows, taken = step_rows.reshape(C * n, -1), cand * n + piece  # [n, E] the row each episode adds at each step
     es, ds, first = np.arange(E), np.arange(D), np.arange(E) * D
     for step in range(n):
         legal = ((used <= room[step, :, None]) & (dim_sum <= dim_room[step, :, None])).reshape(-1)
@@ -373,15 +375,21 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
         if hosted[step]:
             m = block[step] >= 0
             host_of[es[m], group[step][m]] = a[m] // G
-        comp[at] = net.compute(placed[:, :nP], layout)
+        if bits is None:
+            comp[at] = net.compute(placed)
+        else:
+            placed_bits = device_bits.take(at, 0) | piece_bits.take(taken[step], 0)
+            device_bits[at] = placed_bits
+            comp[at] = net.compute(placed, (placed_bits, fwd_words))
         chosen[step] = a
     devices = np.empty((E, n), np.int64)
     devices[es, piece] = chosen
-    if keep is not None:
-        full = np.zeros((E * D, width), np.float32)
-        full[:, keep] = state
-        state = full
-    cost = np.where(ok.all(0), scorer.score(state.reshape(E, D, -1)), np.inf).reshape(C, S)
+    # every episode's full states at once: per candidate, [S·D, n] one-hot of its episodes'
+    # devices times its [n, R] rows
+    onehot = np.zeros((C, S * D, n), np.float32)
+    onehot[cand[:, None], (es % S)[:, None] * D + devices, np.arange(n)] = 1.0
+    state = scorer.empty((E, D)) + np.matmul(onehot, rows).reshape(E, D, -1)
+    cost = np.where(ok.all(0), scorer.score(state), np.inf).reshape(C, S)
     best = cost.argmin(1)
     return cost[np.arange(C), best], devices.reshape(C, S, n)[np.arange(C), best]
 
