@@ -89,6 +89,7 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     "dreamshard --no-split": ("dreamshard", {"split": False}),
     "dreamshard (no annealing)": ("dreamshard", {"anneal": 0}),  # its search without its last stage
     "dreamshard (annealing without margin)": ("dreamshard", {"anneal_margin": 0.0}),  # that stage's plan wherever the net prices it lower
+    "dreamshard (annealing 8000 without margin)": ("dreamshard", {"anneal": 8_000, "anneal_margin": 0.0}),  # and four times the placements priced
     # the shipped model's cost heads' ReLU layers scaled (dev_tasks.heads_scaled): how the net's
     # non-linear part, fitted to the training families, orders plans of others; not in a plain
     # `plan` (EXPERIMENTS), planned with --again
@@ -477,6 +478,7 @@ def report(folder: Path, models: dict[str, str] | None = None) -> str:
             lines.append(f"| {label} | {kind} | {len(e)} | {np.median(a) * 100:.1f}% | {a.max() * 100:.1f}% | {pct(float(np.mean(e)))} |")
     prices, net = scorers(gpu, models)
     lines += ordering(done, prices, net)
+    lines += by_kind(done, prices)
     lines += by_family(done, prices)
     # where DreamShard's plan came from
     won = Counter(notes_with(t["dreamshard"][3], "candidate").get("dreamshard", "?") for t in done.values() if "dreamshard" in t)
@@ -526,6 +528,21 @@ def scorers(gpu: str, models: dict[str, str] | None = None) -> tuple[dict, str]:
 
     prices = {name: priced(name) for name in nets} | {"simulator": lambda v: v[2]}
     return prices, f"the shipped {gpu.upper()} model now (sha256 {which}…)"
+
+
+def by_kind(done: dict, prices: dict) -> list[str]:
+    """Each price's median and largest absolute error on every measured plan (once), by plan kind:
+    a net's error on the kinds of plan any planner makes, not only on its own planner's."""
+    plans: dict[str, dict[int, tuple]] = defaultdict(dict)
+    for t in done.values():
+        for v in t.values():
+            plans[plan_kind(v[3])][id(v[3])] = v
+    lines = ["", "## Each price against the GPU, by plan kind (median / largest absolute error on the measured step; every measured plan once, every planner's)", "",
+             f"| plan kind | plans | {' | '.join(prices)} |", "|---|---:|" + "---:|" * len(prices)]
+    for kind, vs in sorted(plans.items()):
+        errors = [np.abs([price(v) / v[1] - 1 for v in vs.values()]) for price in prices.values()]
+        lines.append(f"| {kind} | {len(vs)} | {' | '.join(f'{np.median(e) * 100:.1f}% / {e.max() * 100:.1f}%' for e in errors)} |")
+    return lines
 
 
 def by_family(done: dict, prices: dict) -> list[str]:

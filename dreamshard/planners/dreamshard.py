@@ -208,7 +208,7 @@ BEAM_MAX_TABLES_HOSTS = 2_000
 # the development tasks measured on one H100 (benchmarks/results/gpu_dev_anneal) the 13 annealed
 # plans predicted under 1% cheaper were measured 1.1% dearer on average (the 5 others 1.9% cheaper).
 ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 2_000, 1, 4_000, 0.02
-ANNEAL_CELL_EVALS = 2_000_000  # placements × tables × devices: fewer than `anneal` placements above 1,000 tables × devices
+ANNEAL_FULL_CELLS = 1_000  # tables × devices up to which the stage prices `anneal` placements; above, fewer in proportion
 
 
 @register
@@ -457,7 +457,7 @@ class DreamShardPlanner(LearnedPlanner):
             starts.insert(0, ([(p.table, p.start, p.stop) for p in best.pieces], np.array(best.devices, np.int64)))
         if not starts:
             return best
-        budget = min(self.anneal, max(2, ANNEAL_CELL_EVALS // (len(task.tables) * task.devices)))
+        budget = min(self.anneal, max(2, self.anneal * ANNEAL_FULL_CELLS // (len(task.tables) * task.devices)))
         found, _, _ = annealer.run(task, NetPricer(scorer, budget), starts)
         if found is None:
             return best
