@@ -88,8 +88,10 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     "dreamshard": ("dreamshard", {}),
     "dreamshard --no-split": ("dreamshard", {"split": False}),
     "dreamshard (no annealing)": ("dreamshard", {"anneal": 0}),  # its search without its last stage
-    "dreamshard (annealing without margin)": ("dreamshard", {"anneal_margin": 0.0}),  # that stage's plan wherever the net prices it lower
-    "dreamshard (annealing 8000 without margin)": ("dreamshard", {"anneal": 8_000, "anneal_margin": 0.0}),  # and four times the placements priced
+    # that stage as it was before the default: 2,000 placements, its plan kept where the net prices it 2% lower; and without the margin
+    "dreamshard (annealing 2000, 2% margin)": ("dreamshard", {"anneal": 2_000, "anneal_margin": 0.02}),
+    "dreamshard (annealing without margin)": ("dreamshard", {"anneal": 2_000, "anneal_margin": 0.0}),
+    "dreamshard (annealing 8000 without margin)": ("dreamshard", {"anneal": 8_000, "anneal_margin": 0.0}),  # the default
     # the shipped model's cost heads' ReLU layers scaled (dev_tasks.heads_scaled): how the net's
     # non-linear part, fitted to the training families, orders plans of others; not in a plain
     # `plan` (EXPERIMENTS), planned with --again

@@ -202,12 +202,12 @@ BEAM_MAX_TABLES_HOSTS = 2_000
 # propose from the families they were trained on; on one they have not seen their proposals can be
 # far from what the cost net itself prefers (a model trained without the `hot` family, on `hot`
 # development tasks: the search's plans 6% above the net's price of the oracle's). Up to
-# ANNEAL_MAX_CELLS tables × devices: an evaluation sums every piece into every device's state
-# (200 tables on 8 devices: ~0.2 s for the stage on one core). Its plan replaces the search's
-# only if the net prices it ANNEAL_MARGIN lower: the net is several percent off real steps, and on
-# the development tasks measured on one H100 (benchmarks/results/gpu_dev_anneal) the 13 annealed
-# plans predicted under 1% cheaper were measured 1.1% dearer on average (the 5 others 1.9% cheaper).
-ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 2_000, 1, 4_000, 0.02
+# ANNEAL_MAX_CELLS tables × devices: an evaluation sums every piece into every device's state.
+# Its plan replaces the search's wherever the net prices it lower (ANNEAL_MARGIN 0): with the H200
+# model's net (1–3% off measured steps) 8,000 placements without a margin planned the development
+# tasks 0.35 points lower on 4 × H200 than 2,000 with a 2% margin, the margin chosen for a net
+# several percent off (docs/dreamshard.md, "The last stage").
+ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 8_000, 1, 4_000, 0.0
 ANNEAL_FULL_CELLS = 1_000  # tables × devices up to which the stage prices `anneal` placements; above, fewer in proportion
 
 
