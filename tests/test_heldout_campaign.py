@@ -50,6 +50,9 @@ def test_plans_measured_and_reported(tmp_path):
     assert "| dreamshard | " in text.split("The cost net's per-plan error")[1]
     assert "## DreamShard's search: the candidate chosen" in text
     assert "| mixed | " in text.split("## Each price against the GPU, by family and plan kind")[1]
+    by_kind = text.split("## Each price against the GPU, by plan kind")[1].split("##")[0]
+    counts = [int(line.split("|")[2]) for line in by_kind.splitlines() if line.startswith("| ") and not line.startswith("| plan kind")]
+    assert sum(counts) == len(measured)  # every measured plan once, by its kind
 
 
 def test_some_planners_measured_alone(tmp_path):
