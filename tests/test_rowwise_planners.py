@@ -271,8 +271,9 @@ def candidate_cuts(task: Task) -> list[list[Shard]]:
 
 def test_the_batched_greedy_is_the_step_by_step_one(planners):
     """NeuroShard's inner greedy, batched over candidates and caps with its per-step work laid out
-    before the loop, places every piece where the step-by-step reference does: same devices,
-    same costs (inf where no cap placed everything), bit for bit."""
+    before the loop, places every piece where the step-by-step reference does: the same devices,
+    the same costs (inf where no cap placed everything; its full states are summed in one product
+    after the steps, the reference's step by step: float32 sums in another order)."""
     finite = failed = 0
     for task in [hot_task(4), hot_task(2), hot_task(4, cap=int(HOT.bytes() * 0.6))] + random_tasks(8, seed=11):
         scorer = PieceScorer(planners["neuroshard"].model, task)
@@ -283,7 +284,8 @@ def test_the_batched_greedy_is_the_step_by_step_one(planners):
             for cands in by_len.values():
                 cost, devices = greedy_batch(scorer, cands, caps)
                 ref_cost, ref_devices = reference_greedy(scorer, cands, caps)
-                assert np.array_equal(cost, ref_cost) and np.array_equal(devices, ref_devices)
+                assert np.array_equal(devices, ref_devices) and np.array_equal(np.isinf(cost), np.isinf(ref_cost))
+                np.testing.assert_allclose(cost[np.isfinite(cost)], ref_cost[np.isfinite(ref_cost)], rtol=1e-6)
                 finite += int(np.isfinite(cost).sum())
                 failed += int(np.isinf(cost).sum())
     assert finite > 100 and failed > 0
