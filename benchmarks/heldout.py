@@ -110,7 +110,8 @@ PLANNERS: dict[str, tuple[str, dict]] = {
 }
 
 
-EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)", "dreamshard (simulator's weights)")  # labels a plain `plan` leaves out
+EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)", "dreamshard (simulator's weights)",
+               "dreamshard (annealing 2000, 2% margin)", "dreamshard (annealing 8000 without margin)")  # labels a plain `plan` leaves out
 
 
 # the simulator of the oracle's plans and of the report's simulated column: a calibration of the
