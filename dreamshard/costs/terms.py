@@ -224,8 +224,8 @@ def table_terms(tables: Sequence[TableSpec], workload: Workload = Workload(), ca
 MAX_LEVELS = 12  # a table's backward levels (levels past the first fold tiles by 8 or more: 2^31 lookups make 10)
 _SHARED_SCALARS = ("tables", "active", "lookups", "programs", "wide", "grad_bytes", "width")
 SHARED_SCALARS = len(_SHARED_SCALARS)
-SHARED_WIDTH = len(_SHARED_SCALARS) + FWD_CLASSES + TILE_CLASSES * MAX_LEVELS
-_FWD_AT = len(_SHARED_SCALARS)
+SHARED_WIDTH = SHARED_SCALARS + FWD_CLASSES + TILE_CLASSES * MAX_LEVELS
+_FWD_AT = SHARED_SCALARS
 _LEVELS_AT = _FWD_AT + FWD_CLASSES
 
 

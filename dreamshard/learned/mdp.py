@@ -518,14 +518,12 @@ class NumpyCostNet:
         `terms.presence_bits` of the same sums): `pre` holds only `compute_columns`."""
         k = self.W2blk.shape[1]
         out = np.maximum(pre[..., : 2 * k], 0.0) @ self._w2_compute + self._b2_compute
-        if self.shared:
-            if presences is None:
-                out += self._shared_units(pre, self._shared_compute)
-            else:
-                words, f = presences
-                counts = np.bitwise_count(words)
-                terms = shard_terms_of(pre[..., 2 * k :], counts[..., :f].sum(-1), counts[..., f:].sum(-1))
-                out += np.stack(terms, axis=-1) @ self._shared_compute
+        if self.shared and presences is None:
+            out += self._shared_units(pre, self._shared_compute)
+        elif self.shared:
+            words, f = presences
+            counts = np.bitwise_count(words)
+            out += np.stack(shard_terms_of(pre[..., 2 * k :], counts[..., :f].sum(-1), counts[..., f:].sum(-1)), axis=-1) @ self._shared_compute
         return out
 
     def compute_columns(self, rows: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, int] | None]:

@@ -628,7 +628,7 @@ class NetPricer(Pricer):
     """The oracle's pricer (`oracle.Pricer`, which counts the budget) pricing on the cost net: N
     placements of the same pieces as per-device totals (ms, the net's three components; column
     pieces only, which have no row-wise exchange), their device states summed from the pieces'
-    state rows in one product."""
+    state rows in one product (`PieceScorer.placed_states`)."""
 
     def __init__(self, scorer: PieceScorer, budget: int):
         super().__init__(None, scorer.task, budget)
@@ -637,7 +637,6 @@ class NetPricer(Pricer):
         self._slot: dict[tuple[int, int, int], int] = {}  # a piece's slot in the scorer's cache
 
     def price(self, pieces: list[tuple[int, int, int]], placements: np.ndarray) -> np.ndarray:
-        N, D = len(placements), self.task.devices
         # the annealing's moves and swaps price one list of pieces step after step (the same
         # object, never changed in place): its rows are looked up once
         if self._rows is None or self._rows[0] is not pieces:
@@ -645,11 +644,7 @@ class NetPricer(Pricer):
             if new:
                 self._slot.update(zip(new, self.scorer.slots([[Shard(t, -1, a, b) for t, a, b in new]])[0].tolist()))
             self._rows = (pieces, self.scorer.table[[self._slot[p] for p in pieces]])
-        rows = self._rows[1]
-        onehot = np.zeros((N, D, len(pieces)), rows.dtype)
-        onehot[np.arange(N)[:, None], placements, np.arange(len(pieces))[None]] = 1.0
-        state = onehot @ rows + self.scorer.empty((D,))
-        return self.scorer.device_costs(state).sum(-1) * self.scorer.net.scale
+        return self.scorer.device_costs(self.scorer.placed_states(self._rows[1], placements)).sum(-1) * self.scorer.net.scale
 
 
 @dataclass
