@@ -207,14 +207,26 @@ def test_the_annealing_stage_prices_as_the_scorer_and_only_lowers_the_prediction
         if any(p.is_row_shard for p in pieces):
             continue
         scorer = PieceScorer(planner.model, task)
-        pricer = NetPricer(scorer, 10)
+        pricer = NetPricer(scorer, 40)
         rng = np.random.default_rng(0)
-        placements = np.stack([np.array(devices)] + [rng.integers(task.devices, size=len(pieces)) for _ in range(3)])
-        got = pricer.totals([(p.table, p.start, p.stop) for p in pieces], placements)
-        for row, want in zip(placements, got):
-            expect = scorer.device_costs(scorer.state(pieces, row)).sum(-1) * float(planner.model.cost_net.scale)
-            assert want == pytest.approx(expect, rel=1e-5)
-        assert pricer.used == 4
+        keys = [(p.table, p.start, p.stop) for p in pieces]
+        # placements far from each other, then batches of neighbours (a piece or two moved) of a
+        # walk away from the first: priced from a base placement plus the moved pieces' rows
+        batches = [np.stack([np.array(devices)] + [rng.integers(task.devices, size=len(pieces)) for _ in range(3)])]
+        walk = np.array(devices)
+        for _ in range(6):
+            near = np.repeat(walk[None], 6, axis=0)
+            for row in near:
+                moved = rng.choice(len(pieces), rng.integers(1, 3), replace=False)
+                row[moved] = rng.integers(task.devices, size=len(moved))
+            batches.append(near)
+            walk = near[-1]
+        for placements in batches:
+            got = pricer.totals(keys, placements)
+            for row, want in zip(placements, got):
+                expect = scorer.device_costs(scorer.state(pieces, row)).sum(-1) * float(planner.model.cost_net.scale)
+                assert want == pytest.approx(expect, rel=1e-5)
+        assert pricer.used == 40
         checked += 1
     assert checked >= 1
     with pytest.raises(ValueError, match="anneal"):

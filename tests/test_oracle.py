@@ -131,3 +131,68 @@ def test_one_device_and_infeasible(sim, tasks):
     tight = Task(task.tables, task.devices, max(task.sizes()) - 1, task.workload)
     with pytest.raises(InfeasibleError):
         OraclePlanner(sim, budget=100, split=False).plan(tight)
+
+
+def reference_moves(annealer, task, state, n, rng):
+    """`Annealer._moves` as first written, the draw by draw spec its faster loop keeps: a piece
+    by `_piece`, then a move to a legal device (half the time among the three fastest) or a swap."""
+    cap, seen, rows = task.max_memory_bytes, set(), []
+    for _ in range(4 * n):
+        if len(rows) == n:
+            break
+        i = annealer._piece(state, rng)
+        a = state.dev[i]
+        if rng.random() < 0.5:
+            legal = state.used + state.size[i] <= cap
+            legal[a] = False
+            ok = np.flatnonzero(legal)
+            if not len(ok):
+                continue
+            if rng.random() < 0.5:
+                ok = ok[np.argsort(state.totals[ok], kind="stable")[:3]]
+            d = int(ok[rng.integers(len(ok))])
+            if ("m", i, d) in seen:
+                continue
+            seen.add(("m", i, d))
+            row = state.dev.copy()
+            row[i] = d
+        else:
+            fits = np.flatnonzero((state.dev != a) & (state.used[a] - state.size[i] + state.size <= cap)
+                                  & (state.used[state.dev] - state.size + state.size[i] <= cap))
+            if not len(fits):
+                continue
+            j = int(fits[rng.integers(len(fits))])
+            b = state.dev[j]
+            if (min(i, j), max(i, j)) in seen:
+                continue
+            seen.add((min(i, j), max(i, j)))
+            row = state.dev.copy()
+            row[i], row[j] = b, a
+        rows.append(row)
+    return (state.pieces, np.array(rows)) if rows else None
+
+
+def test_the_moves_are_drawn_as_the_reference_draws_them(sim, tasks):
+    """The annealing's moves and swaps, drawn from the same generator state, are the reference's
+    neighbours and leave the generator where it leaves it — on roomy and on tight memory (where
+    many moves have no legal device) and with ties among the devices' costs."""
+    from dreamshard.planners.oracle import Annealer, Pricer, State
+
+    annealer, checked = Annealer(), 0
+    for k, task in enumerate(tasks[:4]):
+        for cap in (task.max_memory_bytes, int(sum(task.sizes()) / task.devices * 1.05)):
+            tight = Task(task.tables, task.devices, cap)
+            pricer = Pricer(sim, tight, 10**6)
+            pieces = [(t, 0, spec.dim) for t, spec in enumerate(tight.tables)]
+            rng = np.random.default_rng(k)
+            size = np.array([pricer.size(p) for p in pieces])
+            dev = np.argsort(np.argsort(-size)) % tight.devices  # round robin by size: within memory
+            totals = np.round(rng.uniform(1, 3, tight.devices), 1 if cap < task.max_memory_bytes else 3)
+            state = State(pieces, dev, pricer, totals)
+            for seed in range(20):
+                a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+                got, want = annealer._moves(tight, state, 8, a), reference_moves(annealer, tight, state, 8, b)
+                assert (got is None) == (want is None) and (got is None or np.array_equal(got[1], want[1]))
+                assert a.random() == b.random()
+                checked += got is not None
+    assert checked > 100

@@ -201,7 +201,7 @@ def test_splitting_planners_on_random_tasks(planners):
     assert placed >= 8 and oversize >= 2
 
 
-def reference_greedy(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reference_greedy(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`scoring.greedy_batch` as first written, the spec its batched loop is checked against: each
     step gathers what every episode places and applies every constraint on [E, D] arrays; the
     row constraints as `splits.row_groups` first had them."""
@@ -220,7 +220,7 @@ def reference_greedy(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.nd
                 pin[c, k] = starts[p.table].index(p.row_start)
             elif p.is_row_shard:
                 group[c, k] = groups[p.table]
-    order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")
+    order = np.argsort(-scorer.single[scorer.slots(pieces)], axis=1, kind="stable")  # each piece's compute alone, as measured (`rows` measured them)
     E = C * S
     cand = np.repeat(np.arange(C), S)
     dim_cap = np.maximum(np.tile(caps, C) * dims[cand].sum(1) / D, dims[cand].max(1))  # never below the widest piece
@@ -244,7 +244,7 @@ def reference_greedy(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.nd
         devices[es, i] = a
     cost = np.where(failed, np.inf, scorer.score(state)).reshape(C, S)
     best = cost.argmin(1)
-    return cost[np.arange(C), best], devices.reshape(C, S, n)[np.arange(C), best]
+    return cost[np.arange(C), best], devices.reshape(C, S, n)[np.arange(C), best], caps[best]
 
 
 def reference_state(scorer: PieceScorer, pieces: list[Shard], devices: np.ndarray) -> np.ndarray:
@@ -282,13 +282,62 @@ def test_the_batched_greedy_is_the_step_by_step_one(planners):
             by_len.setdefault(len(c), []).append(c)
         for caps in (np.linspace(1.0, 1.5, 4), np.array([splits.NO_DIM_CAP])):
             for cands in by_len.values():
-                cost, devices = greedy_batch(scorer, cands, caps)
-                ref_cost, ref_devices = reference_greedy(scorer, cands, caps)
-                assert np.array_equal(devices, ref_devices) and np.array_equal(np.isinf(cost), np.isinf(ref_cost))
+                cost, devices, cap = greedy_batch(scorer, cands, caps)
+                ref_cost, ref_devices, ref_cap = reference_greedy(scorer, cands, caps)
+                assert np.array_equal(devices, ref_devices) and np.array_equal(np.isinf(cost), np.isinf(ref_cost)) and np.array_equal(cap, ref_cap)
                 np.testing.assert_allclose(cost[np.isfinite(cost)], ref_cost[np.isfinite(ref_cost)], rtol=1e-6)
                 finite += int(np.isfinite(cost).sum())
                 failed += int(np.isinf(cost).sum())
     assert finite > 100 and failed > 0
+
+
+def test_one_batch_of_candidates_of_any_length_and_caps_is_each_candidate_alone(planners):
+    """greedy_batch places candidates of different piece counts in one batch (the shorter ones
+    padded with empty pieces placed last), each under the caps given for it ([C, S]): each one's
+    devices, cost and chosen cap are those it gets in a batch of its own."""
+    checked = 0
+    for task in [hot_task(4), hot_task(4, cap=int(HOT.bytes() * 0.6))] + random_tasks(3, seed=13):
+        scorer = PieceScorer(planners["neuroshard"].model, task)
+        cands = candidate_cuts(task)
+        assert len({len(c) for c in cands}) > 1
+        all_caps = np.linspace(1.0, 1.5, 6)
+        per = np.stack([all_caps[k % 4 : k % 4 + 3] for k in range(len(cands))])
+        for caps in (all_caps, per):
+            cost, devices, cap = greedy_batch(scorer, cands, caps)
+            for c, pieces in enumerate(cands):
+                own_cost, own_devices, own_cap = greedy_batch(scorer, [pieces], caps if caps.ndim == 1 else caps[c])
+                assert np.array_equal(devices[c, : len(pieces)], own_devices[0]) and cap[c] == own_cap[0]
+                assert cost[c] == pytest.approx(own_cost[0], rel=1e-6) if np.isfinite(own_cost[0]) else np.isinf(cost[c])
+                checked += 1
+    assert checked > 50
+
+
+def test_the_beams_children_are_placed_under_the_caps_around_their_parents(planners, monkeypatch):
+    """caps_near is the window of caps centred on the nearest one (shifted inside at the ends);
+    with child_caps the beam's first step places under every cap and each later candidate under
+    the window around its parent's best cap; without, every candidate under every cap."""
+    from dreamshard.planners import scoring
+
+    caps = np.linspace(1.0, 1.5, 11)
+    assert np.allclose(scoring.caps_near(caps, 1.26, 3), [1.2, 1.25, 1.3])
+    assert np.allclose(scoring.caps_near(caps, 1.0, 3), caps[:3]) and np.allclose(scoring.caps_near(caps, 1.5, 3), caps[-3:])
+    task = hot_task(4)
+    scorer = PieceScorer(planners["neuroshard"].model, task)
+    seen = []
+
+    def spy(scorer, candidates, caps_given):
+        out = greedy_batch(scorer, candidates, caps_given)
+        seen.append((np.asarray(caps_given), out[2]))
+        return out
+
+    monkeypatch.setattr(scoring, "greedy_batch", spy)
+    scoring.beam_search(scorer, [splits.whole(task)], caps, 2, 3, 4, child_caps=3)
+    assert len(seen) >= 2 and seen[0][0].shape == caps.shape
+    for (given, _), (_, parent_caps) in zip(seen[1:], seen):
+        assert given.shape[1] == 3 and set(np.round(given[:, 1], 6)) <= set(np.round(parent_caps, 6)) | {1.05, 1.45}
+    seen.clear()
+    scoring.beam_search(scorer, [splits.whole(task)], caps, 2, 3, 4)
+    assert all(given.shape == caps.shape for given, _ in seen)
 
 
 def test_the_scorers_cache_is_each_pieces_own_measure(planners):
@@ -308,7 +357,7 @@ def test_the_scorers_cache_is_each_pieces_own_measure(planners):
     assert np.allclose(scorer.table[slots], once, rtol=1e-5, atol=1e-6)
     assert np.array_equal(scorer.table[slots[order[0]]], first)
     assert scorer.bytes[slots].tolist() == splits.sizes(task, pieces)
-    assert scorer.a2a_dims(slots).tolist() == [0 if p.is_row_shard else p.width for p in pieces]
+    assert scorer.table[slots, scorer._a2a].tolist() == [0 if p.is_row_shard else p.width for p in pieces]
 
 
 def test_plans_are_the_reference_paths(planners, monkeypatch):

@@ -189,6 +189,11 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
 # 10: on the development tasks (benchmarks/dev_tasks.py) depth 4, 6 and 10 made plans within 0.02
 # points of each other, and 200 tables on 8 devices plan in under a second at 4 (1.8 s at 10)
 BEAM_DEPTH, BEAM_WIDTH, BEAM_TOP = 4, 3, 10
+# after its first step the beam places a candidate under the 3 dim caps around its parent's best
+# (`beam_search`'s child_caps), not all 11: on the 31 development tasks (the 30 of
+# `heldout.py --dev`, 200 tables on 8 devices) 3 plans changed, by at most 0.05% of the net's
+# price, and planning took 15% less time
+BEAM_CHILD_CAPS = 3
 # on a task of several hosts, more beam steps while each lowers the plan (`beam_search`'s extend):
 # there row splits inside a host keep paying (4 hosts of 8: plans 4.5-5.5% lower on development
 # pools); on one host the later steps gained under 0.1% for up to twice the time
@@ -348,7 +353,7 @@ class DreamShardPlanner(LearnedPlanner):
         dim caps 1.0–1.5, then the split descent from there."""
         pieces = splits.forced_row_splits(task)
         scorer = PieceScorer(self.model, task, self.comm)
-        cost, devices = greedy_batch(scorer, [pieces], np.array([*np.linspace(1.0, 1.5, 6), splits.NO_DIM_CAP]))
+        cost, devices, _ = greedy_batch(scorer, [pieces], np.array([*np.linspace(1.0, 1.5, 6), splits.NO_DIM_CAP]))
         if not np.isfinite(cost[0]):
             raise splits.infeasible(task)
         devices = [int(d) for d in devices[0]]
@@ -365,7 +370,7 @@ class DreamShardPlanner(LearnedPlanner):
         ladder = row_ladder(scorer, whole, placement, state, cost, ROW_LADDER_HOSTS if splits.host_gpus(scorer.task) else 2)
         best = None
         for pieces in ladder:
-            cost, devices = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
+            cost, devices, _ = greedy_batch(scorer, [pieces], np.linspace(1.0, 1.5, 6))
             if np.isfinite(cost[0]) and (best is None or cost[0] < best[0]):
                 best = (float(cost[0]), pieces, [int(d) for d in devices[0]])
         if splits.host_gpus(scorer.task) and len(whole) <= ROW_LADDER_HOSTS:
@@ -437,7 +442,7 @@ class DreamShardPlanner(LearnedPlanner):
         `budget_ms` (the budget buys rounds after it); `best` where it finds nothing cheaper."""
         starts = [best.pieces] + [c for c in proposed if set(c) != set(best.pieces)]
         cost, pieces, devices = beam_search(scorer, starts, CAPS, BEAM_WIDTH, self.beam_depth, BEAM_TOP, (best.cost, best.pieces, best.devices),
-                                            extend=BEAM_EXTEND if several_hosts(scorer.task.topology) else 0)
+                                            extend=BEAM_EXTEND if several_hosts(scorer.task.topology) else 0, child_caps=BEAM_CHILD_CAPS)
         return Candidate(cost, pieces, [int(d) for d in devices], best.source + " + beam") if cost < best.cost else best
 
     def _anneal(self, scorer: PieceScorer, best: "Candidate") -> "Candidate":
@@ -472,7 +477,7 @@ class DreamShardPlanner(LearnedPlanner):
         greedy (swept dim caps); `start` where neither lowers the prediction."""
         pieces, devices, cost = split_descent(scorer, start.pieces, start.devices, scorer.state(start.pieces, np.array(start.devices)), self.max_splits)
         best = Candidate(cost, pieces, [int(d) for d in devices], start.source + " + descent") if cost < start.cost else start
-        again, devs = greedy_batch(scorer, [best.pieces], CAPS if len(scorer.task.tables) <= CUTS_MAX_TABLES else CAPS[::2])
+        again, devs, _ = greedy_batch(scorer, [best.pieces], CAPS if len(scorer.task.tables) <= CUTS_MAX_TABLES else CAPS[::2])
         if again[0] < best.cost * (1 - 1e-3):
             best = Candidate(float(again[0]), best.pieces, [int(d) for d in devs[0]], best.source + " + greedy placement")
         return best
@@ -506,7 +511,7 @@ class DreamShardPlanner(LearnedPlanner):
             if np.isfinite(score[k]) and len(distinct) < GREEDY_CUTS:
                 distinct.setdefault(active[k].tobytes(), int(k))
         cuts = [[s.pieces[i] for i in np.flatnonzero(active[k])] for k in distinct.values()]
-        costs, devs = greedy_groups(scorer, cuts, CAPS)
+        costs, devs, _ = greedy_groups(scorer, cuts, CAPS)
         j = int(costs.argmin())
         if costs[j] < best.cost:
             best = Candidate(float(costs[j]), cuts[j], [int(d) for d in devs[j]], "learned cuts, greedy placement")
@@ -627,13 +632,18 @@ def perturbed(task: Task, pieces: list[Shard], devices: list[int], changes: int,
 class NetPricer(Pricer):
     """The oracle's pricer (`oracle.Pricer`, which counts the budget) pricing on the cost net: N
     placements of the same pieces as per-device totals (ms, the net's three components; column
-    pieces only, which have no row-wise exchange), their device states summed from the pieces'
-    state rows in one product (`PieceScorer.placed_states`)."""
+    pieces only, which have no row-wise exchange). Their device states: a base placement's (one
+    product, `PieceScorer.placed_states`) plus the rows of the pieces each placement moved from it
+    (the annealing's neighbours move one or two pieces each), the base made anew from a batch's
+    first placement once some placement is more than DELTA_PIECES moves away."""
+
+    DELTA_PIECES = 8
 
     def __init__(self, scorer: PieceScorer, budget: int):
         super().__init__(None, scorer.task, budget)
         self.scorer, self.batched = scorer, True
         self._rows: tuple[list, np.ndarray] | None = None  # the last pieces list priced and its rows
+        self._base: tuple[np.ndarray, np.ndarray] | None = None  # a placement of those pieces and its [D, R] states
         self._slot: dict[tuple[int, int, int], int] = {}  # a piece's slot in the scorer's cache
 
     def price(self, pieces: list[tuple[int, int, int]], placements: np.ndarray) -> np.ndarray:
@@ -643,8 +653,20 @@ class NetPricer(Pricer):
             new = [p for p in dict.fromkeys(pieces) if p not in self._slot]
             if new:
                 self._slot.update(zip(new, self.scorer.slots([[Shard(t, -1, a, b) for t, a, b in new]])[0].tolist()))
-            self._rows = (pieces, self.scorer.table[[self._slot[p] for p in pieces]])
-        return self.scorer.device_costs(self.scorer.placed_states(self._rows[1], placements)).sum(-1) * self.scorer.net.scale
+            self._rows, self._base = (pieces, self.scorer.table[[self._slot[p] for p in pieces]]), None
+        rows = self._rows[1]
+        moved = placements != self._base[0] if self._base is not None else None
+        if moved is None or moved.sum(1).max() > self.DELTA_PIECES:
+            self._base = (placements[0].copy(), self.scorer.placed_states(rows, placements[:1])[0])
+            moved = placements != self._base[0]
+        # each moved piece's row leaves its base device and joins its new one: a [N·D, K] ±1 matrix times the K rows
+        n, i = np.nonzero(moved)
+        N, D, K = len(placements), self.scorer.task.devices, len(n)
+        change = np.zeros((N * D, K), rows.dtype)
+        change[n * D + placements[n, i], np.arange(K)] = 1.0
+        change[n * D + self._base[0][i], np.arange(K)] = -1.0
+        states = (change @ rows[i]).reshape(N, D, -1) + self._base[1]
+        return self.scorer.device_costs(states).sum(-1) * self.scorer.net.scale
 
 
 @dataclass

@@ -72,9 +72,9 @@ class NeuroShardPlanner(Planner):
         forced = over_bounds(task.sizes(), task.max_memory_bytes, task.devices)
         start = splits.forced_row_splits(task) if forced else splits.whole(task)  # InfeasibleError where even rows cannot place it
         scorer = PieceScorer(self.model, task, self.comm)
-        cost, devices = greedy_batch(scorer, [start], self.caps)
+        cost, devices, _ = greedy_batch(scorer, [start], self.caps)
         if forced and not np.isfinite(cost[0]):  # no packing to fall back on: the greedy under memory alone
-            cost, devices = greedy_batch(scorer, [start], np.array([splits.NO_DIM_CAP]))
+            cost, devices, _ = greedy_batch(scorer, [start], np.array([splits.NO_DIM_CAP]))
         best = beam_search(scorer, [start], self.caps, self.beam, self.depth, self.top, (float(cost[0]), start, devices[0]), self.progress)
         if not np.isfinite(best[0]):  # no cap let the greedy place everything: a memory packing
             if forced:

@@ -334,36 +334,34 @@ class Annealer:
                 return int(hot[rng.integers(len(hot))])
         return int(pool[rng.integers(len(pool))]) if len(pool) else -1
 
-    @staticmethod
-    def _target(state: State, legal: np.ndarray, rng: np.random.Generator) -> int:
-        """A device among `legal` (bool [D]): half the time one of the three fastest, else any."""
-        ok = np.flatnonzero(legal)
-        if not len(ok):
-            return -1
-        if rng.random() < 0.5:
-            ok = ok[np.argsort(state.totals[ok], kind="stable")[:3]]
-        return int(ok[rng.integers(len(ok))])
-
     def _moves(self, task: Task, state: State, n: int, rng: np.random.Generator):
         cap = task.max_memory_bytes
         seen, rows = set(), []
+        # what every draw reads of the state, which stays as it is while its neighbours are drawn:
+        # each draw is then a few scalar operations (the piece drawn as `_piece` draws it)
+        P = len(state.pieces)
+        hot = np.flatnonzero(state.dev == int(state.totals.argmax()))
+        by_speed = np.argsort(state.totals, kind="stable")
+        room = state.used[state.dev] - state.size  # each piece's device without it
         for _ in range(4 * n):
             if len(rows) == n:
                 break
-            i = self._piece(state, rng)
+            i = int(hot[rng.integers(len(hot))]) if rng.random() < FOCUS and len(hot) else int(rng.integers(P))
             a = state.dev[i]
-            if rng.random() < 0.5:  # move piece i
+            if rng.random() < 0.5:  # move piece i: to a device with room, half the time one of the three fastest
                 legal = state.used + state.size[i] <= cap
                 legal[a] = False
-                d = self._target(state, legal, rng)
-                if d < 0 or ("m", i, d) in seen:
+                if not legal.any():
+                    continue
+                ok = by_speed[legal[by_speed]][:3] if rng.random() < 0.5 else np.flatnonzero(legal)
+                d = int(ok[rng.integers(len(ok))])
+                if ("m", i, d) in seen:
                     continue
                 seen.add(("m", i, d))
                 row = state.dev.copy()
                 row[i] = d
             else:  # swap piece i with a piece j of another device
-                fits = np.flatnonzero((state.dev != a) & (state.used[a] - state.size[i] + state.size <= cap)
-                                      & (state.used[state.dev] - state.size + state.size[i] <= cap))
+                fits = np.flatnonzero((state.dev != a) & (state.used[a] - state.size[i] + state.size <= cap) & (room + state.size[i] <= cap))
                 if not len(fits):
                     continue
                 j = int(fits[rng.integers(len(fits))])

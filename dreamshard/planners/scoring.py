@@ -112,10 +112,12 @@ class PieceScorer:
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
         self.table = np.zeros((0, self._tier + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
+        self.single = np.zeros(0, np.float32)  # predicted compute alone (`alone`): the greedy's order of pieces
 
     def slots(self, pieces: list[list[Shard]]) -> np.ndarray:
-        """[C, n] the slots of C candidate piece lists of n pieces each, new pieces measured first.
-        Index `table` and `bytes` with it (after the call: they may grow)."""
+        """[C, n] the slots of C candidate piece lists of up to n pieces each, new pieces measured
+        first; -1 after the end of a shorter list. Index `table` and `bytes` with it (after the
+        call: they may grow)."""
         slot = self._slot
         # candidates share most of their piece objects: each distinct object is looked up once (a
         # Shard's hash is a tuple's, by far the dearest part of a search's many lookups)
@@ -124,11 +126,13 @@ class PieceScorer:
             for p in ps:
                 if id(p) not in seen:
                     seen[id(p)] = slot.get(p, -1)
-        out = np.array([[seen[id(p)] for p in ps] for ps in pieces], np.int64).reshape(len(pieces), -1)
-        missing = np.argwhere(out < 0).tolist()
+        n = max((len(ps) for ps in pieces), default=0)
+        out = np.array([[seen[id(p)] for p in ps] + [-1] * (n - len(ps)) for ps in pieces], np.int64).reshape(len(pieces), -1)
+        missing = [(c, k) for c, k in np.argwhere(out < 0).tolist() if k < len(pieces[c])]
         if missing:
             self.measure(pieces[c][k] for c, k in missing)
-            out[out < 0] = [slot[pieces[c][k]] for c, k in missing]
+            for c, k in missing:
+                out[c, k] = slot[pieces[c][k]]
         return out
 
     def measure(self, pieces: Iterable[Shard]) -> None:
@@ -162,14 +166,11 @@ class PieceScorer:
             size = max(2 * len(self.table), n + k)
             self.table = np.concatenate([self.table[:n], np.zeros((size - n, self.table.shape[1]), np.float32)])
             self.bytes = np.concatenate([self.bytes[:n], np.zeros(size - n, np.int64)])
+            self.single = np.concatenate([self.single[:n], np.zeros(size - n, np.float32)])
         self.table[n : n + k] = rows
         self.bytes[n : n + k] = splits.sizes(self.task, new)
+        self.single[n : n + k] = self.alone(rows)
         self._slot.update((p, n + j) for j, p in enumerate(new))
-
-    def a2a_dims(self, slots: np.ndarray) -> np.ndarray:
-        """Each slot's width in the all-to-all (a row piece's is 0: reduce-scatter instead), read
-        from its state row."""
-        return self.table[slots, self._a2a].astype(np.int64)
 
     def rows(self, pieces: list[list[Shard]]) -> np.ndarray:
         """[C, n, R] state rows of C candidate piece lists of n pieces each."""
@@ -305,36 +306,44 @@ class PieceScorer:
         return base + self.collective(state)
 
 
-def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """NeuroShard's inner greedy for C candidates × S dim caps at once → (best cost [C] units,
-    inf where no cap placed every piece; devices [C, n] of the best placement). Pieces go in
+def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NeuroShard's inner greedy for C candidates × S dim caps at once (`caps` [S], or [C, S]:
+    each candidate's own) → (best cost [C] units, inf where no cap placed every piece; devices
+    [C, n] of the best placement; the cap [C] of that placement). Pieces go in
     order of predicted cost alone to the device of least predicted compute with memory for it and
     under the dim cap (cap × the candidate's all-to-all dim / D: row pieces are not in the
     all-to-all and do not count); a row piece goes to its block's device where its table is split
     over every device, else to a device holding no other piece of its table (`splits.row_groups`),
     and a table-row-wise block r to GPU r of its table's host (`splits.twrw_blocks`).
-    Every candidate has the same number of pieces n."""
+    Candidates may have different numbers of pieces: a shorter one's devices [c, len:] are padding
+    (its list is padded with empty pieces placed after every real one, which change no cost), so
+    that one batch — one loop of n steps — places them all."""
     task, net = scorer.task, scorer.net
-    C, n, D, S = len(pieces), len(pieces[0]), task.devices, len(caps)
+    C, D = len(pieces), task.devices
+    caps = np.broadcast_to(np.asarray(caps, float), (C, np.shape(caps)[-1]))
+    S = caps.shape[1]
     slots = scorer.slots(pieces)  # [C, n]
+    n, pad = slots.shape[1], slots < 0
     rows = scorer.table[slots]  # [C, n, R]
+    rows[pad] = 0.0
     # the row pieces' constraints, of the candidates that have row pieces (a row piece's state row
     # has its columns in the TBE output, `_rc`; most candidates have none)
     pins, groups, blocks = np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64), np.full((C, n), -1, np.int64)
     for c in np.flatnonzero((rows[..., scorer._rc] > 0).any(1)).tolist():
-        pins[c], groups[c] = splits.row_groups(task, pieces[c])
-        blocks[c] = splits.twrw_blocks(task, pieces[c])  # table-row-wise: block r on GPU r of one host
-    order = np.argsort(-scorer.alone(rows), axis=1, kind="stable")  # [C, n]
+        k = len(pieces[c])
+        pins[c, :k], groups[c, :k] = splits.row_groups(task, pieces[c])
+        blocks[c, :k] = splits.twrw_blocks(task, pieces[c])  # table-row-wise: block r on GPU r of one host
+    order = np.argsort(np.where(pad, np.inf, -scorer.single[slots]), axis=1, kind="stable")  # [C, n], the padding last
     E = C * S  # episode e = candidate e // S at cap e % S
     cand = np.repeat(np.arange(C), S)
-    dims = scorer.a2a_dims(slots)
+    dims = rows[..., scorer._a2a].astype(np.int64)  # the all-to-all widths (a row piece's 0: reduce-scatter instead)
     # never below the widest piece: with more devices than the dims fill (26 tables of dim 128 on
     # 64 GPUs: a cap of 78 columns) no device could take a whole table and every cap would fail
-    dim_cap = np.maximum(np.tile(caps, C) * dims[cand].sum(1) / D, dims[cand].max(1))
+    dim_cap = np.maximum(caps.reshape(-1) * dims[cand].sum(1) / D, dims[cand].max(1))
     # What every episode places at each step, [n, E] (the S episodes of a candidate place the same
     # piece), worked out before the loop: each step is then a few operations on [E, D] arrays.
     piece = order[cand].T
-    size, dim = scorer.bytes[slots][cand, piece], dims[cand, piece]
+    size, dim = np.where(pad, 0, scorer.bytes[slots])[cand, piece], dims[cand, piece]
     room, dim_room = task.max_memory_bytes - size, dim_cap - dim  # a device may take the piece up to these
     pin, group, block = pins[cand, piece], groups[cand, piece], blocks[cand, piece]
     # the steps that place a row piece of each kind: the others skip its check (a no-op there)
@@ -394,22 +403,14 @@ def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarra
     devices[es, piece] = chosen
     state = scorer.placed_states(rows[:, None], devices.reshape(C, S, n)).reshape(E, D, -1)  # every episode's full states at once
     cost = np.where(ok.all(0), scorer.score(state), np.inf).reshape(C, S)
-    best = cost.argmin(1)
-    return cost[np.arange(C), best], devices.reshape(C, S, n)[np.arange(C), best]
+    best, cs = cost.argmin(1), np.arange(C)
+    return cost[cs, best], devices.reshape(C, S, n)[cs, best], caps[cs, best]
 
 
-def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """`greedy_batch` of candidates of different piece counts: one batch per count."""
-    costs, devs = np.full(len(candidates), np.inf), [None] * len(candidates)
-    by_len: dict[int, list[int]] = {}
-    for j, c in enumerate(candidates):
-        by_len.setdefault(len(c), []).append(j)
-    for js in by_len.values():
-        cost, dev = greedy_batch(scorer, [candidates[j] for j in js], caps)
-        costs[js] = cost
-        for j, d in zip(js, dev):
-            devs[j] = d
-    return costs, devs
+def greedy_groups(scorer: PieceScorer, candidates: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """`greedy_batch` of candidates of different piece counts, each one's devices without the padding."""
+    costs, devs, chosen = greedy_batch(scorer, candidates, caps)
+    return costs, [d[: len(c)] for c, d in zip(candidates, devs)], chosen
 
 
 ROW_CANDIDATES = 2  # whole tables a beam step may split by rows, per plan in the beam (each tried at every k)
@@ -420,7 +421,8 @@ def split_moves(scorer: PieceScorer, pieces: list[Shard], top: int) -> list[tupl
     union of the `top` largest and the `top` costliest —, then the row splits of the
     ROW_CANDIDATES costliest whole tables among them that may pay (`PieceScorer.row_candidates`)."""
     task = scorer.task
-    single = scorer.alone(scorer.rows([pieces])[0])
+    slots = scorer.slots([pieces])[0]  # first: it may grow `single`
+    single = scorer.single[slots]
     sizes = np.array(splits.sizes(task, pieces))
     k = min(top, len(pieces))
     chosen = sorted(int(i) for i in set(np.argsort(-sizes, kind="stable")[:k]) | set(np.argsort(-single, kind="stable")[:k]))
@@ -430,8 +432,16 @@ def split_moves(scorer: PieceScorer, pieces: list[Shard], top: int) -> list[tupl
     return moves
 
 
+def caps_near(caps: np.ndarray, cap: float, k: int) -> np.ndarray:
+    """The `k` consecutive caps of `caps` (ascending) centred on the one nearest `cap`."""
+    at = int(np.abs(caps - cap).argmin())
+    lo = min(max(0, at - k // 2), len(caps) - k)
+    return caps[lo : lo + k]
+
+
 def beam_search(scorer: PieceScorer, starts: list[list[Shard]], caps: np.ndarray, width: int, depth: int, top: int,
-                best: tuple[float, list[Shard], np.ndarray] | None = None, progress=None, extend: int = 0) -> tuple[float, list[Shard], np.ndarray]:
+                best: tuple[float, list[Shard], np.ndarray] | None = None, progress=None, extend: int = 0,
+                child_caps: int | None = None) -> tuple[float, list[Shard], np.ndarray]:
     """NeuroShard's outer search from the plans `starts` (the first beam): each step replaces one
     piece of a beam plan by a `split_moves` move, places every new candidate by the greedy under
     the dim caps `caps` (`greedy_groups`) and keeps the `width` cheapest — and the cheapest with
@@ -439,24 +449,28 @@ def beam_search(scorer: PieceScorer, starts: list[list[Shard]], caps: np.ndarray
     out. `depth` steps: a step that finds nothing cheaper may lead to one that does (a hot table
     halved several times). Past `depth`, up to `extend` more steps while each step lowers the
     cheapest plan: a task where many splits pay gets them, one where they stop paying stops.
+    `child_caps`: a candidate of a plan the greedy placed is placed under only that many caps
+    around its plan's best (`caps_near`; a split moves the best cap little), None: under all.
     → (cost, pieces, devices) of the cheapest plan seen, `best` (a plan already priced) included."""
-    beams, gained = list(starts), True
+    beams, beam_caps, gained = list(starts), [None] * len(starts), True
     for step in range(depth + extend):
         if step >= depth and not gained:
             break
         if progress is not None:
             progress(step, depth)
-        seen, candidates = set(), []
-        for pieces in beams:
+        seen, candidates, parents = set(), [], []
+        for b, pieces in enumerate(beams):
             for i, new in split_moves(scorer, pieces, top):
                 new = pieces[:i] + pieces[i + 1 :] + new
                 key = frozenset(new)
                 if key not in seen:
                     seen.add(key)
                     candidates.append(new)
+                    parents.append(b)
         if not candidates:
             break
-        costs, devs = greedy_groups(scorer, candidates, caps)
+        near = child_caps is not None and child_caps < len(caps) and None not in beam_caps
+        costs, devs, found = greedy_groups(scorer, candidates, np.stack([caps_near(caps, beam_caps[b], child_caps) for b in parents]) if near else caps)
         ranked = np.argsort(costs, kind="stable")
         gained = best is None or costs[ranked[0]] < best[0]
         if gained:
@@ -466,7 +480,8 @@ def beam_search(scorer: PieceScorer, starts: list[list[Shard]], caps: np.ndarray
         more = next((k for k in ranked if sum(p.is_row_shard for p in candidates[k]) > rows), None)
         if more is not None and more not in keep:
             keep.append(more)
-        beams = [candidates[k] for k in keep if np.isfinite(costs[k])]
+        keep = [k for k in keep if np.isfinite(costs[k])]
+        beams, beam_caps = [candidates[k] for k in keep], [found[k] for k in keep]
         if not beams:
             break
     return best
