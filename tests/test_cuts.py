@@ -166,7 +166,7 @@ def trained(pool, tmp_path_factory):
     return out
 
 
-SOURCES = ("policy", "heuristic", "learned cuts", "cut ladder", "row ladder", "annealing on the cost net")
+SOURCES = ("policy", "heuristic", "learned cuts", "cut ladder", "row ladder", "lookup", "a restart")  # the last two: starts of the annealing only
 
 
 def test_the_search_returns_the_cheapest_candidate_with_its_source(pool, trained):
@@ -178,6 +178,8 @@ def test_the_search_returns_the_cheapest_candidate_with_its_source(pool, trained
         plan.check()
         source = plan.predicted["candidate"]
         assert source.split(" + ")[0].startswith(SOURCES) and source.count(" + descent") <= 1
+        assert "annealing" not in source or source.endswith(" + annealing on the cost net")
+        assert not source.startswith(("lookup", "a restart")) or source.endswith(" + annealing on the cost net")
         # never predicted dearer than the table-wise plan it started from
         assert plan.predicted["max_device_ms"] <= table_wise.predicted["max_device_ms"] * (1 + 1e-4)
         sim.evaluate_plan(plan)
@@ -203,6 +205,11 @@ def test_the_annealing_stage_prices_as_the_scorer_and_only_lowers_the_prediction
         plan = planner.plan(task)
         plan.check()
         assert plan.predicted["max_device_ms"] <= without.predicted["max_device_ms"] * (1 + 1e-6)
+        # from the search's plan alone: its plan is that plan's, annealed or as it was
+        alone = get_planner("dreamshard", model=str(trained), anneal_lookup=False).plan(task)
+        alone.check()
+        assert alone.predicted["max_device_ms"] <= without.predicted["max_device_ms"] * (1 + 1e-6)
+        assert alone.predicted["candidate"] in (without.predicted["candidate"], without.predicted["candidate"] + " + annealing on the cost net")
         pieces, devices = splits.unplaced(plan)
         if any(p.is_row_shard for p in pieces):
             continue

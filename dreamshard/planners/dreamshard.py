@@ -30,9 +30,11 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
   repeatedly halves a piece on the device it predicts slowest and moves one half, or splits a
   whole table there by rows over k devices, while that lowers the prediction (at most
   `max_splits` moves); its pieces placed afresh by the greedy where that is cheaper;
-- the oracle's annealing on the cost net ("annealing on the cost net", `_anneal`: moves, swaps,
-  halvings and merges of column pieces, `anneal` placements priced) from the cheapest so far
-  (without row pieces) and the lookup plans, kept where the net prices it `anneal_margin` lower.
+- the oracle's annealing on the cost net (" + annealing on the cost net" after the source of the
+  start it found its plan from: the search's plan, "lookup", "lookup --split" or "a restart";
+  `_anneal`: moves, swaps, halvings and merges of column pieces, `anneal` placements priced) from
+  the cheapest so far (without row pieces) and the lookup plans, kept where the net prices it
+  `anneal_margin` lower.
 With `budget_ms`, rounds of sampled cuts (another seed each) and their descents go on until the
 time is spent: more planning time buys more candidates. A table larger than a device is
 placeable only split by rows: the search then starts from it split so
@@ -227,7 +229,7 @@ class DreamShardPlanner(LearnedPlanner):
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
                  budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH,
-                 anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN):
+                 anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = True):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, the same plan on every machine).
@@ -236,7 +238,9 @@ class DreamShardPlanner(LearnedPlanner):
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
         policy alone; the heuristics only when every episode runs out of memory). `anneal`: the
         placements the search's last stage, the oracle's annealing on the cost net, may price (0: no
-        such stage); its plan is kept where the net prices it `anneal_margin` (a fraction) lower."""
+        such stage); its plan is kept where the net prices it `anneal_margin` (a fraction) lower.
+        `anneal_lookup`: the stage also anneals from the lookup plans and a restart (False: from
+        the search's plan alone, every placement on that one run)."""
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
@@ -258,6 +262,7 @@ class DreamShardPlanner(LearnedPlanner):
         if not 0 <= anneal_margin < 1:
             raise ValueError(f"anneal_margin must be in [0, 1), got {anneal_margin!r:.40}")
         self.anneal_margin = float(anneal_margin)
+        self.anneal_lookup = bool(anneal_lookup)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
     @classmethod
@@ -453,24 +458,28 @@ class DreamShardPlanner(LearnedPlanner):
         task = scorer.task
         if not self.anneal or task.devices < 2:
             return best
-        annealer = Annealer(ANNEAL_RESTARTS, self.seed, split=True)
+        annealer = Annealer(ANNEAL_RESTARTS if self.anneal_lookup else 0, self.seed, split=True)
         try:
-            starts = annealer.starts(task)
+            starts = annealer.starts(task) if self.anneal_lookup else []
         except InfeasibleError:
             starts = []
+        # where the annealed plan came from, in its source: the search's plan or a greedy heuristic's
+        names = ["lookup --split" if any(stop - start < task.tables[t].dim for t, start, stop in pieces) else "lookup" for pieces, _ in starts]
         if not any(p.is_row_shard for p in best.pieces):
             starts.insert(0, ([(p.table, p.start, p.stop) for p in best.pieces], np.array(best.devices, np.int64)))
+            names.insert(0, best.source)
         if not starts:
             return best
         budget = min(self.anneal, max(2, self.anneal * ANNEAL_FULL_CELLS // (len(task.tables) * task.devices)))
-        found, _, _ = annealer.run(task, NetPricer(scorer, budget), starts)
+        found, _, _, origin = annealer.run(task, NetPricer(scorer, budget), starts)
         if found is None:
             return best
         order = sorted(range(len(found[1])), key=lambda i: found[1][i])  # whole tables in table order (`_split`'s table-wise plan)
         pieces = [Shard(found[1][i][0], -1, found[1][i][1], found[1][i][2]) for i in order]
         devices = [int(found[2][i]) for i in order]
         cost = float(scorer.score(scorer.state(pieces, np.array(devices))))
-        return Candidate(cost, pieces, devices, "annealing on the cost net") if cost < best.cost * (1 - max(self.anneal_margin, 1e-6)) else best
+        source = f"{names[origin] if origin < len(names) else 'a restart'} + annealing on the cost net"
+        return Candidate(cost, pieces, devices, source) if cost < best.cost * (1 - max(self.anneal_margin, 1e-6)) else best
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
         """The split descent from `start` (`split_descent`), then its pieces placed afresh by the

@@ -147,11 +147,12 @@ class Annealer:
     def run(self, task: Task, pricer: Pricer, starts: list[tuple[list[Piece], np.ndarray]]):
         """Anneal from each of `starts` and then `restarts` restarts, the pricer's budget (less one
         evaluation, kept for a report) shared evenly among the runs. → (the best seen as (cost,
-        pieces, devices), or None if nothing was priced; the first start's cost; runs done)."""
+        pieces, devices), or None if nothing was priced; the first start's cost; runs done; the run
+        that found the best: r < len(starts) the one from starts[r], else a restart; None if none)."""
         rng = np.random.default_rng(self.seed)
         best: tuple[float, list[Piece], np.ndarray] | None = None
         start_cost = tau = None  # both set by the first start (the restarts come after the starts)
-        runs, done = len(starts) + self.restarts, 0
+        runs, done, origin = len(starts) + self.restarts, 0, None
         for r in range(runs):
             if pricer.left <= 1:  # one evaluation is kept for the returned plan's report
                 break
@@ -167,11 +168,13 @@ class Annealer:
                 start_cost = state.cost
                 # a cost model's price may be ~0 or below (a net barely trained): a scale that stays > 0
                 tau = TAU * max(abs(start_cost), 1e-9)
+            before = best
             if best is None or state.cost < best[0]:
                 best = (state.cost, list(state.pieces), state.dev.copy())
             best = self._anneal(task, pricer, state, pricer.used + share - 1, best, rng, tau)
+            origin = r if best is not before else origin
             done += 1
-        return best, start_cost, done
+        return best, start_cost, done, origin
 
     def starts(self, task: Task) -> list[tuple[list[Piece], np.ndarray]]:
         """The lookup greedy plans (table-wise; and with its hand split rule): raises the typed
@@ -456,7 +459,7 @@ class OraclePlanner(Annealer, Planner):
     def plan(self, task: Task) -> Plan:
         pricer = Pricer(self.backend, task, self.budget, self.progress)
         starts = self.starts(task)
-        best, start_cost, done = self.run(task, pricer, starts)
+        best, start_cost, done, _ = self.run(task, pricer, starts)
         if best is None:  # budget 1: the lookup plan, priced once
             pieces, dev = starts[0]
             best = (math.nan, pieces, dev)
