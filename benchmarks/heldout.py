@@ -97,8 +97,10 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     # the 30 development tasks, measured on 4 x H200 in one call beside the default, its mean of
     # per-task ratios to the best table-wise heuristic is at most 0.2 points above the default's
     # (then the annealed plan is always the learned search's, and planning is faster); the
-    # held-out tasks are reported either way
+    # held-out tasks are reported either way. It did (-17.47% against -17.40%): the default now,
+    # and the stage as it was is the label below
     "dreamshard (annealing from its plan alone)": ("dreamshard", {"anneal_lookup": False}),
+    "dreamshard (annealing also from the lookup plans)": ("dreamshard", {"anneal_lookup": True}),
     # the two again with another seed of the annealing (and of the policy's sampled episodes): the choice's spread
     "dreamshard (seed 1)": ("dreamshard", {"seed": 1}),
     "dreamshard (annealing 2000 with 2% margin seed 1)": ("dreamshard", {"anneal": 2_000, "anneal_margin": 0.02, "seed": 1}),
@@ -122,7 +124,7 @@ PLANNERS: dict[str, tuple[str, dict]] = {
 
 EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)", "dreamshard (simulator's weights)",
                "dreamshard (annealing 2000 with 2% margin)", "dreamshard (annealing without margin)", "dreamshard (annealing 8000 without margin)",
-               "dreamshard (annealing from its plan alone)",
+               "dreamshard (annealing from its plan alone)", "dreamshard (annealing also from the lookup plans)",
                "dreamshard (seed 1)", "dreamshard (annealing 2000 with 2% margin seed 1)")  # labels a plain `plan` leaves out
 
 

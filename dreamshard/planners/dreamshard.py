@@ -31,10 +31,10 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
   whole table there by rows over k devices, while that lowers the prediction (at most
   `max_splits` moves); its pieces placed afresh by the greedy where that is cheaper;
 - the oracle's annealing on the cost net (" + annealing on the cost net" after the source of the
-  start it found its plan from: the search's plan, "lookup", "lookup --split" or "a restart";
-  `_anneal`: moves, swaps, halvings and merges of column pieces, `anneal` placements priced) from
-  the cheapest so far (without row pieces) and the lookup plans, kept where the net prices it
-  `anneal_margin` lower.
+  start it found its plan from; `_anneal`: moves, swaps, halvings and merges of column pieces,
+  `anneal` placements priced) from the cheapest so far (without row pieces) — with
+  `anneal_lookup` also from the lookup plans and a restart ("lookup", "lookup --split", "a
+  restart") —, kept where the net prices it `anneal_margin` lower.
 With `budget_ms`, rounds of sampled cuts (another seed each) and their descents go on until the
 time is spent: more planning time buys more candidates. A table larger than a device is
 placeable only split by rows: the search then starts from it split so
@@ -205,7 +205,8 @@ BEAM_MAX_TABLES = 1_000  # each step places ~60 candidates by the greedy: second
 # 16 hosts of 8 (a development pool) 15% lower with the beam, in 28 s instead of 3 s on one core
 BEAM_MAX_TABLES_HOSTS = 2_000
 # the last stage (`_anneal`): the oracle's annealing (planners/oracle.py) on the cost net, from the
-# search's plan (without row pieces) and the oracle's own starts. The policy and the cut net
+# search's plan (without row pieces); with anneal_lookup also from the oracle's own starts (the
+# lookup plans, a restart). The policy and the cut net
 # propose from the families they were trained on; on one they have not seen their proposals can be
 # far from what the cost net itself prefers (a model trained without the `hot` family, on `hot`
 # development tasks: the search's plans 6% above the net's price of the oracle's). Up to
@@ -215,6 +216,12 @@ BEAM_MAX_TABLES_HOSTS = 2_000
 # tasks 0.35 points lower on 4 × H200 than 2,000 with a 2% margin, the margin chosen for a net
 # several percent off (docs/dreamshard.md, "The last stage").
 ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 8_000, 1, 4_000, 0.0
+# From the search's plan alone (ANNEAL_LOOKUP False), its plan is always the learned search's and
+# plans take ~25% less time; chosen by a rule fixed before measuring (at most 0.2 points above the
+# stage with the lookup starts on the 30 development tasks, 4 x H200, one call): -17.47% against
+# -17.40% of the best table-wise heuristic. On the 36 held-out tasks of the same call (reported):
+# -6.81% against -6.93%, 6 tasks more than 2% behind the best against 2 (docs/dreamshard.md).
+ANNEAL_LOOKUP = False
 ANNEAL_FULL_CELLS = 1_000  # tables × devices up to which the stage prices `anneal` placements; above, fewer in proportion
 
 
@@ -229,7 +236,7 @@ class DreamShardPlanner(LearnedPlanner):
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
                  budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH,
-                 anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = True):
+                 anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = ANNEAL_LOOKUP):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, the same plan on every machine).
@@ -239,8 +246,8 @@ class DreamShardPlanner(LearnedPlanner):
         policy alone; the heuristics only when every episode runs out of memory). `anneal`: the
         placements the search's last stage, the oracle's annealing on the cost net, may price (0: no
         such stage); its plan is kept where the net prices it `anneal_margin` (a fraction) lower.
-        `anneal_lookup`: the stage also anneals from the lookup plans and a restart (False: from
-        the search's plan alone, every placement on that one run)."""
+        `anneal_lookup`: the stage also anneals from the lookup plans and a restart (False, the
+        default: from the search's plan alone, every placement on that one run)."""
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
