@@ -1,7 +1,7 @@
 """`dreamshard bench paper` on a GPU machine: the suite planned on its CPUs, and its test plans
 measured on every visible GPU at once.
 
-    PYTHONPATH=. python3 benchmarks/gpu_bench.py all --out $OUT --suite paper,mlperf,families --tasks 50 --test-tasks 5 --family-tasks 3 --jobs 60 --budget-s 540   # 4 × H200, 493 s
+    PYTHONPATH=. python3 benchmarks/gpu_bench.py all --out $OUT --suite paper,mlperf,families --tasks 50 --test-tasks 5 --family-tasks 3 --jobs 60 --budget-s 500   # 4 × H200, 494 s
     PYTHONPATH=. python3 benchmarks/gpu_bench.py all ... --resume DIR          # again, DIR holding the first call's measured-*.csv
     .venv/bin/dreamshard bench report RUN --costs $OUT/measured.csv --out DIR  # here: the measured tables of RUN's rows
     # apart: plan --out RUN ... (the rows, TorchRec's too where it is installed); measure RUN --out $OUT
