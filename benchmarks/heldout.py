@@ -13,8 +13,8 @@ its plans measured on one GPU. Three steps, one script:
 
 **plan** — tasks of every held-out family (`families.HELD_OUT_FAMILIES`: tables no calibration,
 training or tuning saw; pools of seed 11), chosen by seed before any plan was looked at: TASKS
-tasks per setting (`--tasks N`: N, drawn from the same seed, the first TASKS as they are), 60 tables on 4 devices at 24 GB and 120 tables on 8 devices at 16 GB, B =
-65,536, fp16. Every planner of the registry plans every task with its defaults (the shipped
+tasks per setting (`--tasks N`: N, drawn from the same seed, the first TASKS as they are), 60
+tables on 4 devices at 24 GB and 120 tables on 8 devices at 16 GB, B = 65,536, fp16. Every planner of the registry plans every task with its defaults (the shipped
 models) — the heuristics with and without --split, `dreamshard` (its search) and `dreamshard
 --no-split`, `neuroshard`, `oracle` on the simulator, `torchrec` with every sharding type,
 `autoshard`, `rnn`. Three probes of the shipped cost net plan only when named with --again:

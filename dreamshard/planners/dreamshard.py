@@ -192,9 +192,9 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
 # points of each other, and 200 tables on 8 devices plan in under a second at 4 (1.8 s at 10)
 BEAM_DEPTH, BEAM_WIDTH, BEAM_TOP = 4, 3, 10
 # after its first step the beam places a candidate under the 3 dim caps around its parent's best
-# (`beam_search`'s child_caps), not all 11: on the 31 development tasks (the 30 of
-# `heldout.py --dev`, 200 tables on 8 devices) 3 plans changed, by at most 0.05% of the net's
-# price, and planning took 15% less time
+# (`beam_search`'s child_caps), not all 11: a split moves the best cap little (on the 30 tasks of
+# `heldout.py --dev` and 200 tables on 8 devices, 3 plans of 31 changed, by at most 0.05% of the
+# net's price), and the beam's greedy does a third of the work
 BEAM_CHILD_CAPS = 3
 # on a task of several hosts, more beam steps while each lowers the plan (`beam_search`'s extend):
 # there row splits inside a host keep paying (4 hosts of 8: plans 4.5-5.5% lower on development
@@ -460,8 +460,9 @@ class DreamShardPlanner(LearnedPlanner):
     def _anneal(self, scorer: PieceScorer, best: "Candidate") -> "Candidate":
         """The oracle's annealing (`oracle.Annealer`: moves, swaps, halvings, merges) on the cost
         net (`NetPricer`), `anneal` placements priced, from `best` where it has no row pieces (the
-        annealing moves column pieces only) and from the oracle's starts (the lookup plans); `best`
-        where it finds nothing the net scores `anneal_margin` lower."""
+        annealing moves column pieces only) — with `anneal_lookup` also from the oracle's starts
+        (the lookup plans) and a restart —; `best` where it finds nothing the net scores
+        `anneal_margin` lower."""
         task = scorer.task
         if not self.anneal or task.devices < 2:
             return best
