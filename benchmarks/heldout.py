@@ -45,8 +45,9 @@ planner's mean measured step, the mean of its per-task ratios to the best table-
 beside; the last two over every task; the cost net's per-plan error on the measured plans of each
 planner with one (`dreamshard`, `neuroshard`, the --model ones) by plan kind; how often each price
 — the cost net, its linear part, that part refit to the simulator, the --model nets, the
-simulator — orders two plans as the GPU does, and each one's mean error by family and plan kind;
-which candidate of DreamShard's search won; the planning times.
+simulator — orders two plans as the GPU does, and each one's mean error by family and plan kind
+and by the tables a plan cuts into columns; which candidate of DreamShard's search won; the
+planning times.
 """
 
 from __future__ import annotations
@@ -499,6 +500,7 @@ def report(folder: Path, models: dict[str, str] | None = None) -> str:
     lines += ordering(done, prices, net)
     lines += by_kind(done, prices)
     lines += by_family(done, prices)
+    lines += by_split(done, prices)
     # where DreamShard's plan came from
     won = Counter(notes_with(t["dreamshard"][3], "candidate").get("dreamshard", "?") for t in done.values() if "dreamshard" in t)
     lines += ["", "## DreamShard's search: the candidate chosen, over the measured tasks", "", "| candidate | tasks |", "|---|---:|"]
@@ -576,6 +578,32 @@ def by_family(done: dict, prices: dict) -> list[str]:
     for (family, kind), vs in sorted(plans.items()):
         errors = [pct(float(np.mean([price(v) / v[1] - 1 for v in vs.values()]))) for price in prices.values()]
         lines.append(f"| {family} | {kind} | {len(vs)} | {' | '.join(errors)} |")
+    return lines
+
+
+SPLIT_BUCKETS = ((0, 0), (1, 2), (3, 5), (6, 10**9))
+
+
+def split_tables(plan) -> int:
+    """How many of the plan's tables it cuts into column pieces."""
+    return len({s.table for s in plan.shards if s.start > 0 or s.stop < plan.task.tables[s.table].dim})
+
+
+def by_split(done: dict, prices: dict) -> list[str]:
+    """Each price's mean signed error on every measured plan without row pieces (once), by how
+    many tables the plan cuts into columns: a price whose error grows with the cuts leads a search
+    on it to cut too much."""
+    plans: dict[tuple[int, int], dict[int, tuple]] = defaultdict(dict)
+    for t in done.values():
+        for v in t.values():
+            if not any(s.row_stop is not None for s in v[3].shards):
+                n = split_tables(v[3])
+                plans[next(b for b in SPLIT_BUCKETS if b[0] <= n <= b[1])][id(v[3])] = v
+    lines = ["", "## Each price against the GPU, by the tables a plan cuts into columns (mean signed error on the measured step; every measured plan without row pieces once)", "",
+             f"| tables cut | plans | {' | '.join(prices)} |", "|---|---:|" + "---:|" * len(prices)]
+    for (lo, hi), vs in sorted(plans.items()):
+        errors = [pct(float(np.mean([price(v) / v[1] - 1 for v in vs.values()]))) for price in prices.values()]
+        lines.append(f"| {lo if lo == hi else f'{lo}–{hi}' if hi < 10**9 else f'{lo} or more'} | {len(vs)} | {' | '.join(errors)} |")
     return lines
 
 

@@ -53,6 +53,10 @@ def test_plans_measured_and_reported(tmp_path):
     by_kind = text.split("## Each price against the GPU, by plan kind")[1].split("##")[0]
     counts = [int(line.split("|")[2]) for line in by_kind.splitlines() if line.startswith("| ") and not line.startswith("| plan kind")]
     assert sum(counts) == len(measured)  # every measured plan once, by its kind
+    by_split = text.split("## Each price against the GPU, by the tables a plan cuts into columns")[1].split("##")[0]
+    counts = [int(line.split("|")[2]) for line in by_split.splitlines() if line.startswith("| ") and not line.startswith("| tables cut")]
+    assert sum(counts) == sum(kind in ("table-wise", "columns") for kind in (line.split(",")[5] for line in (tmp_path / "measured.csv").read_text().splitlines()[1:]))
+    assert "| 0 | " in by_split  # the table-wise plans: no table cut
 
 
 def test_some_planners_measured_alone(tmp_path):
