@@ -102,6 +102,7 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     # and the stage as it was is the label below
     "dreamshard (annealing from its plan alone)": ("dreamshard", {"anneal_lookup": False}),
     "dreamshard (annealing also from the lookup plans)": ("dreamshard", {"anneal_lookup": True}),
+    "dreamshard (annealing also from the lookup plans seed 1)": ("dreamshard", {"anneal_lookup": True, "seed": 1}),
     # the two again with another seed of the annealing (and of the policy's sampled episodes): the choice's spread
     "dreamshard (seed 1)": ("dreamshard", {"seed": 1}),
     "dreamshard (annealing 2000 with 2% margin seed 1)": ("dreamshard", {"anneal": 2_000, "anneal_margin": 0.02, "seed": 1}),
@@ -126,6 +127,7 @@ PLANNERS: dict[str, tuple[str, dict]] = {
 EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)", "dreamshard (simulator's weights)",
                "dreamshard (annealing 2000 with 2% margin)", "dreamshard (annealing without margin)", "dreamshard (annealing 8000 without margin)",
                "dreamshard (annealing from its plan alone)", "dreamshard (annealing also from the lookup plans)",
+               "dreamshard (annealing also from the lookup plans seed 1)",
                "dreamshard (seed 1)", "dreamshard (annealing 2000 with 2% margin seed 1)")  # labels a plain `plan` leaves out
 
 
