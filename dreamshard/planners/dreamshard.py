@@ -219,8 +219,9 @@ ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 8_000, 1, 4_000
 # From the search's plan alone (ANNEAL_LOOKUP False), its plan is always the learned search's and
 # plans take ~25% less time; chosen by a rule fixed before measuring (at most 0.2 points above the
 # stage with the lookup starts on the 30 development tasks, 4 x H200, one call): -17.47% against
-# -17.40% of the best table-wise heuristic. On the 36 held-out tasks of the same call (reported):
-# -6.81% against -6.93%, 6 tasks more than 2% behind the best against 2 (docs/dreamshard.md).
+# -17.40% of the best table-wise heuristic (another call, seeds 0 and 1: 0.19 points behind on
+# average). On the 36 held-out tasks of the first call (reported): -6.81% against -6.93%, 6 tasks
+# more than 2% behind the best against 2 (docs/dreamshard.md).
 ANNEAL_LOOKUP = False
 ANNEAL_FULL_CELLS = 1_000  # tables × devices up to which the stage prices `anneal` placements; above, fewer in proportion
 
