@@ -144,7 +144,7 @@ TABLE_WISE_BEST = ("lookup", "size_lookup")
 def plan_kind(plan) -> str:
     """table-wise, columns, rows or rows+columns: the shard kinds the plan holds beside whole tables."""
     rows = any(s.row_stop is not None for s in plan.shards)
-    cols = any(s.start > 0 or s.stop < plan.task.tables[s.table].dim for s in plan.shards)
+    cols = split_tables(plan) > 0
     return "rows+columns" if rows and cols else "rows" if rows else "columns" if cols else "table-wise"
 
 
@@ -568,6 +568,17 @@ def by_kind(done: dict, prices: dict) -> list[str]:
     return lines
 
 
+def signed_errors(title: str, columns: list[str], groups: list[tuple[list[str], dict[int, tuple]]], prices: dict) -> list[str]:
+    """A report table: each price's mean signed error on the measured step over each group of
+    plans (cells: the group's first columns, `columns` their headers; plans by id, each once)."""
+    lines = ["", f"## Each price against the GPU, {title}", "",
+             f"| {' | '.join(columns)} | plans | {' | '.join(prices)} |", "|" + "---|" * len(columns) + "---:|" + "---:|" * len(prices)]
+    for cells, vs in groups:
+        errors = [pct(float(np.mean([price(v) / v[1] - 1 for v in vs.values()]))) for price in prices.values()]
+        lines.append(f"| {' | '.join(cells)} | {len(vs)} | {' | '.join(errors)} |")
+    return lines
+
+
 def by_family(done: dict, prices: dict) -> list[str]:
     """Each price's mean signed error on every measured plan (once), by family and plan kind: where
     a price is off for a whole family, a search on it is misled there."""
@@ -575,12 +586,8 @@ def by_family(done: dict, prices: dict) -> list[str]:
     for (family, _, _), t in done.items():
         for v in t.values():
             plans[(family, plan_kind(v[3]))][id(v[3])] = v
-    lines = ["", "## Each price against the GPU, by family and plan kind (mean signed error on the measured step; every measured plan once)", "",
-             f"| family | plan kind | plans | {' | '.join(prices)} |", "|---|---|---:|" + "---:|" * len(prices)]
-    for (family, kind), vs in sorted(plans.items()):
-        errors = [pct(float(np.mean([price(v) / v[1] - 1 for v in vs.values()]))) for price in prices.values()]
-        lines.append(f"| {family} | {kind} | {len(vs)} | {' | '.join(errors)} |")
-    return lines
+    return signed_errors("by family and plan kind (mean signed error on the measured step; every measured plan once)", ["family", "plan kind"],
+                         [(list(key), vs) for key, vs in sorted(plans.items())], prices)
 
 
 SPLIT_BUCKETS = ((0, 0), (1, 2), (3, 5), (6, 10**9))
@@ -601,12 +608,9 @@ def by_split(done: dict, prices: dict) -> list[str]:
             if not any(s.row_stop is not None for s in v[3].shards):
                 n = split_tables(v[3])
                 plans[next(b for b in SPLIT_BUCKETS if b[0] <= n <= b[1])][id(v[3])] = v
-    lines = ["", "## Each price against the GPU, by the tables a plan cuts into columns (mean signed error on the measured step; every measured plan without row pieces once)", "",
-             f"| tables cut | plans | {' | '.join(prices)} |", "|---|---:|" + "---:|" * len(prices)]
-    for (lo, hi), vs in sorted(plans.items()):
-        errors = [pct(float(np.mean([price(v) / v[1] - 1 for v in vs.values()]))) for price in prices.values()]
-        lines.append(f"| {lo if lo == hi else f'{lo}–{hi}' if hi < 10**9 else f'{lo} or more'} | {len(vs)} | {' | '.join(errors)} |")
-    return lines
+    name = lambda lo, hi: str(lo) if lo == hi else f"{lo}–{hi}" if hi < 10**9 else f"{lo} or more"  # noqa: E731
+    return signed_errors("by the tables a plan cuts into columns (mean signed error on the measured step; every measured plan without row pieces once)",
+                         ["tables cut"], [([name(*key)], vs) for key, vs in sorted(plans.items())], prices)
 
 
 def ordering(done: dict, prices: dict, net: str) -> list[str]:
