@@ -71,7 +71,7 @@ from dreamshard import shipped  # noqa: E402
 from dreamshard.bench import plan_hash  # noqa: E402  (a plan re-made differently is measured again)
 from dreamshard.costs.comm import default_model_path  # noqa: E402
 from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import HELD_OUT_FAMILIES, synth_family  # noqa: E402
+from dreamshard.families import HELD_OUT_FAMILIES, TRAINING_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
 from dreamshard.plan import load_plans, save_plans  # noqa: E402
 from dreamshard.planners import get_planner  # noqa: E402
@@ -149,11 +149,12 @@ def plan_kind(plan) -> str:
 
 
 DEV_FAMILIES, DEV_POOL_SEED = ("dlrm", "dlrm2022", "wide", "hot", "heavy"), 5  # dev_tasks.py's
+CALIB_POOL_SEED = 10  # the compute calibration's pools (gpu_families.py, gpu_large_shards.py): `plan --calib`
 
 
-def tasks_of(family: str, setting: str, count: int):
+def tasks_of(family: str, setting: str, count: int, calib: bool = False):
     tables, devices, memory = SETTINGS[setting]
-    pool_seed = DEV_POOL_SEED if family in DEV_FAMILIES else POOL_SEED
+    pool_seed = CALIB_POOL_SEED if calib else DEV_POOL_SEED if family in DEV_FAMILIES else POOL_SEED
     pool = synth_family(family, POOL_TABLES, pool_seed)
     seed = 700 + devices  # fixed before any plan was made
     return sample_tasks(pool, count, (min(tables, len(pool)),) * 2, devices, memory, seed=seed, pool=f"{family}/{pool_seed}", workload=Workload(65_536))
@@ -167,7 +168,9 @@ def plan_cmd(args) -> None:
         raise SystemExit(f"--tasks {args.tasks}: give at least 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    families = DEV_FAMILIES if args.dev else HELD_OUT_FAMILIES
+    if args.dev and args.calib:
+        raise SystemExit("--dev and --calib: give one")
+    families = DEV_FAMILIES if args.dev else TRAINING_FAMILIES if args.calib else HELD_OUT_FAMILIES
     families = families[:1] if args.quick else families
     if args.family:
         if args.family not in families:
@@ -213,7 +216,12 @@ def plan_cmd(args) -> None:
     plans = []
     for family in families:
         for setting in settings:
-            for t, task in enumerate(tasks_of(family, setting, 1 if args.quick else args.tasks)):
+            try:
+                tasks = tasks_of(family, setting, 1 if args.quick else args.tasks, args.calib)
+            except InputError as e:  # e.g. the MLPerf tables (onehot) on 8 devices of 16 GB
+                print(f"{family:10s} {setting} no tasks: {e}", flush=True)
+                continue
+            for t, task in enumerate(tasks):
                 seen: dict[str, object] = {plan_hash(p): p for p in kept[(family, setting, str(t))]}
                 plans += seen.values()
                 for label, planner in planners.items():
@@ -674,6 +682,7 @@ def main() -> None:
         q.add_argument("--model", action="append", default=[], metavar="LABEL=PATH", help="one more planner: dreamshard with the model at PATH, under LABEL (repeatable)")
     p.add_argument("--gpu", choices=sorted(CALIBRATIONS), default="h100", help="the GPU the plans are for: its shipped models, NCCL models and calibration (for the oracle)  [h100]")
     p.add_argument("--dev", action="store_true", help="the development tasks (training families, pools of seed 5) instead of the held-out ones")
+    p.add_argument("--calib", action="store_true", help="tasks of the training families' calibration pools (seed 10), whose plans' devices a calibration may fit (gpu_search_shards.py), instead of the held-out ones")
     p.add_argument("--tasks", type=int, default=TASKS, help="tasks per family and setting; more draw further tasks after the first ones, which stay as they are  [%(default)s]")
     args = ap.parse_args()
     args.models = {}  # label → path

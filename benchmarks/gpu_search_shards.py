@@ -1,22 +1,22 @@
-"""Column pieces measured for the compute calibration: the simulator and the cost net price plans
-lower the more tables they cut into columns (heldout.py's report: −1% with no cut, −8% with three
-or more on the development tasks), so a search on either cuts more than pays. One call, one GPU:
+"""Shards the planners' searches make, measured for the compute calibration. The simulator and the
+cost net price the plans of a search lower than they measure, the more so the more it cuts tables
+into columns (heldout.py's report), because a search keeps what its price underrates: the devices
+of the development tasks' search plans measured 7.6% above the simulator, random shards of the
+same families 2%. One call, one GPU:
 
-    PYTHONPATH=. python3 benchmarks/gpu_column_pieces.py --out $OUT [--plans P.jsonl.gz]   # one H200, ~8 min
-    .venv/bin/python benchmarks/gpu_column_pieces.py --out /tmp/c --device cpu --quick    # logic check
+    PYTHONPATH=. python3 benchmarks/gpu_search_shards.py --out $OUT --fit-plans F.jsonl.gz [--plans P.jsonl.gz]   # one H200, ≤ 8 min
+    .venv/bin/python benchmarks/gpu_search_shards.py --out /tmp/c --device cpu --quick --fit-plans F.jsonl.gz   # logic check
 
-Pairs: a shard drawn from a family's pool (`calibrate.design_shards`, 2–24 tables), measured as
-drawn and again with its most looked-up tables (one to four) each replaced by one of their column
-pieces (`plan.column_cuts` into 2 or 4, as the planners cut) — the difference is what a cut does to
-one device's step, measured beside what the simulator says it does.
-- **fit** (`calib_records.jsonl`): both shards of each pair from the training families' calibration
-  pools (seed 10, as gpu_families.py and gpu_large_shards.py);
-- **validation** (`val_records.jsonl`): pairs from every family's pool of seed 11, the held-out
-  families' too; never fitted.
-- **plans** (`--plans`, `plan_records.jsonl`): every device of the given plans that cut `--min-cuts`
-  tables or more into columns (heldout.py's plans files), measured device by device: which devices a cut leaves
-  mispriced. Never fitted.
-Rounds visit the families in turn, so a cut-short call leaves every family about equally measured;
+- **fit** (`calib_records.jsonl`): every device of the plans in `--fit-plans` (`heldout.py plan
+  --calib`: the search planners' plans of tasks from the training families' calibration pools,
+  seed 10), then `--pairs` pairs per training family from the same pools: a shard
+  (`calibrate.design_shards`, 2–24 tables) measured as drawn and again with its most looked-up
+  tables (one to four) each replaced by one of their column pieces (`plan.column_cuts` into 2 or
+  4, as the planners cut);
+- **validation** (`val_records.jsonl`): every device of the plans in `--plans` (e.g. the
+  development tasks' plans) that cut `--min-cuts` tables or more, and half as many pairs from every
+  family's pool of seed 11, the held-out families' too. Never fitted.
+Pairs visit the families in turn, so a cut-short call leaves every family about equally measured;
 every file is rewritten after each shard. The simulator's price (the shipped calibration) is
 written beside each measurement in `summary.json`.
 """
@@ -67,9 +67,9 @@ def pairs(family: str, seed: int, n: int, max_bytes: int, max_tables: int) -> li
     return [(s, with_pieces(s, rng)) for s in drawn]
 
 
-def plan_shards(path: str, min_cuts: int) -> list[tuple[str, list]]:
-    """(plan label, a device's tables) of every device of every plan in the file that cuts at least
-    `min_cuts` tables into columns (and has no row pieces)."""
+def plan_shards(path: str, min_cuts: int = 0) -> list[tuple[str, str, list]]:
+    """(family, plan label, a device's tables) of every device of every plan in the file that cuts
+    at least `min_cuts` tables into columns (and has no row pieces)."""
     out = []
     for plan in load_plans(path):
         cut = {s.table for s in plan.shards if s.start > 0 or s.stop < plan.task.tables[s.table].dim}
@@ -77,7 +77,7 @@ def plan_shards(path: str, min_cuts: int) -> list[tuple[str, list]]:
             continue
         notes = dict(n.split(" ", 1) for n in plan.notes if " " in n)
         label = f"{notes.get('family', '?')} {notes.get('setting', '?')} task {notes.get('task', '?')} {plan.planner}"
-        out += [(f"{label} device {d}", tables) for d, tables in enumerate(plan.device_tables()) if tables]
+        out += [(notes.get("family"), f"{label} device {d}", tables) for d, tables in enumerate(plan.device_tables()) if tables]
     return out
 
 
@@ -86,8 +86,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--pairs", type=int, default=8, help="pairs per training family to fit (half as many per family to validate)")
-    ap.add_argument("--plans", help="a plans file (heldout.py plan): its devices with column pieces measured too, after the pairs")
+    ap.add_argument("--fit-plans", help="a plans file (heldout.py plan --calib): every device of its plans measured to fit, first")
+    ap.add_argument("--pairs", type=int, default=8, help="pairs per training family to fit, after those (half as many per family to validate; 0: none)")
+    ap.add_argument("--plans", help="a plans file (heldout.py plan): its devices measured to validate, last")
     ap.add_argument("--min-cuts", type=int, default=3, help="the plans' devices measured: those of plans cutting at least this many tables")
     ap.add_argument("--budget-s", type=float, default=420.0, help="no new shard after this many seconds")
     args = ap.parse_args()
@@ -99,38 +100,40 @@ def main() -> None:
     sim = SimBackend()
     n, max_bytes, max_tables = (1, 10**8, 6) if args.quick else (args.pairs, 8 * GB, 24)
     runner_kw = {"warmup": 1, "iters": 2} if args.quick else {"warmup": 3, "iters": 10}
-    queues = {(role, f): [(role, f, i, kind, s) for i, pair in enumerate(pairs(f, seed, k, max_bytes, max_tables)) for kind, s in zip(("whole", "pieces"), pair)]
-              for role, seed, k, fams in (("fit", 10, n, TRAINING_FAMILIES), ("val", 11, max(1, n // 2), tuple(FAMILIES)))
+    queues = {(role, f): [(role, f, f"pair {i} {kind}", s) for i, pair in enumerate(pairs(f, seed, k, max_bytes, max_tables)) for kind, s in zip(("whole", "pieces"), pair)]
+              for role, seed, k, fams in (("fit", 10, n, TRAINING_FAMILIES), ("val", 11, (n + 1) // 2, tuple(FAMILIES)))
               for f in fams}
     jobs = []
+    if args.fit_plans:
+        jobs += [("fit", f, label, tables) for f, label, tables in plan_shards(args.fit_plans)][: 4 if args.quick else None]
     while any(queues.values()):  # a pair at a time from each family in turn
         for q in queues.values():
             jobs += q[:2]
             del q[:2]
     if args.plans:
-        jobs += [("plans", label, 0, "plan device", tables) for label, tables in plan_shards(args.plans, args.min_cuts)][: 4 if args.quick else None]
-    files = {"fit": out / "calib_records.jsonl", "val": out / "val_records.jsonl", "plans": out / "plan_records.jsonl"}
+        jobs += [("val", f, label, tables) for f, label, tables in plan_shards(args.plans, args.min_cuts)][: 4 if args.quick else None]
+    files = {"fit": out / "calib_records.jsonl", "val": out / "val_records.jsonl"}
     lines: dict[str, list[str]] = {k: [] for k in files}
     rows = []
-    for role, family, pair, kind, tables in jobs:
+    for role, family, what, tables in jobs:
         if time.monotonic() - t0 > args.budget_s:
-            rows.append({"role": role, "family": family, "pair": pair, "kind": kind, "skipped": "budget"})
+            rows.append({"role": role, "family": family, "what": what, "skipped": "budget"})
             continue
         try:
             rec = measure_shards([tables], kernel, args.device, workload, **runner_kw)[0]
         except Exception as e:  # noqa: BLE001 - one shard's failure is reported, the others run
-            rows.append({"role": role, "family": family, "pair": pair, "kind": kind, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            rows.append({"role": role, "family": family, "what": what, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
-        rec.family = family if role != "plans" else None
+        rec.family = family
         (sf, sb), = sim.shard_compute([tables], workload)
         lines[role].append(json.dumps(rec.to_json()))
         atomic_write(files[role], "\n".join(lines[role]) + "\n")
-        row = {"role": role, "family": family, "held_out": family in HELD_OUT_FAMILIES, "pair": pair, "kind": kind, "tables": len(tables),
+        row = {"role": role, "family": family, "held_out": family in HELD_OUT_FAMILIES, "what": what, "tables": len(tables),
                "dims": " ".join(str(t.dim) for t in tables), "gb": round(sum(t.bytes() for t in tables) / GB, 2),
                "fwd_ms": rec.fwd_ms, "bwd_ms": rec.bwd_ms, "sim_fwd_ms": float(sf), "sim_bwd_ms": float(sb)}
         rows.append(row)
         atomic_write(out / "summary.json", json.dumps({"device": rec.hardware, "batch": workload.batch_size, "calibration": sim.calibration.label, "rows": rows}, indent=1))
-        print(f"[{time.monotonic() - t0:6.1f} s] {role} {family} {pair} {kind}: {len(tables)} tables, fwd {rec.fwd_ms:.3f} (sim {sf:.3f}), "
+        print(f"[{time.monotonic() - t0:6.1f} s] {role} {family} {what}: {len(tables)} tables, fwd {rec.fwd_ms:.3f} (sim {sf:.3f}), "
               f"bwd {rec.bwd_ms:.3f} (sim {sb:.3f})", flush=True)
     print(f"done: {', '.join(f'{len(v)} {k}' for k, v in lines.items())} shards in {time.monotonic() - t0:.0f} s")
 
