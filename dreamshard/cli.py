@@ -997,7 +997,8 @@ def measure_cmd(ctx, plan_file, backend, runner, batch_size, iters, warmup, time
 @click.option("--seed", type=click.IntRange(0, limits.MAX_SEED), help="pool seed of the shards  [default: 0 to calibrate, 1 to validate: held-out tables]")
 @click.option("--comm-model", type=click.Path(exists=True, dir_okay=False), help="all-to-all model to embed  [default: the one shipped for the device]")
 @click.option("--records", type=OUT_FILE, help="also write every measurement here (JSON lines)")
-@click.option("--from-records", type=click.Path(exists=True, dir_okay=False), help="fit or validate these measurements instead of measuring")
+@click.option("--from-records", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="fit or validate these measurements instead of measuring (repeat for several files, fitted as one)")
 @click.option("--report", type=OUT_FILE, help="validation report JSON to write")
 @click.option("--cache-size", type=MEMORY, help="the device's L2, which the forward's repeated row gathers are priced against (H200: 60MiB)  "
               "[default: read off the CUDA device measured; with --from-records, none: every repeat may hit]")
@@ -1030,7 +1031,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     dev = default_device(kernel) if device == "auto" else device
     batch_size = batch_size or (calibration.batch_size if calibration else 65_536 if dev == "cuda" else 2048)
     if from_records:
-        measured = cal.load_records(from_records)
+        measured = [r for path in from_records for r in cal.load_records(path)]
     else:
         seed = (1 if validate_file else 0) if seed is None else seed
         cap = cal.MAX_SHARD_BYTES[dev]
@@ -1066,7 +1067,7 @@ def calibrate(ctx, kernel, out, validate_file, shards, placements, batch_size, d
     try:
         fitted = cal.fit(measured, kernel, comm_info, cache_size or 0.0)
     except DataError as e:  # records that cannot be fitted: name the file they came from
-        raise DataError(f"{from_records}: {e}" if from_records else str(e)) from None
+        raise DataError(f"{', '.join(from_records)}: {e}" if from_records else str(e)) from None
     fitted.host = host
     fitted.save(out)
     console.print(f"fitted on {fitted.fit['shards']} shards: forward MAPE {fitted.fit['fwd_mape']:.1f}%, backward {fitted.fit['bwd_mape']:.1f}%, "

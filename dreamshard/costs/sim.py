@@ -99,7 +99,7 @@ KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other ker
 # (product path, L2, shards of up to 128 tables; docs/simulator.md). The simulator prices for the
 # GPU visible here; on a machine without one, with the H200's calibration that the simulator
 # figures in docs/ were made with (they stay reproducible where no GPU is).
-SHIPPED_CALIBRATIONS = {"h100": "h100_triton_large_shards.json", "h200": "h200_triton_large_shards.json"}
+SHIPPED_CALIBRATIONS = {"h100": "h100_triton_large_shards.json", "h200": "h200_triton_search_shards.json"}
 DEFAULT_CALIBRATION = "h200_triton_tiles2.json"
 
 
