@@ -454,7 +454,34 @@ def test_the_calibrations_of_large_shards_on_held_out_shards_of_many_tables(gpu,
         assert ours <= bound and ours < earlier - 2.0, (ours, earlier)
     small = load_records(small_dir / "val_records.jsonl")
     assert validation_report(new, small)["total"]["mape"] <= validation_report(old, small)["total"]["mape"]
-    monkeypatch.setattr(comm, "local_gpu", lambda: gpu)
+    if gpu == "h100":  # the H200's default is fitted to its searches' devices too (below)
+        monkeypatch.setattr(comm, "local_gpu", lambda: gpu)
+        assert SimBackend().calibration == new
+
+
+def test_the_h200_calibration_fitted_to_the_searches_devices_prices_them_closer(monkeypatch):
+    """The H200's default, fitted to the records of its large-shards calibration and to the devices
+    of the searches' plans (dreamshard, neuroshard, oracle) on tasks of the training families'
+    calibration pools (gpu_search_shards.py): on every device of every planner's plans of the
+    development tasks (other pools, never fitted) it prices compute closer than the calibration
+    without them, and no worse on the held-out families' shards; the simulator takes it on an H200."""
+    import torch  # noqa: F401 - with torch loaded the choice asks it (comm.local_gpu, patched below) for the GPU
+
+    from dreamshard.costs import comm
+
+    results = FAMILY_RESULTS.parent
+    new, old = Calibration.load("h200_triton_search_shards.json"), Calibration.load("h200_triton_large_shards.json")
+    fitted = load_records(results / "gpu_large_shards_h200/fit_records_all.jsonl") + load_records(results / "gpu_search_shards_h200/calib_records.jsonl")
+    assert new.fit["shards"] == len(fitted) and not set(new.fit["families"]) & set(HELD_OUT_FAMILIES)
+    dev = load_records(results / "gpu_search_shards_h200/val_records.jsonl")
+    assert len(dev) > 800 and not {r.family for r in dev} & set(HELD_OUT_FAMILIES)
+    ours, earlier = (validation_report(c, dev)["total"]["mape"] for c in (new, old))
+    assert ours <= 5.5 and ours < earlier - 1.5, (ours, earlier)
+    for path in ("gpu_large_shards_h200/val_records.jsonl", "gpu_families_s16/val_records.jsonl"):
+        held = [r for r in load_records(results / path) if r.family in HELD_OUT_FAMILIES]
+        ours, earlier = (validation_report(c, held)["total"]["mape"] for c in (new, old))
+        assert held and ours <= earlier, (path, ours, earlier)
+    monkeypatch.setattr(comm, "local_gpu", lambda: "h200")
     assert SimBackend().calibration == new
 
 
@@ -625,3 +652,22 @@ def test_calibrate_embeds_a_host_link_file_and_refuses_a_bad_one(tmp_path):
     bad.write_text('{"prefetch_fixed_ms": "soon"}')
     r = CliRunner().invoke(cli, args + ["--host-link", str(bad)])
     assert r.exit_code != 0 and r.output.count("\n") == 1 and "host.prefetch_fixed_ms" in r.output, r.output
+
+
+def test_the_h200_default_is_refit_from_its_committed_records(tmp_path):
+    """The recipe of benchmarks/README.md: `calibrate` with two record files (--from-records
+    repeated, fitted as one) makes the shipped H200 calibration again, coefficient for coefficient."""
+    from click.testing import CliRunner
+
+    from dreamshard.cli import cli
+
+    results = FAMILY_RESULTS.parent
+    out = tmp_path / "cal.json"
+    r = CliRunner().invoke(cli, ["calibrate", "--backend", "triton", "--device", "cuda", "--from-records", str(results / "gpu_large_shards_h200/fit_records_all.jsonl"),
+                                 "--from-records", str(results / "gpu_search_shards_h200/calib_records.jsonl"), "--comm-model", "dreamshard/data/comm/h200_nccl.json",
+                                 "--cache-size", "62914560", "--host-link", str(results / "gpu_tiers_h200/host_fit/host_link.json"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    made, shipped = Calibration.load(out), Calibration.load("h200_triton_search_shards.json")
+    for part in ("fwd", "bwd"):
+        assert getattr(made, part) == pytest.approx(getattr(shipped, part), rel=1e-9)
+    assert made.host == shipped.host and made.fit["shards"] == shipped.fit["shards"] == 604
