@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dreamshard.costs.calibrate import design_shards, measure_shards  # noqa: E402
@@ -67,11 +68,14 @@ def pairs(family: str, seed: int, n: int, max_bytes: int, max_tables: int) -> li
     return [(s, with_pieces(s, rng)) for s in drawn]
 
 
-def plan_shards(path: str, min_cuts: int = 0) -> list[tuple[str, str, list]]:
+def plan_shards(path: str, min_cuts: int = 0, quick: bool = False) -> list[tuple[str, str, list]]:
     """(family, plan label, a device's tables) of every device of every plan in the file that cuts
-    at least `min_cuts` tables into columns (and has no row pieces)."""
+    at least `min_cuts` tables into columns (and has no row pieces); `quick`: the tables cut to
+    4,096 rows (a logic check on a CPU)."""
+    from gpu_comm import shrunk
+
     out = []
-    for plan in load_plans(path):
+    for plan in map(shrunk, load_plans(path)) if quick else load_plans(path):
         cut = {s.table for s in plan.shards if s.start > 0 or s.stop < plan.task.tables[s.table].dim}
         if plan.has_row_shards() or len(cut) < min_cuts:
             continue
@@ -98,20 +102,20 @@ def main() -> None:
     kernel = "triton" if args.device.startswith("cuda") else "torch"
     workload = Workload(batch_size=512 if args.quick else 65_536)
     sim = SimBackend()
-    n, max_bytes, max_tables = (1, 10**8, 6) if args.quick else (args.pairs, 8 * GB, 24)
+    n, max_bytes, max_tables = (min(args.pairs, 1), 10**8, 6) if args.quick else (args.pairs, 8 * GB, 24)
     runner_kw = {"warmup": 1, "iters": 2} if args.quick else {"warmup": 3, "iters": 10}
     queues = {(role, f): [(role, f, f"pair {i} {kind}", s) for i, pair in enumerate(pairs(f, seed, k, max_bytes, max_tables)) for kind, s in zip(("whole", "pieces"), pair)]
               for role, seed, k, fams in (("fit", 10, n, TRAINING_FAMILIES), ("val", 11, (n + 1) // 2, tuple(FAMILIES)))
               for f in fams}
     jobs = []
     if args.fit_plans:
-        jobs += [("fit", f, label, tables) for f, label, tables in plan_shards(args.fit_plans)][: 4 if args.quick else None]
+        jobs += [("fit", f, label, tables) for f, label, tables in plan_shards(args.fit_plans, quick=args.quick)][: 4 if args.quick else None]
     while any(queues.values()):  # a pair at a time from each family in turn
         for q in queues.values():
             jobs += q[:2]
             del q[:2]
     if args.plans:
-        jobs += [("val", f, label, tables) for f, label, tables in plan_shards(args.plans, args.min_cuts)][: 4 if args.quick else None]
+        jobs += [("val", f, label, tables) for f, label, tables in plan_shards(args.plans, args.min_cuts, args.quick)][: 4 if args.quick else None]
     files = {"fit": out / "calib_records.jsonl", "val": out / "val_records.jsonl"}
     lines: dict[str, list[str]] = {k: [] for k in files}
     rows = []

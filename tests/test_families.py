@@ -394,3 +394,27 @@ def test_held_out_campaign_plans_every_held_out_family():
             assert {family_of(t.name) for t in tasks[0].tables} == {family}
 
 
+
+
+@pytest.mark.long  # a campaign dry run, ~30 s: make test-long
+def test_search_shards_campaign_logic_on_cpu(tmp_path):
+    """benchmarks/gpu_search_shards.py --device cpu --quick: the devices of the calibration tasks'
+    plans (heldout.py plan --calib) and the training families' pairs are fit records, the pairs of
+    every family and the devices of other plans validation; `calibrate` reads them."""
+    from dreamshard.costs.calibrate import load_records
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    plans = tmp_path / "fit"
+    subprocess.run([sys.executable, str(bench / "heldout.py"), "plan", "--quick", "--calib", "--out", str(plans), "--again", "lookup --split"],
+                   capture_output=True, text=True, check=True)
+    out = tmp_path / "run"
+    path = str(plans / "plans.jsonl.gz")
+    r = subprocess.run([sys.executable, str(bench / "gpu_search_shards.py"), "--out", str(out), "--device", "cpu", "--quick", "--fit-plans", path, "--plans", path,
+                        "--min-cuts", "0"], capture_output=True, text=True, timeout=1800)  # a hang guard only
+    assert r.returncode == 0, r.stderr[-2000:]
+    fit, val = load_records(out / "calib_records.jsonl"), load_records(out / "val_records.jsonl")
+    # --quick caps a shard at 100 MB: rmc's tables (58–282 MB) make none
+    assert {x.family for x in fit} == set(TRAINING_FAMILIES) and set(HELD_OUT_FAMILIES) - {"rmc"} <= {x.family for x in val}
+    assert sum(x.family == "dlrm" for x in fit) == 4 + 2  # the plan's devices (4 at most in --quick), one pair
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert all(row["fwd_ms"] > 0 and row["sim_bwd_ms"] > 0 for row in rows)

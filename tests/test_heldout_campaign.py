@@ -92,6 +92,16 @@ def test_development_tasks_with_another_model(tmp_path):
     assert bad.returncode != 0 and "give LABEL=PATH with a new label" in bad.stderr
 
 
+def test_calibration_tasks_come_from_the_calibration_pools(tmp_path):
+    """`--calib`: tasks of the training families' calibration pools (seed 10), whose plans'
+    devices gpu_search_shards.py measures to fit; never with --dev."""
+    run("plan", "--quick", "--calib", "--out", str(tmp_path), "--again", "lookup")
+    plans = text_of(tmp_path / "plans.jsonl.gz")
+    assert '"pool": "dlrm/10"' in plans and "mixed" not in plans
+    bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "plan", "--quick", "--calib", "--dev", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "--dev and --calib: give one" in bad.stderr
+
+
 def test_plans_for_another_gpu(tmp_path, monkeypatch):
     """`plan --gpu h200`: the plans carry their GPU; `--again` refuses a file of another GPU's plans,
     and `measure` one whose GPU is not this machine's (here, no GPU at all)."""
