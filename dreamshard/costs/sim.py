@@ -96,7 +96,8 @@ TRITON_FWD_TERMS = ("launch", "tables", "lookups", "cold_bytes", "warm_bytes", "
 TRITON_BWD_TERMS = ("active", "lookups", "tiles", "grad_bytes", "masked_grad_bytes", "update_bytes", "launches", "wide_grad_bytes")
 KERNEL_TERMS = {"triton": (TRITON_FWD_TERMS, TRITON_BWD_TERMS)}  # any other kernel: FWD_TERMS, BWD_TERMS
 # The shipped calibration of each GPU, fitted to today's Triton kernel on the training families
-# (product path, L2, shards of up to 128 tables; docs/simulator.md). The simulator prices for the
+# (product path, L2, shards of up to 128 tables; the H200's also the devices of the searches' plans,
+# which a search keeps where the price is low; docs/simulator.md). The simulator prices for the
 # GPU visible here; on a machine without one, with the H200's calibration that the simulator
 # figures in docs/ were made with (they stay reproducible where no GPU is).
 SHIPPED_CALIBRATIONS = {"h100": "h100_triton_large_shards.json", "h200": "h200_triton_search_shards.json"}
