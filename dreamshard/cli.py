@@ -469,7 +469,8 @@ def model_defaults() -> str:
 @click.option("--seed", default=0, show_default=True, type=SEED, help="for randomized planners")
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help=f"for the planners with a model ({model_defaults()}): a model from `dreamshard train --planner NAME`")
 @click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
-              help="for the planners that search on a cost backend (oracle): the simulator, or a kernel measured by the sequential runner")
+              help="for the planners that search on a cost backend (oracle) and dreamshard's --verify: the simulator, or a kernel measured by the sequential runner")
+@click.option("--verify", type=click.IntRange(1, 64), help="dreamshard: plan with this many seeds and keep the plan --backend measures fastest (a GPU: --backend triton)")
 @click.option("--split/--no-split", default=None, help="let the planner cut tables into shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: its search, on by default; neuroshard always splits) [planner's]")
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET),
               help="for the search planners: the work of each task's search (oracle: evaluations; neuroshard: beam-search steps; dreamshard: split moves of a descent) [planner's]")
@@ -481,8 +482,8 @@ def model_defaults() -> str:
 @click.option("--json", "as_json", is_flag=True, help="print a JSON document of what was planned (per plan: devices, splits, the planner's prediction, notes) instead of tables")
 @click.option("--quiet", "-q", is_flag=True, help="print the one summary line only")
 @click.pass_context
-def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, hosts, gpus_per_host, precision, optimizer, planner_name, seed, model_path, backend_name, split,
-             budget, budget_ms, row_layouts, out, as_json, quiet, host_memory=None) -> None:
+def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, hosts, gpus_per_host, precision, optimizer, planner_name, seed, model_path, backend_name, verify,
+             split, budget, budget_ms, row_layouts, out, as_json, quiet, host_memory=None) -> None:
     """Place the tables of TABLES_FILE (or of every task in --tasks) on devices."""
     import contextlib
     from dataclasses import replace
@@ -503,6 +504,10 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, h
         raise OptionError(f"--model is for the planners with a model ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'model' in c.options())}), not {planner_name!r}")
     if backend_name is not None and "backend" not in options:
         raise OptionError(f"--backend is for the planners that search on a cost backend ({', '.join(n for n, c in sorted(PLANNERS.items()) if 'backend' in c.options())}), not {planner_name!r}")
+    if verify is not None and "verify" not in options:
+        raise OptionError(f"--verify is for {', '.join(n for n, c in sorted(PLANNERS.items()) if 'verify' in c.options())}, not {planner_name!r}")
+    if "verify" in options and (verify is None) != (backend_name is None):
+        raise OptionError(f"{planner_name}: --verify K and --backend go together (the backend measures the K seeds' plans)")
     if split and "split" not in options:
         raise OptionError(f"--split: planner {planner_name!r} does not split tables; these do: {', '.join(n for n, c in sorted(PLANNERS.items()) if 'split' in c.options())}")
     splits_on = split if split is not None else bool(options.get("split", False))
@@ -542,6 +547,8 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, h
         kwargs["budget_ms"] = budget_ms
     if backend_name is not None:
         kwargs["backend"] = _cost_backend(backend_name, "sequential", "auto")[0]
+    if verify is not None:
+        kwargs["verify"] = verify
     planner = get_planner(planner_name, **kwargs)
     if backend_name is not None and backend_name != "sim" and budget is None and bound is not None and bound[1] == "evaluations":
         refuse_long_search(planner_name, options[bound[0]], kwargs["backend"], tasks)

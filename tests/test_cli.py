@@ -89,3 +89,22 @@ def test_bad_table_file_is_one_line_exit_2(tmp_path):
     bad.write_text("name,rows,dim,pooling_factor,distribution\na,12,5,1,uniform\n")
     p = subprocess.run([sys.executable, "-m", "dreamshard.cli", "plan", str(bad), "--devices", "2", "--max-memory", "1GB", "--out", str(tmp_path / "x.json")], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.strip() == f"error: {bad}: line 2, column 'dim': 5 is not a positive multiple of 4"
+
+
+def test_plan_verify_measures_the_seeds_plans_with_the_backend(pool, tmp_path):
+    """`plan --planner dreamshard --verify K --backend B`: the kept plan carries the backend's
+    measurements of the K seeds' plans; --verify without --backend (or the reverse for dreamshard),
+    or for a planner without it, is a one-line error."""
+    from cli_helpers import invoke, one_line_error
+
+    r = run("plan", pool / "tables.csv", "--devices", 4, "--max-memory", "80GiB", "--planner", "dreamshard", "--verify", 2, "--backend", "sim",
+            "--out", tmp_path / "v.json")
+    assert r.exit_code == 0, r.output
+    (plan,) = load_plans(tmp_path / "v.json")
+    got = plan.predicted["verified"]
+    assert got["backend"].startswith("simulated") and 1 <= len(got["plans"]) <= 2 and got["seed"] in (0, 1)
+    assert "verified: the fastest of" in plan.notes[-1]
+    base = [pool / "tables.csv", "--devices", 4, "--max-memory", "80GiB", "--out", tmp_path / "w.json"]
+    assert "--verify K and --backend go together" in one_line_error(invoke("plan", *base, "--planner", "dreamshard", "--verify", 2))
+    assert "--verify K and --backend go together" in one_line_error(invoke("plan", *base, "--planner", "dreamshard", "--backend", "sim"))
+    assert "--verify is for dreamshard, not 'lookup'" in one_line_error(invoke("plan", *base, "--planner", "lookup", "--verify", 2))

@@ -247,3 +247,28 @@ def test_budget_ms_is_checked():
 
     with pytest.raises((ValueError, OptionError), match="budget_ms"):
         get_planner("dreamshard", budget_ms=0)
+
+
+def test_verify_keeps_the_plan_the_backend_measures_fastest_of_its_seeds(pool, trained):
+    """`verify=K`: the plans of seeds seed..seed+K-1, each distinct one priced by the backend (the
+    simulator here, a GPU kernel in use); the plan kept is the cheapest by it and is that seed's
+    plan; the measurements are in its `predicted`. A backend is required."""
+    from dreamshard.bench import plan_hash
+    from dreamshard.costs.sim import SimBackend
+
+    sim = SimBackend()
+    _, test_half = split_pool(pool, 0)
+    task = sample_tasks(test_half, 1, (20, 20), 4, 3 * 10**9, seed=8)[0]
+    plan = get_planner("dreamshard", model=str(trained), seed=5, verify=3, backend=sim).plan(task)
+    plan.check()
+    alone = {s: get_planner("dreamshard", model=str(trained), seed=s).plan(task) for s in (5, 6, 7)}
+    got = plan.predicted["verified"]
+    assert [p["seed"] for p in got["plans"]] == [s for s in alone if plan_hash(alone[s]) not in {plan_hash(alone[t]) for t in alone if t < s}]
+    for p in got["plans"]:
+        assert p["measured_ms"] == pytest.approx(sim.evaluate_plan(alone[p["seed"]]).overall_ms)
+    assert plan_hash(plan) == plan_hash(alone[got["seed"]])
+    assert sim.evaluate_plan(plan).overall_ms == pytest.approx(min(p["measured_ms"] for p in got["plans"]))
+    with pytest.raises(ValueError, match="verify needs a backend"):
+        get_planner("dreamshard", verify=2)
+    with pytest.raises(ValueError, match="verify"):
+        get_planner("dreamshard", verify=-1, backend=sim)

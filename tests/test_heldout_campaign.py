@@ -88,6 +88,7 @@ def test_development_tasks_with_another_model(tmp_path):
     text = run("report", str(tmp_path), *model)
     assert "## dlrm (development), 60 tables / 4 devices / 24 GB: 1 tasks" in text
     assert "| dreamshard (again) |" in text and "| dreamshard |" in text
+    assert "| the fastest measured of the 2 `dreamshard` variants' plans | 1 |" in text  # what `--verify` keeps among them
     bad = subprocess.run([sys.executable, "benchmarks/heldout.py", "report", str(tmp_path), "--model", "lookup=x.pt"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "give LABEL=PATH with a new label" in bad.stderr
 

@@ -48,6 +48,7 @@ the plan's notes say what was left out: fewer sampled episodes, no learned cuts.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -237,7 +238,8 @@ class DreamShardPlanner(LearnedPlanner):
 
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
                  budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH,
-                 anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = ANNEAL_LOOKUP):
+                 anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = ANNEAL_LOOKUP, verify: int = 0,
+                 backend: "CostBackend | None" = None):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, the same plan on every machine).
@@ -248,7 +250,9 @@ class DreamShardPlanner(LearnedPlanner):
         placements the search's last stage, the oracle's annealing on the cost net, may price (0: no
         such stage); its plan is kept where the net prices it `anneal_margin` (a fraction) lower.
         `anneal_lookup`: the stage also anneals from the lookup plans and a restart (False, the
-        default: from the search's plan alone, every placement on that one run)."""
+        default: from the search's plan alone, every placement on that one run). `verify`: plan
+        with this many seeds (seed, seed + 1, ...) and keep the plan `backend` measures fastest
+        (`_verified`; 0: one plan, no backend)."""
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
@@ -271,6 +275,11 @@ class DreamShardPlanner(LearnedPlanner):
             raise ValueError(f"anneal_margin must be in [0, 1), got {anneal_margin!r:.40}")
         self.anneal_margin = float(anneal_margin)
         self.anneal_lookup = bool(anneal_lookup)
+        if isinstance(verify, bool) or not isinstance(verify, (int, np.integer)) or verify < 0:
+            raise ValueError(f"verify must be a whole number >= 0, got {verify!r:.40}")
+        if verify and backend is None:
+            raise ValueError("verify needs a backend that measures the plans (e.g. the triton kernel on a GPU)")
+        self.verify, self.backend = int(verify), backend
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
     @classmethod
@@ -301,6 +310,8 @@ class DreamShardPlanner(LearnedPlanner):
         return max(least, min(wanted, 1 + SAMPLED_DEVICE_STEPS // max(1, tables * devices)))
 
     def plan(self, task: Task) -> Plan:
+        if self.verify:
+            return self._verified(task)
         deadline = time.perf_counter() + self.budget_ms / 1e3 if self.budget_ms is not None else None
         if over_bounds(task.sizes(), task.max_memory_bytes, task.devices):
             if self.split and self.max_splits > 0:
@@ -321,6 +332,25 @@ class DreamShardPlanner(LearnedPlanner):
             return self._split(task, plan, source, deadline, bounded)
         plan.notes += bounded
         return plan
+
+    def _verified(self, task: Task) -> Plan:
+        """The plans of `verify` seeds, each distinct one measured by `backend`: the fastest, the
+        measurements in its `predicted["verified"]`. Plans within the cost net's error of each other
+        are ordered by it little better than by chance, and a measurement repeats within a fraction
+        of a percent: a few measured plans pick what the net cannot (docs/dreamshard.md, "Verified plans")."""
+        plans: dict[tuple, tuple[int, Plan]] = {}
+        for k in range(self.verify):
+            one = copy.copy(self)
+            one.seed, one.verify = self.seed + k, 0
+            plan = one.plan(task)
+            plans.setdefault(tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)), (one.seed, plan))
+        measured = [(self.backend.evaluate_plan(plan).overall_ms, seed, plan) for seed, plan in plans.values()]
+        ms, seed, best = min(measured, key=lambda m: m[0])
+        best.predicted = {**(best.predicted or {}), "verified": {"backend": self.backend.name, "seed": seed,
+                                                                 "plans": [{"seed": s, "measured_ms": m} for m, s, _ in measured]}}
+        best.notes.append(f"verified: the fastest of {len(measured)} distinct plans of {self.verify} seeds measured by {self.backend.name}, "
+                          f"seed {seed}'s: {ms:.3f} ms")
+        return best
 
     def _cheapest(self, task: Task, p, placement: np.ndarray | None) -> tuple[Plan, np.ndarray, float, str]:
         """The policy's placement (None: every episode ran out of memory) and the greedy
