@@ -120,6 +120,9 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     # tasks, measured in one call beside `dreamshard` (the shipped model), its mean of per-task
     # ratios to the best table-wise heuristic is lower; the held-out tasks are reported either way
     "dreamshard (search-shards prior)": ("dreamshard", {"model": str(Path(__file__).resolve().parent / "results/gpu_train_shipped_h200_search_prior/dreamshard_h200.pt")}),
+    # `--verify 4`: the plans of 4 seeds measured on this machine's GPU (Triton TBE, sequential
+    # runner) at plan time, the fastest kept; planned on the GPU machine (`plan --again` with it)
+    "dreamshard (verify 4)": ("dreamshard", {"verify": 4, "backend": "triton"}),
     "neuroshard": ("neuroshard", {}),
     "oracle (simulator)": ("oracle", {"backend": "sim"}),
     "torchrec (all types)": ("torchrec", {"sharding_types": "all"}),
@@ -134,7 +137,8 @@ EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)", "dreamshar
                "dreamshard (annealing 2000 with 2% margin)", "dreamshard (annealing without margin)", "dreamshard (annealing 8000 without margin)",
                "dreamshard (annealing from its plan alone)", "dreamshard (annealing also from the lookup plans)",
                "dreamshard (annealing also from the lookup plans seed 1)",
-               "dreamshard (seed 1)", "dreamshard (annealing 2000 with 2% margin seed 1)", "dreamshard (search-shards prior)")  # labels a plain `plan` leaves out
+               "dreamshard (seed 1)", "dreamshard (annealing 2000 with 2% margin seed 1)", "dreamshard (search-shards prior)",
+               "dreamshard (verify 4)")  # labels a plain `plan` leaves out
 
 
 # the simulator of the oracle's plans and of the report's simulated column: a calibration of the
@@ -203,6 +207,10 @@ def plan_cmd(args) -> None:
         name, options = PLANNERS[label][0], dict(PLANNERS[label][1])
         if options.get("backend") == "sim":
             options["backend"] = SimBackend(CALIBRATIONS[args.gpu])
+        elif options.get("backend") == "triton":  # measured here: a GPU machine (--cpu: the torch kernel on this CPU, a logic check)
+            from dreamshard.costs.runners import SequentialRunner
+
+            options["backend"] = SequentialRunner("torch", device="cpu", warmup=1, iters=2) if args.cpu else SequentialRunner("triton", device="cuda")
         if name in LEARNED and "model" not in options:  # the shipped model for the GPU planned for, not this machine's default
             options["model"] = shipped.model_path(LEARNED[name], args.gpu)
         if "heads" in options:
@@ -696,6 +704,7 @@ def main() -> None:
         q.add_argument("--model", action="append", default=[], metavar="LABEL=PATH", help="one more planner: dreamshard with the model at PATH, under LABEL (repeatable)")
     p.add_argument("--gpu", choices=sorted(CALIBRATIONS), default="h100", help="the GPU the plans are for: its shipped models, NCCL models and calibration (for the oracle)  [h100]")
     p.add_argument("--dev", action="store_true", help="the development tasks (training families, pools of seed 5) instead of the held-out ones")
+    p.add_argument("--cpu", action="store_true", help="planners that measure at plan time (`dreamshard (verify 4)`) measure with the torch kernel on this CPU (a logic check)")
     p.add_argument("--calib", action="store_true", help="tasks of the training families' calibration pools (seed 10), whose plans' devices a calibration may fit (gpu_search_shards.py), instead of the held-out ones")
     p.add_argument("--tasks", type=int, default=TASKS, help="tasks per family and setting; more draw further tasks after the first ones, which stay as they are  [%(default)s]")
     args = ap.parse_args()

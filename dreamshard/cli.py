@@ -470,7 +470,7 @@ def model_defaults() -> str:
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help=f"for the planners with a model ({model_defaults()}): a model from `dreamshard train --planner NAME`")
 @click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="for the planners that search on a cost backend (oracle) and dreamshard's --verify: the simulator, or a kernel measured by the sequential runner")
-@click.option("--verify", type=click.IntRange(1, 64), help="dreamshard: plan with this many seeds and keep the plan --backend measures fastest (a GPU: --backend triton)")
+@click.option("--verify", type=click.IntRange(1, 64), help="dreamshard: make this many variants of the plan (both starts of its last stage, seeds in turn) and keep the one --backend measures fastest (a GPU: --backend triton)")
 @click.option("--split/--no-split", default=None, help="let the planner cut tables into shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: its search, on by default; neuroshard always splits) [planner's]")
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET),
               help="for the search planners: the work of each task's search (oracle: evaluations; neuroshard: beam-search steps; dreamshard: split moves of a descent) [planner's]")
@@ -507,7 +507,7 @@ def plan_cmd(ctx, tables_file, tasks_file, devices, max_memory, topology_text, h
     if verify is not None and "verify" not in options:
         raise OptionError(f"--verify is for {', '.join(n for n, c in sorted(PLANNERS.items()) if 'verify' in c.options())}, not {planner_name!r}")
     if "verify" in options and (verify is None) != (backend_name is None):
-        raise OptionError(f"{planner_name}: --verify K and --backend go together (the backend measures the K seeds' plans)")
+        raise OptionError(f"{planner_name}: --verify K and --backend go together (the backend measures the K variants' plans)")
     if split and "split" not in options:
         raise OptionError(f"--split: planner {planner_name!r} does not split tables; these do: {', '.join(n for n, c in sorted(PLANNERS.items()) if 'split' in c.options())}")
     splits_on = split if split is not None else bool(options.get("split", False))

@@ -249,10 +249,11 @@ def test_budget_ms_is_checked():
         get_planner("dreamshard", budget_ms=0)
 
 
-def test_verify_keeps_the_plan_the_backend_measures_fastest_of_its_seeds(pool, trained):
-    """`verify=K`: the plans of seeds seed..seed+K-1, each distinct one priced by the backend (the
-    simulator here, a GPU kernel in use); the plan kept is the cheapest by it and is that seed's
-    plan; the measurements are in its `predicted`. A backend is required."""
+def test_verify_keeps_the_plan_the_backend_measures_fastest_of_its_variants(pool, trained):
+    """`verify=K`: K variants of the plan (the last stage from the search's plan alone, then also
+    from the lookup plans, each pair with the next seed), each distinct one priced by the backend
+    (the simulator here, a GPU kernel in use); the plan kept is the cheapest by it and is that
+    variant's plan; the measurements are in its `predicted`. A backend is required."""
     from dreamshard.bench import plan_hash
     from dreamshard.costs.sim import SimBackend
 
@@ -261,12 +262,14 @@ def test_verify_keeps_the_plan_the_backend_measures_fastest_of_its_seeds(pool, t
     task = sample_tasks(test_half, 1, (20, 20), 4, 3 * 10**9, seed=8)[0]
     plan = get_planner("dreamshard", model=str(trained), seed=5, verify=3, backend=sim).plan(task)
     plan.check()
-    alone = {s: get_planner("dreamshard", model=str(trained), seed=s).plan(task) for s in (5, 6, 7)}
+    variants = [(5, False), (5, True), (6, False)]
+    alone = {v: get_planner("dreamshard", model=str(trained), seed=v[0], anneal_lookup=v[1]).plan(task) for v in variants}
     got = plan.predicted["verified"]
-    assert [p["seed"] for p in got["plans"]] == [s for s in alone if plan_hash(alone[s]) not in {plan_hash(alone[t]) for t in alone if t < s}]
+    distinct = [v for i, v in enumerate(variants) if plan_hash(alone[v]) not in {plan_hash(alone[w]) for w in variants[:i]}]
+    assert [(p["seed"], p["anneal_lookup"]) for p in got["plans"]] == distinct
     for p in got["plans"]:
-        assert p["measured_ms"] == pytest.approx(sim.evaluate_plan(alone[p["seed"]]).overall_ms)
-    assert plan_hash(plan) == plan_hash(alone[got["seed"]])
+        assert p["measured_ms"] == pytest.approx(sim.evaluate_plan(alone[(p["seed"], p["anneal_lookup"])]).overall_ms)
+    assert plan_hash(plan) == plan_hash(alone[(got["seed"], got["anneal_lookup"])])
     assert sim.evaluate_plan(plan).overall_ms == pytest.approx(min(p["measured_ms"] for p in got["plans"]))
     with pytest.raises(ValueError, match="verify needs a backend"):
         get_planner("dreamshard", verify=2)

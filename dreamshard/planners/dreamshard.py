@@ -250,9 +250,9 @@ class DreamShardPlanner(LearnedPlanner):
         placements the search's last stage, the oracle's annealing on the cost net, may price (0: no
         such stage); its plan is kept where the net prices it `anneal_margin` (a fraction) lower.
         `anneal_lookup`: the stage also anneals from the lookup plans and a restart (False, the
-        default: from the search's plan alone, every placement on that one run). `verify`: plan
-        with this many seeds (seed, seed + 1, ...) and keep the plan `backend` measures fastest
-        (`_verified`; 0: one plan, no backend)."""
+        default: from the search's plan alone, every placement on that one run). `verify`: make
+        this many variants of the plan (`_verified`) and keep the one `backend` measures fastest
+        (0: one plan, no backend)."""
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
@@ -334,22 +334,25 @@ class DreamShardPlanner(LearnedPlanner):
         return plan
 
     def _verified(self, task: Task) -> Plan:
-        """The plans of `verify` seeds, each distinct one measured by `backend`: the fastest, the
-        measurements in its `predicted["verified"]`. Plans within the cost net's error of each other
-        are ordered by it little better than by chance, and a measurement repeats within a fraction
-        of a percent: a few measured plans pick what the net cannot (docs/dreamshard.md, "Verified plans")."""
-        plans: dict[tuple, tuple[int, Plan]] = {}
+        """`verify` variants of the plan — in turn the last stage from the search's plan alone and
+        also from the lookup plans, each pair with the next seed (seed, seed + 1, ...) — each
+        distinct one measured by `backend`: the fastest, the measurements in its
+        `predicted["verified"]`. Plans within the cost net's error of each other are ordered by it
+        little better than by chance, and a measurement repeats within a fraction of a percent: a
+        few measured plans pick what the net cannot (docs/dreamshard.md, "Verified plans")."""
+        plans: dict[tuple, tuple[dict, Plan]] = {}
         for k in range(self.verify):
             one = copy.copy(self)
-            one.seed, one.verify = self.seed + k, 0
+            one.seed, one.anneal_lookup, one.verify = self.seed + k // 2, bool(k % 2) != self.anneal_lookup, 0
             plan = one.plan(task)
-            plans.setdefault(tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)), (one.seed, plan))
-        measured = [(self.backend.evaluate_plan(plan).overall_ms, seed, plan) for seed, plan in plans.values()]
-        ms, seed, best = min(measured, key=lambda m: m[0])
-        best.predicted = {**(best.predicted or {}), "verified": {"backend": self.backend.name, "seed": seed,
-                                                                 "plans": [{"seed": s, "measured_ms": m} for m, s, _ in measured]}}
-        best.notes.append(f"verified: the fastest of {len(measured)} distinct plans of {self.verify} seeds measured by {self.backend.name}, "
-                          f"seed {seed}'s: {ms:.3f} ms")
+            variant = {"seed": one.seed, "anneal_lookup": one.anneal_lookup}
+            plans.setdefault(tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)), (variant, plan))
+        measured = [(self.backend.evaluate_plan(plan).overall_ms, variant, plan) for variant, plan in plans.values()]
+        ms, variant, best = min(measured, key=lambda m: m[0])
+        best.predicted = {**(best.predicted or {}), "verified": {"backend": self.backend.name, **variant,
+                                                                 "plans": [{**v, "measured_ms": m} for m, v, _ in measured]}}
+        best.notes.append(f"verified: the fastest of {len(measured)} distinct plans of {self.verify} variants measured by {self.backend.name} "
+                          f"(seed {variant['seed']}, anneal_lookup {variant['anneal_lookup']}): {ms:.3f} ms")
         return best
 
     def _cheapest(self, task: Task, p, placement: np.ndarray | None) -> tuple[Plan, np.ndarray, float, str]:
