@@ -106,8 +106,9 @@ class Planner(ABC):
 
 class LearnedPlanner(Planner):
     """The role of a planner with a trained model (`kind` "learned"): `fit` trains one on tasks
-    against a cost backend — the only place a planner meets a backend, passed in — `save` writes
-    it, `load` (or the constructor's `model` option) reads it back, `plan` uses it.
+    against a cost backend — passed in, as a planner meets a backend only when given one (as
+    `oracle` and `dreamshard`'s `verify` are) — `save` writes it, `load` (or the constructor's
+    `model` option) reads it back, `plan` uses it.
 
     A learned planner is one file here in dreamshard/planners/ like every planner (the registry
     finds it through this package's __init__.py); its nets and training loop live in
