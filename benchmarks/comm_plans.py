@@ -43,13 +43,6 @@ PLANNERS = {
 }
 
 
-def plan_kind(plan) -> str:
-    """table-wise, columns, rows or mixed: the shard kinds the plan holds beside whole tables."""
-    rows = any(s.row_stop is not None for s in plan.shards)
-    cols = any(s.start > 0 or s.stop < plan.task.tables[s.table].dim for s in plan.shards)
-    return "rows+columns" if rows and cols else "rows" if rows else "columns" if cols else "table-wise"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", required=True, help="device counts, comma-separated, of " + ", ".join(map(str, SETTINGS)))
@@ -76,9 +69,9 @@ def main() -> None:
                     continue
                 seen.add(key)
                 plan.planner = label
-                plan.notes = [*plan.notes, f"family {family}", f"kind {plan_kind(plan)}"]
+                plan.notes = [*plan.notes, f"family {family}", f"kind {plan.kind}"]
                 plans.append(plan)
-                print(f"{devices} devices  {family:9s} {label:22s} {plan_kind(plan):12s} {len(plan.shards):3d} shards", flush=True)
+                print(f"{devices} devices  {family:9s} {label:22s} {plan.kind:12s} {len(plan.shards):3d} shards", flush=True)
         save_plans(plans, OUT / f"plans_{devices}.jsonl")
         print(f"wrote {OUT / f'plans_{devices}.jsonl'}: {len(plans)} plans")
 

@@ -76,8 +76,7 @@ def plan_shards(path: str, min_cuts: int = 0, quick: bool = False) -> list[tuple
 
     out = []
     for plan in map(shrunk, load_plans(path)) if quick else load_plans(path):
-        cut = {s.table for s in plan.shards if s.start > 0 or s.stop < plan.task.tables[s.table].dim}
-        if plan.has_row_shards() or len(cut) < min_cuts:
+        if plan.has_row_shards() or len(plan.column_cut_tables()) < min_cuts:
             continue
         notes = dict(n.split(" ", 1) for n in plan.notes if " " in n)
         label = f"{notes.get('family', '?')} {notes.get('setting', '?')} task {notes.get('task', '?')} {plan.planner}"

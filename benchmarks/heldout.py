@@ -151,13 +151,6 @@ BEHIND = 0.02
 TABLE_WISE_BEST = ("lookup", "size_lookup")
 
 
-def plan_kind(plan) -> str:
-    """table-wise, columns, rows or rows+columns: the shard kinds the plan holds beside whole tables."""
-    rows = any(s.row_stop is not None for s in plan.shards)
-    cols = split_tables(plan) > 0
-    return "rows+columns" if rows and cols else "rows" if rows else "columns" if cols else "table-wise"
-
-
 DEV_FAMILIES, DEV_POOL_SEED = ("dlrm", "dlrm2022", "wide", "hot", "heavy"), 5  # dev_tasks.py's
 CALIB_POOL_SEED = 10  # the compute calibration's pools (gpu_families.py, gpu_large_shards.py): `plan --calib`
 
@@ -256,10 +249,10 @@ def plan_cmd(args) -> None:
                         seen[key].notes += what
                         continue
                     plan.planner = label
-                    plan.notes = [f"family {family}", f"setting {setting}", f"task {t}", f"gpu {args.gpu}", f"kind {plan_kind(plan)}", *what, *(f"note {label}: {n}" for n in plan.notes)]
+                    plan.notes = [f"family {family}", f"setting {setting}", f"task {t}", f"gpu {args.gpu}", f"kind {plan.kind}", *what, *(f"note {label}: {n}" for n in plan.notes)]
                     seen[key] = plan
                     plans.append(plan)
-                    print(f"{family:10s} {setting} task {t} {label:22s} {plan_kind(plan):12s} {ms:8.1f} ms", flush=True)
+                    print(f"{family:10s} {setting} task {t} {label:22s} {plan.kind:12s} {ms:8.1f} ms", flush=True)
                 save_plans(plans, out / "plans.jsonl.gz")  # after every task: a cut run keeps what it planned
     print(f"wrote {out / 'plans.jsonl.gz'}: {len(plans)} plans")
 
@@ -589,7 +582,7 @@ def by_kind(done: dict, prices: dict) -> list[str]:
     plans: dict[str, dict[int, tuple]] = defaultdict(dict)
     for t in done.values():
         for v in t.values():
-            plans[plan_kind(v[3])][id(v[3])] = v
+            plans[v[3].kind][id(v[3])] = v
     lines = ["", "## Each price against the GPU, by plan kind (median / largest absolute error on the measured step; every measured plan once, every planner's)", "",
              f"| plan kind | plans | {' | '.join(prices)} |", "|---|---:|" + "---:|" * len(prices)]
     for kind, vs in sorted(plans.items()):
@@ -615,17 +608,12 @@ def by_family(done: dict, prices: dict) -> list[str]:
     plans: dict[tuple[str, str], dict[int, tuple]] = defaultdict(dict)
     for (family, _, _), t in done.items():
         for v in t.values():
-            plans[(family, plan_kind(v[3]))][id(v[3])] = v
+            plans[(family, v[3].kind)][id(v[3])] = v
     return signed_errors("by family and plan kind (mean signed error on the measured step; every measured plan once)", ["family", "plan kind"],
                          [(list(key), vs) for key, vs in sorted(plans.items())], prices)
 
 
 SPLIT_BUCKETS = ((0, 0), (1, 2), (3, 5), (6, 10**9))
-
-
-def split_tables(plan) -> int:
-    """How many of the plan's tables it cuts into column pieces."""
-    return len({s.table for s in plan.shards if s.start > 0 or s.stop < plan.task.tables[s.table].dim})
 
 
 def by_split(done: dict, prices: dict) -> list[str]:
@@ -636,7 +624,7 @@ def by_split(done: dict, prices: dict) -> list[str]:
     for t in done.values():
         for v in t.values():
             if not any(s.row_stop is not None for s in v[3].shards):
-                n = split_tables(v[3])
+                n = len(v[3].column_cut_tables())
                 plans[next(b for b in SPLIT_BUCKETS if b[0] <= n <= b[1])][id(v[3])] = v
     name = lambda lo, hi: str(lo) if lo == hi else f"{lo}–{hi}" if hi < 10**9 else f"{lo} or more"  # noqa: E731
     return signed_errors("by the tables a plan cuts into columns (mean signed error on the measured step; every measured plan without row pieces once)",

@@ -202,8 +202,7 @@ def planners_for(models: dict[str, Path], oracle_budget: int, labels: Iterable[s
 
 def plan_hash(plan: Plan) -> str:
     """12 hex digits of a plan's shards: the key its measurements are filed under."""
-    shards = sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)
-    return hashlib.sha1(repr(shards).encode()).hexdigest()[:12]
+    return hashlib.sha1(repr(plan.layout()).encode()).hexdigest()[:12]
 
 
 def task_hash(task: Task) -> str:

@@ -215,6 +215,21 @@ class Plan:
             counts[s.table] = counts.get(s.table, 0) + 1
         return {self.task.tables[i].name: n for i, n in counts.items() if n > 1}
 
+    def column_cut_tables(self) -> set[int]:
+        """The tables (indices) the plan cuts into column pieces: some shard narrower than its table."""
+        return {s.table for s in self.shards if s.start > 0 or s.stop < self.task.tables[s.table].dim}
+
+    @property
+    def kind(self) -> str:
+        """table-wise, columns, rows or rows+columns: the shard kinds the plan holds beside whole tables."""
+        rows, cols = self.has_row_shards(), bool(self.column_cut_tables())
+        return "rows+columns" if rows and cols else "rows" if rows else "columns" if cols else "table-wise"
+
+    def layout(self) -> list[tuple]:
+        """Every shard as (table, device, columns, rows), sorted: two plans of one task with the
+        same layout are the same plan (`bench.plan_hash` files measurements under it)."""
+        return sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in self.shards)
+
     def shard_specs(self) -> list[TableSpec]:
         return [s.spec(self.task.tables[s.table]) for s in self.shards]
 

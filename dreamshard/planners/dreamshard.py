@@ -346,7 +346,7 @@ class DreamShardPlanner(LearnedPlanner):
             one.seed, one.anneal_lookup, one.verify = self.seed + k // 2, bool(k % 2) != self.anneal_lookup, 0
             plan = one.plan(task)
             variant = {"seed": one.seed, "anneal_lookup": one.anneal_lookup}
-            plans.setdefault(tuple(sorted((s.table, s.device, s.start, s.stop, s.row_start, s.row_stop) for s in plan.shards)), (variant, plan))
+            plans.setdefault(tuple(plan.layout()), (variant, plan))
         measured = [(self.backend.evaluate_plan(plan).overall_ms, variant, plan) for variant, plan in plans.values()]
         ms, variant, best = min(measured, key=lambda m: m[0])
         best.predicted = {**(best.predicted or {}), "verified": {"backend": self.backend.name, **variant,
