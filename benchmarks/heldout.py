@@ -492,19 +492,21 @@ def report(folder: Path, models: dict[str, str] | None = None) -> str:
     lines += [f"## Over the {len(done)} tasks", "", "| planner | tasks | vs best table-wise heuristic (mean of per-task ratios) | tasks > 2% behind the best |",
               "|---|---:|---:|---:|"]
     over = []
+
+    def over_row(name: str, have: list[dict], ms: list[float]) -> None:
+        """A row of `name`, measured `ms` on the tasks `have`: its mean ratio to the best table-wise heuristic, tasks > 2% behind."""
+        ratio = float(np.mean([m / min(t[h][0] for h in TABLE_WISE_BEST) - 1 for m, t in zip(ms, have)]))
+        behind = sum(m > min(v[0] for v in t.values()) * (1 + BEHIND) for m, t in zip(ms, have))
+        over.append((ratio, f"| {name} | {len(have)} | {ratio * 100:+.2f}% | {behind} |"))
+
     for label in labels_all:
         have = [t for t in done.values() if label in t]
-        ratio = float(np.mean([t[label][0] / min(t[h][0] for h in TABLE_WISE_BEST) - 1 for t in have]))
-        behind = sum(t[label][0] > min(v[0] for v in t.values()) * (1 + BEHIND) for t in have)
-        over.append((ratio, f"| {label} | {len(have)} | {ratio * 100:+.2f}% | {behind} |"))
+        over_row(label, have, [t[label][0] for t in have])
     # what `dreamshard --verify` would keep among the plans of the dreamshard variants here: the fastest measured
     variants = [lbl for lbl in labels_all if lbl.startswith("dreamshard") and lbl != "dreamshard --no-split"]
     have = [t for t in done.values() if all(lbl in t for lbl in variants)]
     if len(variants) > 1 and have:
-        fastest = [min(t[lbl][0] for lbl in variants) for t in have]
-        ratio = float(np.mean([f / min(t[h][0] for h in TABLE_WISE_BEST) - 1 for f, t in zip(fastest, have)]))
-        behind = sum(f > min(v[0] for v in t.values()) * (1 + BEHIND) for f, t in zip(fastest, have))
-        over.append((ratio, f"| the fastest measured of the {len(variants)} `dreamshard` variants' plans | {len(have)} | {ratio * 100:+.2f}% | {behind} |"))
+        over_row(f"the fastest measured of the {len(variants)} `dreamshard` variants' plans", have, [min(t[lbl][0] for lbl in variants) for t in have])
     lines += [r for _, r in sorted(over)] + [""]
     # the cost net on measured held-out plans, by plan kind
     lines += ["## The cost net's per-plan error on the measured plans (predicted vs measured max-device step)", "",
