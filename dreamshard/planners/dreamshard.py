@@ -133,7 +133,7 @@ def split_descent(scorer: PieceScorer, pieces: list[Shard], devices: list[int], 
         totals = scorer.device_costs(state).sum(-1)
         slow = int(totals.argmax())
         mine = np.flatnonzero(np.array(devices) == slow)
-        single = scorer.alone(scorer.table[slots[mine]])
+        single = scorer.single[slots[mine]]
         cut = [int(mine[j]) for j in np.argsort(-single, kind="stable") if splits.can_halve(pieces[mine[j]])][:candidates]
         order = np.argsort(totals, kind="stable")
         to = np.array([d for d in order if d != slow][:targets], np.int64)
@@ -448,7 +448,7 @@ class DreamShardPlanner(LearnedPlanner):
                            f"done up to {CUTS_MAX_TABLES:,} tables); the row ladder and the split descent ran, and the greedy placement "
                            f"under {len(CAPS[::2])} of its {len(CAPS)} dim caps")
         elif self.model.cut is not None:
-            s = cut_set(task, self.model, top_tables(scorer.alone(scorer.rows([whole])[0]), CUT_MAX))
+            s = cut_set(task, self.model, top_tables(scorer.single[scorer.slots([whole])[0]], CUT_MAX))
             found, proposed = self._learned_cuts(scorer, s, 0)
         else:
             found, proposed = self._cut_ladder(scorer, task, whole), []
@@ -571,7 +571,7 @@ class DreamShardPlanner(LearnedPlanner):
     def _cut_ladder(self, scorer: PieceScorer, task: Task, whole: list[Shard]) -> "Candidate | None":
         """A model without a cut net: the policy's placements of a ladder of cuts (`cut_ladder`),
         all played in one batch, the cheapest by the cost net."""
-        cuts = cut_ladder(whole, scorer.alone(scorer.rows([whole])[0]), self.max_splits)
+        cuts = cut_ladder(whole, scorer.single[scorer.slots([whole])[0]], self.max_splits)
         if not cuts:
             return None
         superset = list(dict.fromkeys(p for c in cuts for p in c))
@@ -799,7 +799,7 @@ def table_row_wise_by_host(scorer: PieceScorer, whole: list[Shard], blocks: int 
         rows.append(scorer.table[slots])
         size.append(scorer.bytes[slots])
     host = np.full(len(units), -1)
-    order = np.argsort(-scorer.alone(scorer.rows([whole])[0]), kind="stable")
+    order = np.argsort(-scorer.single[scorer.slots([whole])[0]], kind="stable")
     for u in [u for i in order for u in np.flatnonzero(group == i)]:
         trial = np.repeat(state[None], H, axis=0)  # [H, D, R]: the plan with the unit on each host
         at = np.arange(H)[:, None] * G + np.arange(len(rows[u]))[None, :]  # [H, k] GPU r of host h
