@@ -471,9 +471,9 @@ def test_the_h200_calibration_fitted_to_the_searches_devices_prices_them_closer(
 
     results = FAMILY_RESULTS.parent
     new, old = Calibration.load("h200_triton_search_shards.json"), Calibration.load("h200_triton_large_shards.json")
-    fitted = load_records(results / "gpu_large_shards_h200/fit_records_all.jsonl") + load_records(results / "gpu_search_shards_h200/calib_records.jsonl")
+    fitted = load_records(results / "gpu_large_shards_h200/fit_records_all.jsonl") + load_records(results / "gpu_search_shards_h200/calib_records.jsonl.gz")
     assert new.fit["shards"] == len(fitted) and not set(new.fit["families"]) & set(HELD_OUT_FAMILIES)
-    dev = load_records(results / "gpu_search_shards_h200/val_records.jsonl")
+    dev = load_records(results / "gpu_search_shards_h200/val_records.jsonl.gz")
     assert len(dev) > 800 and not {r.family for r in dev} & set(HELD_OUT_FAMILIES)
     ours, earlier = (validation_report(c, dev)["total"]["mape"] for c in (new, old))
     assert ours <= 5.5 and ours < earlier - 1.5, (ours, earlier)
@@ -664,7 +664,7 @@ def test_the_h200_default_is_refit_from_its_committed_records(tmp_path):
     results = FAMILY_RESULTS.parent
     out = tmp_path / "cal.json"
     r = CliRunner().invoke(cli, ["calibrate", "--backend", "triton", "--device", "cuda", "--from-records", str(results / "gpu_large_shards_h200/fit_records_all.jsonl"),
-                                 "--from-records", str(results / "gpu_search_shards_h200/calib_records.jsonl"), "--comm-model", "dreamshard/data/comm/h200_nccl.json",
+                                 "--from-records", str(results / "gpu_search_shards_h200/calib_records.jsonl.gz"), "--comm-model", "dreamshard/data/comm/h200_nccl.json",
                                  "--cache-size", "62914560", "--host-link", str(results / "gpu_tiers_h200/host_fit/host_link.json"), "--out", str(out)])
     assert r.exit_code == 0, r.output
     made, shipped = Calibration.load(out), Calibration.load("h200_triton_search_shards.json")
