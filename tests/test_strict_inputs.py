@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dreamshard.cli import cli
-from dreamshard.costs.calibrate import load_records
+from dreamshard.costs.calibrate import load_records, save_records
 from dreamshard.synth import PoolConfig, synth_pool
 from dreamshard.validation import MAX_SEED, DataError
 from cli_helpers import invoke, one_line_error, small_pool
@@ -91,6 +91,26 @@ def test_valid_records_still_fit_and_an_empty_device_of_a_placement_is_kept(tmp_
     (tmp_path / "empty.jsonl").write_text(json.dumps(empty) + "\n")
     with pytest.raises(DataError, match="no records of measured shards"):
         load_records(tmp_path / "empty.jsonl")
+
+
+def test_records_gzipped_fit_as_the_plain_file_and_a_broken_gzip_is_one_line(tmp_path):
+    """A records file whose name ends in .gz is read gunzipped (save_records writes it so): the same
+    records and the same fit as the plain file; a .gz that is not gzip is refused in one line."""
+    plain = load_records(RECORDS)
+    save_records(plain, tmp_path / "r.jsonl.gz")
+    assert (tmp_path / "r.jsonl.gz").read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic
+    assert load_records(tmp_path / "r.jsonl.gz") == plain
+    fits = []
+    for src in (RECORDS, tmp_path / "r.jsonl.gz"):
+        out = tmp_path / f"cal{len(fits)}.json"
+        r = invoke("calibrate", "--backend", "fbgemm", "--from-records", src, "--out", out)
+        assert r.exit_code == 0, r.stderr
+        doc = json.loads(out.read_text())
+        fits.append((doc["fwd"], doc["bwd"], doc["fit"]))
+    assert fits[0] == fits[1]
+    (tmp_path / "bad.jsonl.gz").write_bytes(RECORDS.read_bytes()[:100])
+    line = one_line_error(invoke("calibrate", "--backend", "fbgemm", "--from-records", tmp_path / "bad.jsonl.gz", "--out", tmp_path / "x.json"))
+    assert "bad.jsonl.gz: cannot read" in line and "gzipped" in line, line
 
 
 # --------------------------------------------------------------------------------------------
