@@ -1,0 +1,94 @@
+"""Which price should pick among `dreamshard --verify`'s variants when no GPU is at hand?
+
+`--verify K` makes K variants of the plan (the last stage from the search's plan alone and also
+from the lookup plans, seeds in turn) and keeps the one the backend measures fastest. With a GPU
+that is a measurement; without one the choice is a price's. The cost net chose every variant
+within its own search, so it is biased towards what it underprices (a search keeps what its price
+underrates); the simulator chose none of them. This replays the choice offline on a measured
+campaign: each task's variants priced by the cost net (their `predicted` step) and by the
+simulator, the one each price picks looked up among the measured plans, and the mean of per-task
+ratios to the best table-wise heuristic measured in the same call.
+
+    .venv/bin/python benchmarks/heldout.py plan --dev --gpu h200 --out D --again "dreamshard,dreamshard (seed 1),dreamshard (annealing also from the lookup plans),dreamshard (annealing also from the lookup plans seed 1),lookup,size_lookup"
+    .venv/bin/python benchmarks/verify_price.py --plans D/plans.jsonl.gz --measured benchmarks/results/gpu_anneal_start_h200/dev_seeds/measured.csv
+
+Rule, committed before the development tasks were replayed: if the simulator's pick (the H200's
+shipped calibration, `h200_triton_search_shards.json`) is at least 0.2 points below the default's
+plan on the 30 development tasks, `--verify K --backend sim` becomes the documented way to plan
+without a GPU; the held-out tasks are replayed and reported either way.
+
+`--plans` holds the variants' plans (re-made here: the planners are deterministic, and a plan is
+looked up by the hash of its shards, so one re-made otherwise is reported as unmeasured);
+`--measured` a `heldout.py measure` CSV of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from heldout import PLANNERS, TABLE_WISE_BEST, note, planners_of, plan_id, row_id  # noqa: E402
+
+from dreamshard.costs.sim import SimBackend  # noqa: E402
+from dreamshard.plan import load_plans  # noqa: E402
+
+# --verify K's variants in order (DreamShardPlanner._variants): k → (anneal_lookup, seed)
+VARIANT_LABELS = ("dreamshard", "dreamshard (annealing also from the lookup plans)", "dreamshard (seed 1)",
+                  "dreamshard (annealing also from the lookup plans seed 1)")
+
+
+def ratios(picks: dict[str, list[float]], base: list[float]) -> dict[str, float]:
+    return {name: float(np.mean([m / b - 1 for m, b in zip(ms, base)])) for name, ms in picks.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--plans", required=True, help="the variants' and the heuristics' plans (heldout.py plan)")
+    p.add_argument("--measured", required=True, help="their measurements (heldout.py measure's measured.csv)")
+    p.add_argument("--calibration", action="append", default=[], help="a simulator calibration to price with (repeatable)  [the H200's shipped ones]")
+    p.add_argument("--variants", type=int, default=4, help="the first K variants  [4]")
+    args = p.parse_args()
+    calibrations = args.calibration or ["h200_triton_search_shards.json", "h200_triton_large_shards.json"]
+    sims = {c: SimBackend(c) for c in calibrations}
+    with open(args.measured) as fh:
+        measured = {row_id(r): float(r["measured_ms"]) for r in csv.DictReader(fh)}
+    labels = VARIANT_LABELS[:args.variants]
+    assert all(lb in PLANNERS for lb in labels)
+    tasks: dict[tuple, dict[str, object]] = defaultdict(dict)
+    for plan in load_plans(args.plans):
+        for label in planners_of(plan):
+            tasks[(note(plan, "family"), note(plan, "setting"), note(plan, "task"))][label] = plan
+    picks: dict[str, list[float]] = defaultdict(list)
+    base, kept, unmeasured = [], [], 0
+    for t, plans in sorted(tasks.items()):
+        if not all(lb in plans for lb in (*labels, *TABLE_WISE_BEST)) or not all(plan_id(plans[lb]) in measured for lb in (*labels, *TABLE_WISE_BEST)):
+            unmeasured += 1
+            continue
+        kept.append(t)
+        base.append(min(measured[plan_id(plans[h])] for h in TABLE_WISE_BEST))
+        variants = [plans[lb] for lb in labels]
+        ms = [measured[plan_id(v)] for v in variants]
+        picks["the default (variant 0)"].append(ms[0])
+        picks["the fastest measured (--verify on the GPU)"].append(min(ms))
+        net = [v.predicted["max_device_ms"] for v in variants]
+        picks["the cost net's cheapest"].append(ms[int(np.argmin(net))])
+        for c, sim in sims.items():
+            priced = [sim.evaluate_plan(v).overall_ms for v in variants]
+            picks[f"the simulator's cheapest ({c})"].append(ms[int(np.argmin(priced))])
+    print(f"{len(kept)} tasks with every variant and heuristic measured ({unmeasured} left out: a plan not measured, or re-made otherwise)")
+    print("| pick among the variants | tasks | vs best table-wise heuristic (mean of per-task ratios) |")
+    print("|---|---:|---:|")
+    for name, r in sorted(ratios(picks, base).items(), key=lambda kv: kv[1]):
+        print(f"| {name} | {len(kept)} | {r * 100:+.2f}% |")
+
+
+if __name__ == "__main__":
+    main()
