@@ -506,7 +506,7 @@ def report(folder: Path, models: dict[str, str] | None = None) -> str:
         over_row(label, have, [t[label][0] for t in have])
     # what `dreamshard --verify` would keep among the plans of the shipped model's variants here (its
     # seeds and last stages, not other models, --no-split or --verify's own plan): the fastest measured
-    variants = [lbl for lbl in labels_all if PLANNERS.get(lbl, ("", {"model": None}))[0] == "dreamshard" and set(PLANNERS[lbl][1]) <= VARIANT_OPTIONS]
+    variants = [lbl for lbl in labels_all if lbl in PLANNERS and PLANNERS[lbl][0] == "dreamshard" and set(PLANNERS[lbl][1]) <= VARIANT_OPTIONS]
     have = [t for t in done.values() if all(lbl in t for lbl in variants)]
     if len(variants) > 1 and have:
         over_row(f"the fastest measured of the {len(variants)} `dreamshard` variants' plans", have, [min(t[lbl][0] for lbl in variants) for t in have])

@@ -19,7 +19,13 @@ without a GPU; the held-out tasks are replayed and reported either way.
 
 `--plans` holds the variants' plans (re-made here: the planners are deterministic, and a plan is
 looked up by the hash of its shards, so one re-made otherwise is reported as unmeasured);
-`--measured` a `heldout.py measure` CSV of them.
+`--measured` a `heldout.py measure` CSV of them. `--verified`: the variants' measurements are
+those `dreamshard (verify 4)` made at plan time (its plans in `--plans` beside the re-made
+variants; each distinct variant measured once, `predicted["verified"]`), the heuristics' from
+`--measured`:
+
+    .venv/bin/python benchmarks/heldout.py plan --gpu h200 --tasks 6 --out D --again "dreamshard (seed 1),dreamshard (annealing also from the lookup plans),dreamshard (annealing also from the lookup plans seed 1)"   # D: the campaign's plans
+    .venv/bin/python benchmarks/verify_price.py --plans D/plans.jsonl.gz --measured benchmarks/results/gpu_verify_h200/heldout/measured.csv --verified
 """
 
 from __future__ import annotations
@@ -45,6 +51,25 @@ VARIANT_LABELS = ("dreamshard", "dreamshard (annealing also from the lookup plan
                   "dreamshard (annealing also from the lookup plans seed 1)")
 
 
+def verified_ms(verify_plan, variants: list) -> list[float] | None:
+    """Each variant's measurement made at plan time by `--verify` (a variant that coincides with
+    an earlier one was measured once, as that one); None where a variant is not among them (the
+    plan re-made here otherwise)."""
+    if verify_plan is None:
+        return None
+    by_variant = {(v["anneal_lookup"], v["seed"]): v["measured_ms"] for v in verify_plan.predicted["verified"]["plans"]}
+    out, layouts = [], []
+    for k, plan in enumerate(variants):
+        layouts.append(plan.layout())
+        key = (k % 2 == 1, k // 2)
+        first = next(j for j in range(k + 1) if layouts[j] == layouts[k])
+        ms = by_variant.get(key) if first == k else out[first]
+        if ms is None:
+            return None
+        out.append(ms)
+    return out
+
+
 def ratios(picks: dict[str, list[float]], base: list[float]) -> dict[str, float]:
     return {name: float(np.mean([m / b - 1 for m, b in zip(ms, base)])) for name, ms in picks.items()}
 
@@ -55,6 +80,7 @@ def main() -> None:
     p.add_argument("--measured", required=True, help="their measurements (heldout.py measure's measured.csv)")
     p.add_argument("--calibration", action="append", default=[], help="a simulator calibration to price with (repeatable)  [the H200's shipped ones]")
     p.add_argument("--variants", type=int, default=4, help="the first K variants  [4]")
+    p.add_argument("--verified", action="store_true", help="the variants' measurements from the plans of `dreamshard (verify 4)` in --plans")
     args = p.parse_args()
     calibrations = args.calibration or ["h200_triton_search_shards.json", "h200_triton_large_shards.json"]
     sims = {c: SimBackend(c) for c in calibrations}
@@ -69,13 +95,15 @@ def main() -> None:
     picks: dict[str, list[float]] = defaultdict(list)
     base, kept, unmeasured = [], [], 0
     for t, plans in sorted(tasks.items()):
-        if not all(lb in plans for lb in (*labels, *TABLE_WISE_BEST)) or not all(plan_id(plans[lb]) in measured for lb in (*labels, *TABLE_WISE_BEST)):
+        need = (*TABLE_WISE_BEST,) if args.verified else (*labels, *TABLE_WISE_BEST)
+        if not all(lb in plans for lb in (*labels, *TABLE_WISE_BEST)) or not all(plan_id(plans[lb]) in measured for lb in need) \
+                or (args.verified and verified_ms(plans.get("dreamshard (verify 4)"), [plans[lb] for lb in labels]) is None):
             unmeasured += 1
             continue
         kept.append(t)
         base.append(min(measured[plan_id(plans[h])] for h in TABLE_WISE_BEST))
         variants = [plans[lb] for lb in labels]
-        ms = [measured[plan_id(v)] for v in variants]
+        ms = verified_ms(plans["dreamshard (verify 4)"], variants) if args.verified else [measured[plan_id(v)] for v in variants]
         picks["the default (variant 0)"].append(ms[0])
         picks["the fastest measured (--verify on the GPU)"].append(min(ms))
         net = [v.predicted["max_device_ms"] for v in variants]
