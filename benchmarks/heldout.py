@@ -247,6 +247,8 @@ def plan_cmd(args) -> None:
                         what.append(f"candidate {label} {plan.predicted['candidate']}")
                     if plan.predicted and "max_device_ms" in plan.predicted:  # a cost net's prediction
                         what.append(f"predicted_ms {label} {plan.predicted['max_device_ms']:.4f}")
+                    if plan.predicted and "verified" in plan.predicted:  # its variants' measurements, kept where another planner made the plan first
+                        what.append(f"verified {label} {json.dumps(plan.predicted['verified'])}")
                     if key in seen:
                         seen[key].notes += what
                         continue
@@ -273,12 +275,12 @@ def note(plan, key: str) -> str:
 
 def note_owner(n: str) -> str | None:
     """The planner label a per-planner note is about (`planner L`, `planning_ms L V`, `candidate L
-    V`, `predicted_ms L V`, `note L: text`), else None; the longest label that fits, so that
+    V`, `predicted_ms L V`, `verified L JSON`, `note L: text`), else None; the longest label that fits, so that
     `dreamshard --no-split`'s notes are not `dreamshard`'s."""
     key, _, rest = n.partition(" ")
     if key == "planner":
         return rest
-    if key in ("planning_ms", "candidate", "predicted_ms", "note"):
+    if key in ("planning_ms", "candidate", "predicted_ms", "verified", "note"):
         return next((lb for lb in sorted(PLANNERS, key=len, reverse=True) if rest.startswith(lb + " ") or rest.startswith(lb + ":")), None)
     return None
 

@@ -189,3 +189,18 @@ def test_measured_on_several_gpus_at_once(tmp_path):
     # the one task of --quick lies whole on the first GPU; the second had none
     assert len(parts[1]) == 1
     assert '"measured_this_call": ' + str(len(merged) - 1) in (tmp_path / "two" / "summary.json").read_text().replace("\n", "")
+
+
+def test_verify_price_replays_the_choice_among_the_variants(tmp_path):
+    """benchmarks/verify_price.py: each task's four `--verify` variants, the pick of each price looked
+    up among the measured plans; the fastest measured is never behind any other pick."""
+    variants = "dreamshard,dreamshard (annealing also from the lookup plans),dreamshard (seed 1),dreamshard (annealing also from the lookup plans seed 1)"
+    run("plan", "--quick", "--dev", "--out", str(tmp_path), "--again", f"{variants},lookup,size_lookup")
+    run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick")
+    out = subprocess.run([sys.executable, "benchmarks/verify_price.py", "--plans", str(tmp_path / "plans.jsonl.gz"), "--measured", str(tmp_path / "measured.csv")],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("1 tasks with every variant and heuristic measured (0 left out")
+    rows = {line.split(" | ")[0][2:]: float(line.split(" | ")[2].rstrip("% |")) for line in out.splitlines() if line.startswith("| the ")}
+    assert set(rows) == {"the default (variant 0)", "the fastest measured (--verify on the GPU)", "the cost net's cheapest",
+                         "the simulator's cheapest (h200_triton_search_shards.json)", "the simulator's cheapest (h200_triton_large_shards.json)"}
+    assert rows["the fastest measured (--verify on the GPU)"] == min(rows.values())
