@@ -242,7 +242,7 @@ class DreamShardPlanner(LearnedPlanner):
                  backend: "CostBackend | None" = None):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
-        has passed since `plan` began (None: one round, the same plan on every machine).
+        has passed since `plan` began (None: one round, whatever the machine's speed).
         `comm_model`: the comm model (file) whose collectives price row splits; None: the
         NCCL model shipped for the GPU planned for (`scoring.comm_params`). `heuristic_candidates`: the
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
