@@ -47,7 +47,7 @@ from heldout import PLANNERS, TABLE_WISE_BEST, note, notes_with, planners_of, pl
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.plan import load_plans  # noqa: E402
 
-# --verify K's variants in order (DreamShardPlanner._variants): k → (anneal_lookup, seed)
+# --verify K's variants in order (DreamShardPlanner._verified): k → (anneal_lookup k odd, seed k // 2)
 VARIANT_LABELS = ("dreamshard", "dreamshard (annealing also from the lookup plans)", "dreamshard (seed 1)",
                   "dreamshard (annealing also from the lookup plans seed 1)")
 
@@ -101,18 +101,23 @@ def main() -> None:
     picks: dict[str, list[float]] = defaultdict(list)
     base, kept, unmeasured = [], [], 0
     for t, plans in sorted(tasks.items()):
-        need = (*TABLE_WISE_BEST,) if args.verified else (*labels, *TABLE_WISE_BEST)
-        if not all(lb in plans for lb in (*labels, *TABLE_WISE_BEST)) or not all(plan_id(plans[lb]) in measured for lb in need) \
-                or (args.verified and verified_ms(plans.get("dreamshard (verify 4)"), [plans[lb] for lb in labels]) is None):
+        variants = [plans.get(lb) for lb in labels]
+        heuristics = [plans.get(h) for h in TABLE_WISE_BEST]
+        if None in variants or None in heuristics or not all(plan_id(h) in measured for h in heuristics):
+            unmeasured += 1
+            continue
+        if args.verified:
+            ms = verified_ms(plans.get("dreamshard (verify 4)"), variants)
+        else:
+            ms = [measured[plan_id(v)] for v in variants] if all(plan_id(v) in measured for v in variants) else None
+        if ms is None:
             unmeasured += 1
             continue
         kept.append(t)
-        base.append(min(measured[plan_id(plans[h])] for h in TABLE_WISE_BEST))
-        variants = [plans[lb] for lb in labels]
-        ms = verified_ms(plans["dreamshard (verify 4)"], variants) if args.verified else [measured[plan_id(v)] for v in variants]
+        base.append(min(measured[plan_id(h)] for h in heuristics))
         picks["the default (variant 0)"].append(ms[0])
         picks["the fastest measured (--verify on the GPU)"].append(min(ms))
-        net = [v.predicted["max_device_ms"] for v in variants]
+        net = [float(notes_with(v, "predicted_ms")[lb]) for v, lb in zip(variants, labels)]  # each label's own prediction of a shared plan
         picks["the cost net's cheapest"].append(ms[int(np.argmin(net))])
         for c, sim in sims.items():
             priced = [sim.evaluate_plan(v).overall_ms for v in variants]
