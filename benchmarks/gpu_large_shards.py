@@ -31,7 +31,6 @@ from dreamshard.costs.calibrate import design_shards, measure_shards  # noqa: E4
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.families import FAMILIES, HELD_OUT_FAMILIES, synth_family  # noqa: E402
 from dreamshard.files import atomic_write  # noqa: E402
-from dreamshard.plan import Plan, Shard  # noqa: E402
 from dreamshard.tasks import Task, Workload  # noqa: E402
 
 GB = 10**9
@@ -61,7 +60,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     kernel = "triton" if args.device.startswith("cuda") else "torch"
     workload = Workload(batch_size=512 if args.quick else 65_536)
-    sim = SimBackend()
     n, lo, hi, max_bytes = (1, 2, 6, 10**8) if args.quick else (args.shards, 16, 128, 20 * GB)
     runner_kw = {"warmup": 1, "iters": 2} if args.quick else {"warmup": 3, "iters": 10}
     jobs = []  # (role, family, tables)
@@ -75,31 +73,40 @@ def main() -> None:
             jobs += [(role, family, s) for s in shards]
         if role == "fit":  # the issue's target next, before the other validation shards
             jobs += [("val", "dlrm full pool", s) for s in full_pool_shards(args.quick)]
+    measure_jobs([(role, family, "", tables) for role, family, tables in jobs], out, args, kernel, workload, runner_kw, t0)
+
+
+def measure_jobs(jobs: list[tuple[str, str, str, list]], out: Path, args, kernel: str, workload: Workload, runner_kw: dict, t0: float) -> None:
+    """Each job (role "fit" or "val", family, what, tables) measured as one shard, in order, until
+    args.budget_s: its record appended to OUT/calib_records.jsonl ("fit") or val_records.jsonl,
+    and a row with the simulator's price of the shard beside to OUT/summary.json, both rewritten
+    after every shard (a call cut by its limit keeps what it measured); a shard that fails is a
+    row with its error, and the others run (gpu_search_shards.py measures its jobs so too)."""
+    sim = SimBackend()
     files = {"fit": out / "calib_records.jsonl", "val": out / "val_records.jsonl"}
-    lines = {"fit": [], "val": []}
+    lines: dict[str, list[str]] = {k: [] for k in files}
     rows = []
-    for role, family, tables in jobs:
+    for role, family, what, tables in jobs:
         if time.monotonic() - t0 > args.budget_s:
-            rows.append({"role": role, "family": family, "skipped": "budget"})
+            rows.append({"role": role, "family": family, "what": what, "skipped": "budget"})
             continue
         try:
             rec = measure_shards([tables], kernel, args.device, workload, **runner_kw)[0]
         except Exception as e:  # noqa: BLE001 - one shard's failure is reported, the others run
-            rows.append({"role": role, "family": family, "tables": len(tables), "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            rows.append({"role": role, "family": family, "what": what, "tables": len(tables), "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
         rec.family = family
-        task = Task(list(tables), 1, 10**15, workload)
-        s = sim.evaluate_plan(Plan(task, [Shard(i, 0, 0, t.dim) for i, t in enumerate(tables)], "gpu_large_shards")).devices[0]
+        (sf, sb), = sim.shard_compute([tables], workload)
         lines[role].append(json.dumps(rec.to_json()))
         atomic_write(files[role], "\n".join(lines[role]) + "\n")
-        row = {"role": role, "family": family, "tables": len(tables), "gb": round(sum(t.bytes() for t in tables) / GB, 2),
-               "fwd_ms": rec.fwd_ms, "bwd_ms": rec.bwd_ms, "sim_fwd_ms": s.fwd_comp_ms, "sim_bwd_ms": s.bwd_comp_ms}
+        row = {"role": role, "family": family, "held_out": family in HELD_OUT_FAMILIES, "what": what, "tables": len(tables),
+               "dims": " ".join(str(t.dim) for t in tables), "gb": round(sum(t.bytes() for t in tables) / GB, 2),
+               "fwd_ms": rec.fwd_ms, "bwd_ms": rec.bwd_ms, "sim_fwd_ms": float(sf), "sim_bwd_ms": float(sb)}
         rows.append(row)
-        atomic_write(out / "summary.json", json.dumps({"device": rec.hardware, "batch": workload.batch_size, "rows": rows}, indent=1))
-        print(f"[{time.monotonic() - t0:6.1f} s] {role} {family}: {len(tables)} tables {row['gb']} GB, fwd {rec.fwd_ms:.3f} (sim {s.fwd_comp_ms:.3f}), "
-              f"bwd {rec.bwd_ms:.3f} (sim {s.bwd_comp_ms:.3f})", flush=True)
+        atomic_write(out / "summary.json", json.dumps({"device": rec.hardware, "batch": workload.batch_size, "calibration": sim.calibration.label, "rows": rows}, indent=1))
+        print(f"[{time.monotonic() - t0:6.1f} s] {role} {family}{' ' + what if what else ''}: {len(tables)} tables {row['gb']} GB, fwd {rec.fwd_ms:.3f} (sim {sf:.3f}), "
+              f"bwd {rec.bwd_ms:.3f} (sim {sb:.3f})", flush=True)
     print(f"done: {len(lines['fit'])} fit and {len(lines['val'])} validation shards in {time.monotonic() - t0:.0f} s")
-
 
 if __name__ == "__main__":
     main()

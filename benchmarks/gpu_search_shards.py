@@ -24,7 +24,6 @@ written beside each measurement in `summary.json`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,15 +35,13 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from dreamshard.costs.calibrate import design_shards, measure_shards  # noqa: E402
-from dreamshard.costs.sim import SimBackend  # noqa: E402
-from dreamshard.families import FAMILIES, HELD_OUT_FAMILIES, TRAINING_FAMILIES, synth_family  # noqa: E402
-from dreamshard.files import atomic_write  # noqa: E402
+from dreamshard.costs.calibrate import design_shards  # noqa: E402
+from dreamshard.families import FAMILIES, TRAINING_FAMILIES, synth_family  # noqa: E402
 from dreamshard.plan import column_cuts, load_plans  # noqa: E402
 from dreamshard.tasks import Workload  # noqa: E402
 from dreamshard.validation import DIM_MULTIPLE  # noqa: E402
+from gpu_large_shards import GB, measure_jobs  # noqa: E402  (the same loop: a shard at a time, records and summary rewritten after each)
 
-GB = 10**9
 
 
 def with_pieces(tables: list, rng: np.random.Generator) -> list:
@@ -100,7 +97,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     kernel = "triton" if args.device.startswith("cuda") else "torch"
     workload = Workload(batch_size=512 if args.quick else 65_536)
-    sim = SimBackend()
     n, max_bytes, max_tables = (min(args.pairs, 1), 10**8, 6) if args.quick else (args.pairs, 8 * GB, 24)
     runner_kw = {"warmup": 1, "iters": 2} if args.quick else {"warmup": 3, "iters": 10}
     queues = {(role, f): [(role, f, f"pair {i} {kind}", s) for i, pair in enumerate(pairs(f, seed, k, max_bytes, max_tables)) for kind, s in zip(("whole", "pieces"), pair)]
@@ -115,31 +111,7 @@ def main() -> None:
             del q[:2]
     if args.plans:
         jobs += [("val", f, label, tables) for f, label, tables in plan_shards(args.plans, args.min_cuts, args.quick)][: 4 if args.quick else None]
-    files = {"fit": out / "calib_records.jsonl", "val": out / "val_records.jsonl"}
-    lines: dict[str, list[str]] = {k: [] for k in files}
-    rows = []
-    for role, family, what, tables in jobs:
-        if time.monotonic() - t0 > args.budget_s:
-            rows.append({"role": role, "family": family, "what": what, "skipped": "budget"})
-            continue
-        try:
-            rec = measure_shards([tables], kernel, args.device, workload, **runner_kw)[0]
-        except Exception as e:  # noqa: BLE001 - one shard's failure is reported, the others run
-            rows.append({"role": role, "family": family, "what": what, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-            continue
-        rec.family = family
-        (sf, sb), = sim.shard_compute([tables], workload)
-        lines[role].append(json.dumps(rec.to_json()))
-        atomic_write(files[role], "\n".join(lines[role]) + "\n")
-        row = {"role": role, "family": family, "held_out": family in HELD_OUT_FAMILIES, "what": what, "tables": len(tables),
-               "dims": " ".join(str(t.dim) for t in tables), "gb": round(sum(t.bytes() for t in tables) / GB, 2),
-               "fwd_ms": rec.fwd_ms, "bwd_ms": rec.bwd_ms, "sim_fwd_ms": float(sf), "sim_bwd_ms": float(sb)}
-        rows.append(row)
-        atomic_write(out / "summary.json", json.dumps({"device": rec.hardware, "batch": workload.batch_size, "calibration": sim.calibration.label, "rows": rows}, indent=1))
-        print(f"[{time.monotonic() - t0:6.1f} s] {role} {family} {what}: {len(tables)} tables, fwd {rec.fwd_ms:.3f} (sim {sf:.3f}), "
-              f"bwd {rec.bwd_ms:.3f} (sim {sb:.3f})", flush=True)
-    print(f"done: {', '.join(f'{len(v)} {k}' for k, v in lines.items())} shards in {time.monotonic() - t0:.0f} s")
-
+    measure_jobs(jobs, out, args, kernel, workload, runner_kw, t0)
 
 if __name__ == "__main__":
     main()
