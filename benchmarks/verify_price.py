@@ -46,8 +46,9 @@ from heldout import PLANNERS, TABLE_WISE_BEST, note, notes_with, planners_of, pl
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.plan import load_plans  # noqa: E402
+from dreamshard.planners.dreamshard import verify_variant  # noqa: E402
 
-# --verify K's variants in order (DreamShardPlanner._verified): k → (anneal_lookup k odd, seed k // 2)
+# --verify K's variants in order (planners.dreamshard.verify_variant) as heldout.py's labels
 VARIANT_LABELS = ("dreamshard", "dreamshard (annealing also from the lookup plans)", "dreamshard (seed 1)",
                   "dreamshard (annealing also from the lookup plans seed 1)")
 
@@ -67,7 +68,8 @@ def verified_ms(verify_plan, variants: list) -> list[float] | None:
     out, layouts = [], []
     for k, plan in enumerate(variants):
         layouts.append(plan.layout())
-        key = (k % 2 == 1, k // 2)
+        v = verify_variant(k)
+        key = (v["anneal_lookup"], v["seed"])
         first = next(j for j in range(k + 1) if layouts[j] == layouts[k])
         ms = by_variant.get(key) if first == k else out[first]
         if ms is None:

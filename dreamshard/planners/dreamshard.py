@@ -227,6 +227,12 @@ ANNEAL_LOOKUP = False
 ANNEAL_FULL_CELLS = 1_000  # tables × devices up to which the stage prices `anneal` placements; above, fewer in proportion
 
 
+def verify_variant(k: int, seed: int = 0, anneal_lookup: bool = False) -> dict:
+    """`verify`'s k-th variant of a planner of `seed` and `anneal_lookup`: the last stage's two
+    starts in turn, each pair with the next seed."""
+    return {"seed": seed + k // 2, "anneal_lookup": bool(k % 2) != anneal_lookup}
+
+
 @register
 class DreamShardPlanner(LearnedPlanner):
     """`model`: a model file, a `DreamShardModel`, or None for the shipped model."""
@@ -342,10 +348,10 @@ class DreamShardPlanner(LearnedPlanner):
         few measured plans pick what the net cannot (docs/dreamshard.md, "Verified plans")."""
         plans: dict[tuple, tuple[dict, Plan]] = {}
         for k in range(self.verify):
+            variant = verify_variant(k, self.seed, self.anneal_lookup)
             one = copy.copy(self)
-            one.seed, one.anneal_lookup, one.verify = self.seed + k // 2, bool(k % 2) != self.anneal_lookup, 0
+            one.seed, one.anneal_lookup, one.verify = variant["seed"], variant["anneal_lookup"], 0
             plan = one.plan(task)
-            variant = {"seed": one.seed, "anneal_lookup": one.anneal_lookup}
             plans.setdefault(tuple(plan.layout()), (variant, plan))
         measured = [(self.backend.evaluate_plan(plan).overall_ms, variant, plan) for variant, plan in plans.values()]
         ms, variant, best = min(measured, key=lambda m: m[0])
