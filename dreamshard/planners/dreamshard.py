@@ -245,7 +245,7 @@ class DreamShardPlanner(LearnedPlanner):
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
                  budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH,
                  anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = ANNEAL_LOOKUP, verify: int = 0,
-                 backend: "CostBackend | None" = None):
+                 backend: "CostBackend | None" = None, cut_penalty: float = 0.0):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, whatever the machine's speed).
@@ -258,7 +258,8 @@ class DreamShardPlanner(LearnedPlanner):
         `anneal_lookup`: the stage also anneals from the lookup plans and a restart (False, the
         default: from the search's plan alone, every placement on that one run). `verify`: make
         this many variants of the plan (`_verified`) and keep the one `backend` measures fastest
-        (0: one plan, no backend)."""
+        (0: one plan, no backend). `cut_penalty`: the search prices a plan this fraction higher
+        for each table it cuts into columns (`PieceScorer`; 0: the cost net's price)."""
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
@@ -286,6 +287,9 @@ class DreamShardPlanner(LearnedPlanner):
         if verify and backend is None:
             raise ValueError("verify needs a backend that measures the plans (e.g. the triton kernel on a GPU)")
         self.verify, self.backend = int(verify), backend
+        if not 0 <= cut_penalty < 1:
+            raise ValueError(f"cut_penalty must be in [0, 1), got {cut_penalty!r:.40}")
+        self.cut_penalty = float(cut_penalty)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
 
     @classmethod
@@ -404,7 +408,7 @@ class DreamShardPlanner(LearnedPlanner):
         (`splits.forced_row_splits`), every piece placed by the greedy on the cost net under the
         dim caps 1.0–1.5, then the split descent from there."""
         pieces = splits.forced_row_splits(task)
-        scorer = PieceScorer(self.model, task, self.comm)
+        scorer = PieceScorer(self.model, task, self.comm, self.cut_penalty)
         cost, devices, _ = greedy_batch(scorer, [pieces], np.array([*np.linspace(1.0, 1.5, 6), splits.NO_DIM_CAP]))
         if not np.isfinite(cost[0]):
             raise splits.infeasible(task)
@@ -442,7 +446,7 @@ class DreamShardPlanner(LearnedPlanner):
         cheapest is returned, its source in `predicted["candidate"]`. Above CUTS_MAX_TABLES tables
         the learned cuts are left out; `bounded` (notes of what the size left out) and a note of
         that go in the plan's notes."""
-        scorer = PieceScorer(self.model, task, self.comm)
+        scorer = PieceScorer(self.model, task, self.comm, self.cut_penalty)
         whole = splits.whole(task)
         state = scorer.state(whole, np.array(table_wise.placement))
         best = Candidate(float(scorer.score(state)), whole, table_wise.placement, source)
@@ -554,7 +558,7 @@ class DreamShardPlanner(LearnedPlanner):
             greedy_place[0] = True
         active = s.active(plan_cuts(self.model, s, greedy_cuts, rng))
         placement, stuck, costs, overall = self.player.play(s.prepared, greedy_place, rng, active)
-        score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
+        score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score)) * scorer.cut_factor(active @ scorer.cut_shares(s.pieces))
         e = int(score.argmin())
         if not np.isfinite(score[e]):
             return None, []
@@ -589,7 +593,8 @@ class DreamShardPlanner(LearnedPlanner):
         greedy = np.tile(np.arange(K) == 0, len(cuts))  # per cut: the greedy episode, then sampled ones
         prepared = prepare(splits.as_task(task, superset), self.model.normalization, self.model.linear_features, self.model.kernel)
         placement, stuck, costs, overall = self.player.play(prepared, greedy, np.random.default_rng(self.seed), np.repeat(active, K, axis=0))
-        score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score))
+        cuts_of = np.repeat(active, K, axis=0) @ scorer.cut_shares(superset)
+        score = np.where(stuck, np.inf, plan_cost(costs, overall, self.model.score)) * scorer.cut_factor(cuts_of)
         e = int(score.argmin())
         if not np.isfinite(score[e]):
             return None
@@ -723,7 +728,8 @@ class NetPricer(Pricer):
         change[n * D + placements[n, i], np.arange(K)] = 1.0
         change[n * D + self._base[0][i], np.arange(K)] = -1.0
         states = (change @ rows[i]).reshape(N, D, -1) + self._base[1]
-        return self.scorer.device_costs(states).sum(-1) * self.scorer.net.scale
+        factor = self.scorer.cut_factor(self.scorer.cuts(rows))  # the same pieces in every placement
+        return self.scorer.device_costs(states).sum(-1) * (self.scorer.net.scale * factor)
 
 
 @dataclass

@@ -71,7 +71,8 @@ from dreamshard.tiers import cache_rows
 from dreamshard.topology import several_hosts
 
 COMM = COST_COMPONENTS.index("comm_ms")
-EXTRA_COLUMNS = 5  # a state row's columns after the net's: row-wise dim, all-to-all width, row columns, table-row-wise dim, host tiers
+EXTRA_COLUMNS = 6  # a state row's columns after the net's: row-wise dim, all-to-all width, row columns, table-row-wise dim, host tiers, cut share
+CUT_PENALTY_CAP = 5  # tables: `cut_penalty` grows with the tables a plan cuts into columns up to this many
 
 
 def comm_params(comm_model: str | Path | CommModel | None, devices: int = 2) -> dict:
@@ -91,10 +92,15 @@ def predicted_dict(device_costs: np.ndarray, overall: float, model_label: str) -
 class PieceScorer:
     """The cost net's view of pieces: each piece's state row, device bytes and all-to-all width,
     measured once per piece and kept in a cache the searches index by slot (`slots`); the row-wise
-    exchange from `comm` (a comm model's parameters, `comm_params`)."""
+    exchange from `comm` (a comm model's parameters, `comm_params`). `cut_penalty`: a plan's score
+    is raised by this fraction for each table it cuts into columns, up to CUT_PENALTY_CAP tables
+    (0: the net's price as it is): a search keeps the plans its price underrates most, and on the
+    development tasks the net underpriced the measured plans the more, the more tables they cut."""
 
-    def __init__(self, model: DreamShardModel, task: Task, comm: dict | None = None):
-        self.model, self.task = model, task
+    def __init__(self, model: DreamShardModel, task: Task, comm: dict | None = None, cut_penalty: float = 0.0):
+        if not 0 <= cut_penalty < 1:
+            raise ValueError(f"cut_penalty must be in [0, 1), got {cut_penalty!r:.40}")
+        self.model, self.task, self.cut_penalty = model, task, float(cut_penalty)
         self.net = NumpyCostNet(model.cost_net)
         self.topology = several_hosts(task.topology)
         # several hosts: the collectives' inside-a-host part is the comm model of one host's GPUs
@@ -107,10 +113,11 @@ class PieceScorer:
         self._rc = self._a2a + 1  # the column of a row piece's columns in its device's TBE output (the copies around the exchange)
         self._tw = self._rc + 1  # the column of a table-row-wise piece's share of its table's dim (several hosts)
         self._tier = self._tw + 1  # the column of what a host-tier piece's tier adds to its device's step (units)
+        self._cut = self._tier + 1  # the column of a column piece's share of its table's dim (a cut table's pieces sum to 1)
         self._slot: dict[Shard, int] = {}
         # Indexed by slot, filled up to len(_slot); grown geometrically, so that the searches' many
         # lookups of a few new pieces each cost the new pieces, not a copy of the cache.
-        self.table = np.zeros((0, self._tier + 1), np.float32)  # state rows
+        self.table = np.zeros((0, self._cut + 1), np.float32)  # state rows
         self.bytes = np.zeros(0, np.int64)  # device bytes (`splits.sizes`)
         self.single = np.zeros(0, np.float32)  # predicted compute alone (`alone`): the greedy's order of pieces
 
@@ -153,6 +160,8 @@ class PieceScorer:
                 r[self._rc] = t.dim
             else:
                 r[self._a2a] = p.width
+                dim = self.task.tables[p.table].dim
+                r[self._cut] = p.width / dim if p.width < dim else 0.0
         if self.task.tiers is not None:
             w, link = self.task.workload, HostLink()
             for r, p in zip(rows, new):
@@ -300,10 +309,22 @@ class PieceScorer:
         return out
 
     def score(self, state: np.ndarray) -> np.ndarray:
-        """[..., D, R] device states → [...] the model's plan cost, units."""
+        """[..., D, R] device states → [...] the model's plan cost, units (with `cut_penalty`)."""
         nP = self.net.nP
         base = plan_cost(self.device_costs(state), self.net.overall(state[..., nP : self._rw]), self.model.score)
-        return base + self.collective(state)
+        return (base + self.collective(state)) * self.cut_factor(self.cuts(state))
+
+    def cuts(self, rows: np.ndarray) -> np.ndarray:
+        """[..., n, R] device states or piece rows → [...] the tables their pieces cut into columns."""
+        return rows[..., self._cut].sum(-1)
+
+    def cut_factor(self, cuts) -> np.ndarray:
+        """What `cut_penalty` multiplies the price of a plan cutting `cuts` tables by (1 without it)."""
+        return 1.0 + self.cut_penalty * np.minimum(cuts, CUT_PENALTY_CAP)
+
+    def cut_shares(self, pieces: list[Shard]) -> np.ndarray:
+        """[n] each piece's share of the tables cut (its width over its table's dim; 0 whole or a row piece)."""
+        return self.rows([pieces])[0][:, self._cut]
 
 
 def greedy_batch(scorer: PieceScorer, pieces: list[list[Shard]], caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
