@@ -275,3 +275,34 @@ def test_verify_keeps_the_plan_the_backend_measures_fastest_of_its_variants(pool
         get_planner("dreamshard", verify=2)
     with pytest.raises(ValueError, match="verify"):
         get_planner("dreamshard", verify=-1, backend=sim)
+
+
+def test_the_cut_penalty_raises_a_plans_price_per_table_cut_up_to_its_cap(pool, trained):
+    """`cut_penalty`: the search's price of a plan is the net's times 1 + penalty × the tables it
+    cuts into columns (at most CUT_PENALTY_CAP counted), the same in the scorer and in the last
+    stage's pricer; a plan cutting no table is priced as without it, and 0 plans as before."""
+    from dreamshard.planners import splits
+    from dreamshard.planners.dreamshard import NetPricer
+    from dreamshard.planners.scoring import CUT_PENALTY_CAP, PieceScorer
+
+    _, test_half = split_pool(pool, 0)
+    task = sample_tasks(test_half, 1, (20, 20), 4, 3 * 10**9, seed=6)[0]
+    model = get_planner("dreamshard", model=str(trained)).model
+    plain, dear = PieceScorer(model, task), PieceScorer(model, task, cut_penalty=0.02)
+    whole = splits.whole(task)
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 3, CUT_PENALTY_CAP + 2):
+        pieces = [p for i, w in enumerate(whole) for p in (splits.cut(w, 2 + i % 2) if i < n else [w])]  # halves and thirds
+        devices = rng.integers(task.devices, size=len(pieces))
+        assert plain.cuts(plain.state(pieces, devices)) == pytest.approx(n)
+        factor = 1 + 0.02 * min(n, CUT_PENALTY_CAP)
+        assert dear.score(dear.state(pieces, devices)) == pytest.approx(plain.score(plain.state(pieces, devices)) * factor, rel=1e-6)
+        keys = [(p.table, p.start, p.stop) for p in pieces]
+        got = NetPricer(dear, 1).totals(keys, devices[None])[0]
+        assert got == pytest.approx(plain.device_costs(plain.state(pieces, devices)).sum(-1) * float(model.cost_net.scale) * factor, rel=1e-5)
+    a = get_planner("dreamshard", model=str(trained)).plan(task)
+    assert get_planner("dreamshard", model=str(trained), cut_penalty=0.0).plan(task).layout() == a.layout()
+    get_planner("dreamshard", model=str(trained), cut_penalty=0.05).plan(task).check()
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="cut_penalty"):
+            get_planner("dreamshard", cut_penalty=bad)
