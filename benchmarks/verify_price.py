@@ -1,7 +1,8 @@
 """Which price should pick among `dreamshard --verify`'s variants when no GPU is at hand?
 
-`--verify K` makes K variants of the plan (the last stage from the search's plan alone and also
-from the lookup plans, seeds in turn) and keeps the one the backend measures fastest. With a GPU
+`--verify K` makes K variants of the plan and keeps the one the backend measures fastest; the
+campaigns replayed here had the variants of its schedule before the cut penalty (the last stage
+from the search's plan alone and also from the lookup plans, seeds in turn). With a GPU
 that is a measurement; without one the choice is a price's. The cost net chose every variant
 within its own search, so it is biased towards what it underprices (a search keeps what its price
 underrates); the simulator chose none of them. This replays the choice offline on a measured
@@ -26,6 +27,14 @@ variants; each distinct variant measured once, `predicted["verified"]`), the heu
 
     .venv/bin/python benchmarks/heldout.py plan --gpu h200 --tasks 6 --out D --again "dreamshard (seed 1),dreamshard (annealing also from the lookup plans),dreamshard (annealing also from the lookup plans seed 1)"   # D: the campaign's plans
     .venv/bin/python benchmarks/verify_price.py --plans D/plans.jsonl.gz --measured benchmarks/results/gpu_verify_h200/heldout/measured.csv --verified
+
+`--schedules`: which variants `--verify` should make — the fastest measured of the first K of
+each schedule (`SCHEDULES`; the rule that chose between them beside the cut penalty's labels in
+heldout.py), over the tasks where every plan of both was measured in one call:
+
+    .venv/bin/python benchmarks/heldout.py plan --dev --gpu h200 --out D --again "dreamshard,dreamshard (cut penalty 0.75%),dreamshard (annealing also from the lookup plans),dreamshard (seed 1),dreamshard (annealing also from the lookup plans seed 1),lookup,size_lookup"
+    PYTHONPATH=. python3 benchmarks/heldout.py measure --out OUT --plans D/plans.jsonl.gz   # one H200: 7 min
+    .venv/bin/python benchmarks/verify_price.py --plans D/plans.jsonl.gz --measured OUT/measured.csv --schedules
 """
 
 from __future__ import annotations
@@ -46,17 +55,24 @@ from heldout import PLANNERS, TABLE_WISE_BEST, note, notes_with, planners_of, pl
 
 from dreamshard.costs.sim import SimBackend  # noqa: E402
 from dreamshard.plan import load_plans  # noqa: E402
-from dreamshard.planners.dreamshard import verify_variant  # noqa: E402
-
-# --verify K's variants in order (planners.dreamshard.verify_variant) as heldout.py's labels
+# the variants of the campaigns replayed here, as heldout.py's labels: the last stage's starts,
+# then seeds (--verify's schedule before the cut penalty became its second variant)
 VARIANT_LABELS = ("dreamshard", "dreamshard (annealing also from the lookup plans)", "dreamshard (seed 1)",
                   "dreamshard (annealing also from the lookup plans seed 1)")
+# --verify K's variants in order (planners.dreamshard.verify_variant), the cut penalty its second
+PENALTY_LABELS = ("dreamshard", "dreamshard (cut penalty 0.75%)", "dreamshard (annealing also from the lookup plans)", "dreamshard (seed 1)")
+SCHEDULES = {"the last stage's starts, then seeds": VARIANT_LABELS, "the default, the cut penalty 0.75%, then those": PENALTY_LABELS}
 
 
-def verified_ms(verify_plan, variants: list) -> list[float] | None:
-    """Each variant's measurement made at plan time by `--verify` (a variant that coincides with
-    an earlier one was measured once, as that one); None where a variant is not among them (the
-    plan re-made here otherwise)."""
+def variant_key(options: dict) -> tuple:
+    """A variant's options (`verify_variant`'s, or a heldout.py label's) as a key."""
+    return bool(options.get("anneal_lookup", False)), int(options.get("seed", 0)), float(options.get("cut_penalty", 0.0))
+
+
+def verified_ms(verify_plan, variants: list, labels: tuple) -> list[float] | None:
+    """Each variant's (`labels`' plans) measurement made at plan time by `--verify` (a variant that
+    coincides with an earlier one was measured once, as that one); None where a variant is not
+    among them (the plan re-made here otherwise)."""
     if verify_plan is None:
         return None
     note_ = notes_with(verify_plan, "verified").get("dreamshard (verify 4)")
@@ -64,14 +80,12 @@ def verified_ms(verify_plan, variants: list) -> list[float] | None:
     verified = json.loads(note_) if note_ else (verify_plan.predicted or {}).get("verified")
     if verified is None:
         return None
-    by_variant = {(v["anneal_lookup"], v["seed"]): v["measured_ms"] for v in verified["plans"]}
+    by_variant = {variant_key(v): v["measured_ms"] for v in verified["plans"]}
     out, layouts = [], []
-    for k, plan in enumerate(variants):
+    for k, (plan, label) in enumerate(zip(variants, labels)):
         layouts.append(plan.layout())
-        v = verify_variant(k)
-        key = (v["anneal_lookup"], v["seed"])
         first = next(j for j in range(k + 1) if layouts[j] == layouts[k])
-        ms = by_variant.get(key) if first == k else out[first]
+        ms = by_variant.get(variant_key(PLANNERS[label][1])) if first == k else out[first]
         if ms is None:
             return None
         out.append(ms)
@@ -82,6 +96,24 @@ def ratios(picks: dict[str, list[float]], base: list[float]) -> dict[str, float]
     return {name: float(np.mean([m / b - 1 for m, b in zip(ms, base)])) for name, ms in picks.items()}
 
 
+def schedules(tasks: dict, measured: dict) -> None:
+    """`--schedules`: the fastest measured of each schedule's first K variants (K = 1..4), over the
+    tasks where every plan of both schedules and both heuristics was measured (one call)."""
+    labels = sorted({lb for sch in SCHEDULES.values() for lb in sch} | set(TABLE_WISE_BEST))
+    ms = {t: {lb: measured.get(plan_id(plans[lb])) for lb in labels if lb in plans} for t, plans in tasks.items()}
+    kept = [t for t in sorted(ms) if len(ms[t]) == len(labels) and None not in ms[t].values()]
+    print(f"{len(kept)} tasks with every plan of both schedules and both heuristics measured ({len(ms) - len(kept)} left out)\n")
+    print("| schedule | " + " | ".join(f"fastest of {k}" for k in range(1, 5)) + " | tasks whose first 4 are 1 / 2 / 3 / 4 distinct plans |")
+    print("|---|" + "---:|" * 5)
+    for name, sch in SCHEDULES.items():
+        cells = []
+        for k in range(1, 5):
+            r = [min(ms[t][lb] for lb in sch[:k]) / min(ms[t][h] for h in TABLE_WISE_BEST) - 1 for t in kept]
+            cells.append(f"{np.mean(r) * 100:+.2f}%")
+        distinct = [len({plan_id(tasks[t][lb]) for lb in sch}) for t in kept]
+        print(f"| {name} | " + " | ".join(cells) + " | " + " / ".join(str(distinct.count(n)) for n in range(1, 5)) + " |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plans", required=True, help="the variants' and the heuristics' plans (heldout.py plan)")
@@ -89,6 +121,7 @@ def main() -> None:
     p.add_argument("--calibration", action="append", default=[], help="a simulator calibration to price with (repeatable)  [the H200's shipped ones]")
     p.add_argument("--variants", type=int, default=4, help="the first K variants  [4]")
     p.add_argument("--verified", action="store_true", help="the variants' measurements from the plans of `dreamshard (verify 4)` in --plans")
+    p.add_argument("--schedules", action="store_true", help="instead: the fastest measured of each schedule's first K variants (SCHEDULES)")
     args = p.parse_args()
     calibrations = args.calibration or ["h200_triton_search_shards.json", "h200_triton_large_shards.json"]
     sims = {c: SimBackend(c) for c in calibrations}
@@ -100,6 +133,8 @@ def main() -> None:
     for plan in load_plans(args.plans):
         for label in planners_of(plan):
             tasks[(note(plan, "family"), note(plan, "setting"), note(plan, "task"))][label] = plan
+    if args.schedules:
+        return schedules(tasks, measured)
     picks: dict[str, list[float]] = defaultdict(list)
     base, kept, unmeasured = [], [], 0
     for t, plans in sorted(tasks.items()):
@@ -109,7 +144,7 @@ def main() -> None:
             unmeasured += 1
             continue
         if args.verified:
-            ms = verified_ms(plans.get("dreamshard (verify 4)"), variants)
+            ms = verified_ms(plans.get("dreamshard (verify 4)"), variants, labels)
         else:
             ms = [measured[plan_id(v)] for v in variants] if all(plan_id(v) in measured for v in variants) else None
         if ms is None:

@@ -470,7 +470,7 @@ def model_defaults() -> str:
 @click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False), help=f"for the planners with a model ({model_defaults()}): a model from `dreamshard train --planner NAME`")
 @click.option("--backend", "backend_name", type=click.Choice(["sim", "auto", "fbgemm", "triton", "torch"]),
               help="for the planners that search on a cost backend (oracle) and dreamshard's --verify: the simulator, or a kernel measured by the sequential runner")
-@click.option("--verify", type=click.IntRange(1, 64), help="dreamshard: make this many variants of the plan (both starts of its last stage, seeds in turn) and keep the one --backend measures fastest (a GPU: --backend triton)")
+@click.option("--verify", type=click.IntRange(1, 64), help="dreamshard: make this many variants of the plan (itself, its search with a penalty per table cut, the other start of its last stage, seeds in turn) and keep the one --backend measures fastest (a GPU: --backend triton)")
 @click.option("--split/--no-split", default=None, help="let the planner cut tables into shards (heuristics: the tables whose proxy alone exceeds the per-device average; dreamshard: its search, on by default; neuroshard always splits) [planner's]")
 @click.option("--budget", type=click.IntRange(1, limits.MAX_BUDGET),
               help="for the search planners: the work of each task's search (oracle: evaluations; neuroshard: beam-search steps; dreamshard: split moves of a descent) [planner's]")

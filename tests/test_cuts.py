@@ -250,26 +250,28 @@ def test_budget_ms_is_checked():
 
 
 def test_verify_keeps_the_plan_the_backend_measures_fastest_of_its_variants(pool, trained):
-    """`verify=K`: K variants of the plan (the last stage from the search's plan alone, then also
-    from the lookup plans, each pair with the next seed), each distinct one priced by the backend
-    (the simulator here, a GPU kernel in use); the plan kept is the cheapest by it and is that
-    variant's plan; the measurements are in its `predicted`. A backend is required."""
+    """`verify=K`: K variants of the plan (the planner itself, the search on the other price of the
+    cut penalty, the last stage also from the lookup plans, then the next seed), each distinct one
+    priced by the backend (the simulator here, a GPU kernel in use); the plan kept is the cheapest
+    by it and is that variant's plan; the measurements are in its `predicted`. A backend is required."""
     from dreamshard.bench import plan_hash
     from dreamshard.costs.sim import SimBackend
+    from dreamshard.planners.dreamshard import VERIFY_CUT_PENALTY
 
     sim = SimBackend()
     _, test_half = split_pool(pool, 0)
     task = sample_tasks(test_half, 1, (20, 20), 4, 3 * 10**9, seed=8)[0]
-    plan = get_planner("dreamshard", model=str(trained), seed=5, verify=3, backend=sim).plan(task)
+    plan = get_planner("dreamshard", model=str(trained), seed=5, verify=4, backend=sim).plan(task)
     plan.check()
-    variants = [(5, False), (5, True), (6, False)]
-    alone = {v: get_planner("dreamshard", model=str(trained), seed=v[0], anneal_lookup=v[1]).plan(task) for v in variants}
+    variants = [(5, False, 0.0), (5, False, VERIFY_CUT_PENALTY), (5, True, 0.0), (6, False, 0.0)]
+    alone = {v: get_planner("dreamshard", model=str(trained), seed=v[0], anneal_lookup=v[1], cut_penalty=v[2]).plan(task) for v in variants}
     got = plan.predicted["verified"]
+    key = lambda p: (p["seed"], p["anneal_lookup"], p["cut_penalty"])  # noqa: E731
     distinct = [v for i, v in enumerate(variants) if plan_hash(alone[v]) not in {plan_hash(alone[w]) for w in variants[:i]}]
-    assert [(p["seed"], p["anneal_lookup"]) for p in got["plans"]] == distinct
+    assert [key(p) for p in got["plans"]] == distinct
     for p in got["plans"]:
-        assert p["measured_ms"] == pytest.approx(sim.evaluate_plan(alone[(p["seed"], p["anneal_lookup"])]).overall_ms)
-    assert plan_hash(plan) == plan_hash(alone[(got["seed"], got["anneal_lookup"])])
+        assert p["measured_ms"] == pytest.approx(sim.evaluate_plan(alone[key(p)]).overall_ms)
+    assert plan_hash(plan) == plan_hash(alone[key(got)])
     assert sim.evaluate_plan(plan).overall_ms == pytest.approx(min(p["measured_ms"] for p in got["plans"]))
     with pytest.raises(ValueError, match="verify needs a backend"):
         get_planner("dreamshard", verify=2)
@@ -290,9 +292,11 @@ def test_the_cut_penalty_raises_a_plans_price_per_table_cut_up_to_its_cap(pool, 
     model = get_planner("dreamshard", model=str(trained)).model
     plain, dear = PieceScorer(model, task), PieceScorer(model, task, cut_penalty=0.02)
     whole = splits.whole(task)
+    wide = [i for i, w in enumerate(whole) if w.width >= 12]  # tables that cut into thirds
+    assert len(wide) >= CUT_PENALTY_CAP + 2
     rng = np.random.default_rng(1)
     for n in (0, 1, 3, CUT_PENALTY_CAP + 2):
-        pieces = [p for i, w in enumerate(whole) for p in (splits.cut(w, 2 + i % 2) if i < n else [w])]  # halves and thirds
+        pieces = [p for i, w in enumerate(whole) for p in (splits.cut(w, 2 + i % 2) if i in wide[:n] else [w])]  # halves and thirds
         devices = rng.integers(task.devices, size=len(pieces))
         assert plain.cuts(plain.state(pieces, devices)) == pytest.approx(n)
         factor = 1 + 0.02 * min(n, CUT_PENALTY_CAP)

@@ -193,9 +193,18 @@ def test_measured_on_several_gpus_at_once(tmp_path):
 
 def test_verify_price_replays_the_choice_among_the_variants(tmp_path):
     """benchmarks/verify_price.py: each task's four `--verify` variants, the pick of each price looked
-    up among the measured plans; the fastest measured is never behind any other pick."""
+    up among the measured plans; the fastest measured is never behind any other pick. `--schedules`:
+    the fastest of each schedule's first K, never slower with more; the penalty schedule's labels
+    are `--verify`'s variants in order."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from heldout import PLANNERS
+    from verify_price import PENALTY_LABELS, variant_key
+
+    from dreamshard.planners.dreamshard import verify_variant
+
+    assert [variant_key(PLANNERS[lb][1]) for lb in PENALTY_LABELS] == [variant_key(verify_variant(k)) for k in range(4)]
     variants = "dreamshard,dreamshard (annealing also from the lookup plans),dreamshard (seed 1),dreamshard (annealing also from the lookup plans seed 1)"
-    run("plan", "--quick", "--dev", "--out", str(tmp_path), "--again", f"{variants},lookup,size_lookup")
+    run("plan", "--quick", "--dev", "--out", str(tmp_path), "--again", f"{variants},dreamshard (cut penalty 0.75%),lookup,size_lookup")
     run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick")
     out = subprocess.run([sys.executable, "benchmarks/verify_price.py", "--plans", str(tmp_path / "plans.jsonl.gz"), "--measured", str(tmp_path / "measured.csv")],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -204,3 +213,11 @@ def test_verify_price_replays_the_choice_among_the_variants(tmp_path):
     assert set(rows) == {"the default (variant 0)", "the fastest measured (--verify on the GPU)", "the cost net's cheapest",
                          "the simulator's cheapest (h200_triton_search_shards.json)", "the simulator's cheapest (h200_triton_large_shards.json)"}
     assert rows["the fastest measured (--verify on the GPU)"] == min(rows.values())
+    out = subprocess.run([sys.executable, "benchmarks/verify_price.py", "--plans", str(tmp_path / "plans.jsonl.gz"), "--measured", str(tmp_path / "measured.csv"),
+                          "--schedules"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("1 tasks with every plan of both schedules and both heuristics measured (0 left out)")
+    table = [line for line in out.splitlines() if line.startswith("| the ")]
+    assert len(table) == 2
+    for line in table:
+        fastest = [float(c.rstrip("%")) for c in line.strip("| ").split(" | ")[1:5]]
+        assert len(fastest) == 4 and all(b <= a for a, b in zip(fastest, fastest[1:]))
