@@ -28,6 +28,15 @@ variants; each distinct variant measured once, `predicted["verified"]`), the heu
     .venv/bin/python benchmarks/heldout.py plan --gpu h200 --tasks 6 --out D --again "dreamshard (seed 1),dreamshard (annealing also from the lookup plans),dreamshard (annealing also from the lookup plans seed 1)"   # D: the campaign's plans
     .venv/bin/python benchmarks/verify_price.py --plans D/plans.jsonl.gz --measured benchmarks/results/gpu_verify_h200/heldout/measured.csv --verified
 
+`--labels`: other variants. Rule, fixed before the development tasks were replayed so: if the cost
+net's pick between `dreamshard` and `dreamshard (cut penalty 0.75%)` (each plan's own prediction,
+without the penalty) is at least 0.2 points below the default's plan on the 30 development tasks
+(`gpu_cut_penalty_h200/dev_variants`), and 200 tables on 8 devices still plan in at most 1 s, the
+default plans both and keeps the one the net prices lower; the held-out tasks are replayed and
+reported either way:
+
+    .venv/bin/python benchmarks/verify_price.py --plans D/plans.jsonl.gz --measured benchmarks/results/gpu_cut_penalty_h200/dev_variants/measured.csv --labels "dreamshard,dreamshard (cut penalty 0.75%)"
+
 `--schedules`: which variants `--verify` should make — the fastest measured of the first K of
 each schedule (`SCHEDULES`; the rule that chose between them beside the cut penalty's labels in
 heldout.py), over the tasks where every plan of both was measured in one call:
@@ -120,6 +129,7 @@ def main() -> None:
     p.add_argument("--measured", required=True, help="their measurements (heldout.py measure's measured.csv)")
     p.add_argument("--calibration", action="append", default=[], help="a simulator calibration to price with (repeatable)  [the H200's shipped ones]")
     p.add_argument("--variants", type=int, default=4, help="the first K variants  [4]")
+    p.add_argument("--labels", help="these heldout.py labels (comma-separated) as the variants instead, the first the default")
     p.add_argument("--verified", action="store_true", help="the variants' measurements from the plans of `dreamshard (verify 4)` in --plans")
     p.add_argument("--schedules", action="store_true", help="instead: the fastest measured of each schedule's first K variants (SCHEDULES)")
     args = p.parse_args()
@@ -127,7 +137,7 @@ def main() -> None:
     sims = {c: SimBackend(c) for c in calibrations}
     with open(args.measured) as fh:
         measured = {row_id(r): float(r["measured_ms"]) for r in csv.DictReader(fh)}
-    labels = VARIANT_LABELS[:args.variants]
+    labels = tuple(args.labels.split(",")) if args.labels else VARIANT_LABELS[:args.variants]
     assert all(lb in PLANNERS for lb in labels)
     tasks: dict[tuple, dict[str, object]] = defaultdict(dict)
     for plan in load_plans(args.plans):
