@@ -307,6 +307,6 @@ def test_the_cut_penalty_raises_a_plans_price_per_table_cut_up_to_its_cap(pool, 
     a = get_planner("dreamshard", model=str(trained)).plan(task)
     assert get_planner("dreamshard", model=str(trained), cut_penalty=0.0).plan(task).layout() == a.layout()
     get_planner("dreamshard", model=str(trained), cut_penalty=0.05).plan(task).check()
-    for bad in (-0.1, 1.0):
+    for bad in (-0.1, 1.0, "0.1", True):
         with pytest.raises(ValueError, match="cut_penalty"):
             get_planner("dreamshard", cut_penalty=bad)

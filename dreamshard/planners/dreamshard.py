@@ -299,7 +299,7 @@ class DreamShardPlanner(LearnedPlanner):
         if verify and backend is None:
             raise ValueError("verify needs a backend that measures the plans (e.g. the triton kernel on a GPU)")
         self.verify, self.backend = int(verify), backend
-        if not 0 <= cut_penalty < 1:
+        if isinstance(cut_penalty, bool) or not isinstance(cut_penalty, (int, float, np.integer, np.floating)) or not 0 <= cut_penalty < 1:
             raise ValueError(f"cut_penalty must be in [0, 1), got {cut_penalty!r:.40}")
         self.cut_penalty = float(cut_penalty)
         self.player = FastPlayer(self.model.cost_net, self.model.policy, self.model.keep_room, self.model.comm)
