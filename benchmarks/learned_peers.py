@@ -4,7 +4,7 @@ held-out tasks (docs/dreamshard.md, "The learned peers").
 
     python benchmarks/learned_peers.py [--budget 400] [--autoshard-budget 4000] [--tasks 10]
 
-Training tasks: the recipe of lab-archive:benchmarks/shipped_model.py — 10 tasks per device count 2..8 of
+Training tasks: the recipe of f3e71a6:benchmarks/shipped_model.py — 10 tasks per device count 2..8 of
 20–120 tables from the synthetic pool's *train* half, 5 GB per device. Every planner gets
 `--budget` measured plans (DreamShard's scale); AutoShard is also trained at `--autoshard-budget`
 measured plans, the scale of its own paper, as its reference code trains (the default: overflowing

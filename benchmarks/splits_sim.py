@@ -3,7 +3,7 @@ held-out tasks (docs/dreamshard.md, "Splitting").
 
     python benchmarks/splits_sim.py [--tasks 20] [--out benchmarks/results/splits_sim.md]
 
-The four test settings of lab-archive:benchmarks/shipped_model.py, `--tasks` held-out tasks each from the
+The four test settings of f3e71a6:benchmarks/shipped_model.py, `--tasks` held-out tasks each from the
 synthetic pool's *test* half (seed 2), the
 planners below, every plan priced by the simulator (H200 calibration).
 """

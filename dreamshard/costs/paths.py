@@ -30,7 +30,7 @@ SPARSE_PS_LOOKUP, SPARSE_PS_COLUMN = 100.0, 1.55
 DENSE_PS_COUNT, DENSE_PS_BYTE, DENSE_PS_FLOP = 43.0, 0.235, 0.0025
 # In a fused shard a table's product path costs ~50-280 us (median 176) more, against the sorted path,
 # than the single-table model says (40 shards of the training families measured both ways on an H200,
-# lab-archive:benchmarks/gpu_product_fixed_cost.py): the kernel takes a table only where the model saves more.
+# f3e71a6:benchmarks/gpu_product_fixed_cost.py): the kernel takes a table only where the model saves more.
 # (It replaces a per-shard 30 us for the path's launches, which a table saving this much always pays.)
 DENSE_TABLE_US = 200.0
 

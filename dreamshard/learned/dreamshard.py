@@ -17,7 +17,7 @@ training tasks and priced by a *prior* backend (`train(prior=)`: the calibrated 
 CLI gives it; a learned module imports no backend).
 They are not measurements: the budget counts only the real backend's plans. Afterwards a
 `prior_share` of every cost-net batch is still drawn from them, so the few real plans correct the
-prior instead of replacing it (lab-archive:benchmarks/costnet_prior.py, docs/costs.md).
+prior instead of replacing it (f3e71a6:benchmarks/costnet_prior.py, docs/costs.md).
 
 Two configurations are kept (`CONFIGS`): `paper` reproduces the reference code; `default` holds
 our changes, each kept only because the ablation (benchmarks/ablation.py, docs/dreamshard.md)
@@ -77,7 +77,7 @@ class Config(BudgetConfig):
     # the reference); passes over them in cost_batch batches, the cost net alone (Adam at `lr`,
     # decayed to 0 over them); afterwards the share of every cost batch drawn from them. 0.5: fitted
     # to real H200 shards beside them, the net kept the prior's accuracy on the families it had not
-    # measured; without them (0) it lost it (lab-archive:benchmarks/costnet_prior.py). Use 0 with a prior far
+    # measured; without them (0) it lost it (f3e71a6:benchmarks/costnet_prior.py). Use 0 with a prior far
     # from the hardware: kept, a wrong prior keeps pulling.
     prior_plans: int = 0
     prior_epochs: int = 80

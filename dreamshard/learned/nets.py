@@ -47,7 +47,7 @@ LINEAR_FEATURES = ("dim/128", "pooling/64", "dim*pooling/4096", "distinct/64", "
 # The kernel terms (costs/terms.py) a table has by itself: all but the per-shard flags `launch` and
 # `active` (0 for a table). `tables` (1 for every table) and `wide_programs` (a table's `programs`)
 # add nothing a net could not make itself; they are kept because this is the set the offline
-# evaluation measured (lab-archive:benchmarks/costnet_prior.py, docs/costs.md). `wide_grad_bytes`
+# evaluation measured (f3e71a6:benchmarks/costnet_prior.py, docs/costs.md). `wide_grad_bytes`
 # and `branch_lookups` are not among them: they are the shard's, by its width and its dims' classes,
 # which the net's sum over tables cannot express (and the shipped models were trained without them).
 KERNEL_FEATURE_TERMS = tuple(t for t in TERMS if t not in ("launch", "active", "wide_grad_bytes", "branch_lookups"))

@@ -345,7 +345,7 @@ def _ix(x, I32: tl.constexpr):
 # divisible by 16, other). The tile kernel's integer arguments differ from launch to launch (program
 # bases, segment ranges, table and segment counts, the batch and its width): specialised on them, a
 # training run compiled 630 variants, ~3 minutes of a 10-minute H200 call
-# (lab-archive:benchmarks/results/gpu_shipped_model_kf/). Its PTX is the same either way: the alignments it
+# (f3e71a6:benchmarks/results/gpu_shipped_model_kf/). Its PTX is the same either way: the alignments it
 # needs are stated with tl.multiple_of.
 @triton.jit(do_not_specialize=["pid_base", "seg_lo", "seg_hi", "T", "NSEG", "B", "sumD"])
 def _tile_kernel(keys_ptr, segs_ptr, grad_ptr, vals_ptr, ekeys_ptr, eflags_ptr, w_ptr, state_ptr,
