@@ -150,3 +150,20 @@ def test_readme_has_commands() -> None:
     assert marks.count("setup") == 3 and marks.count(None) >= 6  # make demo, make test, pip install with the extra
     assert len(python_snippets(TEXT)) == 1
     assert len(TEXT.splitlines()) <= 150
+
+
+ARCHIVE = "f3e71a6"  # the last commit holding the one-off experiments the docs cite (docs/results.md)
+
+
+def test_archived_paths_the_docs_cite_are_in_that_commit() -> None:
+    """Every `f3e71a6:PATH` in the docs, benchmarks and code names a file or folder of that commit
+    (`git show f3e71a6:PATH` works), so no citation points at nothing."""
+    if subprocess.run(["git", "cat-file", "-e", f"{ARCHIVE}^{{commit}}"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip(f"commit {ARCHIVE} is not in this clone's history (a shallow clone)")
+    cited = set()
+    for path in [*ROOT.glob("*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("benchmarks/*.md"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("dreamshard/**/*.py")]:
+        cited |= {m.rstrip(".)/,") for m in re.findall(ARCHIVE + r":([A-Za-z0-9_./-]+)", path.read_text())}
+    cited -= {"PATH", "benchmarks/NAME"}  # the notation itself
+    assert len(cited) >= 15
+    missing = [p for p in sorted(cited) if subprocess.run(["git", "cat-file", "-e", f"{ARCHIVE}:{p}"], cwd=ROOT, capture_output=True).returncode]
+    assert not missing, missing
