@@ -70,6 +70,7 @@ VARIANT_LABELS = ("dreamshard", "dreamshard (annealing also from the lookup plan
                   "dreamshard (annealing also from the lookup plans seed 1)")
 # --verify K's variants in order (planners.dreamshard.verify_variant), the cut penalty its second
 PENALTY_LABELS = ("dreamshard", "dreamshard (cut penalty 0.75%)", "dreamshard (annealing also from the lookup plans)", "dreamshard (seed 1)")
+RIVALS = ("dreamshard", "oracle (simulator)", "neuroshard")  # beside the schedules per setting, where measured in the call
 SCHEDULES = {"the last stage's starts, then seeds": VARIANT_LABELS, "the default, the cut penalty 0.75%, then those": PENALTY_LABELS}
 
 
@@ -121,6 +122,22 @@ def schedules(tasks: dict, measured: dict) -> None:
             cells.append(f"{np.mean(r) * 100:+.2f}%")
         distinct = [len({plan_id(tasks[t][lb]) for lb in sch}) for t in kept]
         print(f"| {name} | " + " | ".join(cells) + " | " + " / ".join(str(distinct.count(n)) for n in range(1, 5)) + " |")
+    # per setting, each schedule's fastest of 4 beside the peers measured in the same call
+    peers = [lb for lb in RIVALS if all(lb in tasks[t] and measured.get(plan_id(tasks[t][lb])) is not None for t in kept)]
+    if not peers:
+        return
+    picks = {f"`--verify 4`, {name}": sch for name, sch in SCHEDULES.items()}
+    print("\nPer setting, each schedule's fastest of 4 beside the peers (mean of per-task ratios to the best table-wise heuristic; "
+          "the last row: tasks more than 2% behind the best of the row's columns)\n")
+    print("| family, setting | " + " | ".join([*picks, *peers]) + " |")
+    print("|---|" + "---:|" * (len(picks) + len(peers)))
+    step = {t: {**{p: min(ms[t][lb] for lb in sch) for p, sch in picks.items()}, **{lb: measured[plan_id(tasks[t][lb])] for lb in peers}} for t in kept}
+    for setting in sorted({t[:2] for t in kept}):
+        ts = [t for t in kept if t[:2] == setting]
+        cells = [np.mean([step[t][c] / min(ms[t][h] for h in TABLE_WISE_BEST) - 1 for t in ts]) * 100 for c in [*picks, *peers]]
+        print(f"| {setting[0]}, {setting[1]} | " + " | ".join(f"{c:+.2f}%" for c in cells) + " |")
+    behind = [sum(step[t][c] > min(step[t].values()) * 1.02 for t in kept) for c in [*picks, *peers]]
+    print("| tasks more than 2% behind | " + " | ".join(str(b) for b in behind) + " |")
 
 
 def main() -> None:
