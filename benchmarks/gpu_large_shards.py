@@ -108,5 +108,6 @@ def measure_jobs(jobs: list[tuple[str, str, str, list]], out: Path, args, kernel
               f"bwd {rec.bwd_ms:.3f} (sim {sb:.3f})", flush=True)
     print(f"done: {len(lines['fit'])} fit and {len(lines['val'])} validation shards in {time.monotonic() - t0:.0f} s")
 
+
 if __name__ == "__main__":
     main()

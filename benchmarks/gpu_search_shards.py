@@ -43,7 +43,6 @@ from dreamshard.validation import DIM_MULTIPLE  # noqa: E402
 from gpu_large_shards import GB, measure_jobs  # noqa: E402  (the same loop: a shard at a time, records and summary rewritten after each)
 
 
-
 def with_pieces(tables: list, rng: np.random.Generator) -> list:
     """The shard with its 1–4 most looked-up tables (that can be cut) each replaced by one of its
     column pieces, 2 or 4 parts."""
@@ -112,6 +111,7 @@ def main() -> None:
     if args.plans:
         jobs += [("val", f, label, tables) for f, label, tables in plan_shards(args.plans, args.min_cuts, args.quick)][: 4 if args.quick else None]
     measure_jobs(jobs, out, args, kernel, workload, runner_kw, t0)
+
 
 if __name__ == "__main__":
     main()

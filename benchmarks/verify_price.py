@@ -150,8 +150,6 @@ def main() -> None:
     p.add_argument("--verified", action="store_true", help="the variants' measurements from the plans of `dreamshard (verify 4)` in --plans")
     p.add_argument("--schedules", action="store_true", help="instead: the fastest measured of each schedule's first K variants (SCHEDULES)")
     args = p.parse_args()
-    calibrations = args.calibration or ["h200_triton_search_shards.json", "h200_triton_large_shards.json"]
-    sims = {c: SimBackend(c) for c in calibrations}
     with open(args.measured) as fh:
         measured = {row_id(r): float(r["measured_ms"]) for r in csv.DictReader(fh)}
     labels = tuple(args.labels.split(",")) if args.labels else VARIANT_LABELS[:args.variants]
@@ -162,6 +160,8 @@ def main() -> None:
             tasks[(note(plan, "family"), note(plan, "setting"), note(plan, "task"))][label] = plan
     if args.schedules:
         return schedules(tasks, measured)
+    calibrations = args.calibration or ["h200_triton_search_shards.json", "h200_triton_large_shards.json"]
+    sims = {c: SimBackend(c) for c in calibrations}
     picks: dict[str, list[float]] = defaultdict(list)
     base, kept, unmeasured = [], [], 0
     for t, plans in sorted(tasks.items()):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import hashlib
 import os
 import re
@@ -185,6 +186,19 @@ def one_writer(folder: str | Path):
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """`atomic_write` of `text`, gzipped where the name ends in .gz (files of JSON lines: plans and
+    calibration records compress 4–8 times)."""
+    atomic_write(path, gzip.compress(text.encode(), mtime=0) if Path(path).suffix == ".gz" else text)
+
+
+def read_text(path: str | Path, errors: str = "strict") -> str:
+    """A file's text, gunzipped first where its name ends in .gz; OSError or EOFError (gzip's
+    BadGzipFile is an OSError) and UnicodeDecodeError for the caller to say in one line."""
+    path = Path(path)
+    return gzip.decompress(path.read_bytes()).decode(errors=errors) if path.suffix == ".gz" else path.read_text(errors=errors)
 
 
 def append_line(path: str | Path, line: str) -> None:

@@ -30,13 +30,12 @@ reason; a shard without a tier is in HBM.
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from dreamshard.files import atomic_write
+from dreamshard.files import read_text, write_text
 from dreamshard.tables import TableSpec, table_from_record
 from dreamshard.tasks import Task, Workload, topology_from
 from dreamshard.tiers import HBM, Tier, cache_rows, hbm_bytes, host_bytes, tier_of
@@ -480,7 +479,7 @@ def save_plans(plans: Sequence[Plan], path: str | Path) -> None:
         text = _indented(plans[0].to_json())
     else:
         text = "".join(json.dumps(p.to_json()) + "\n" for p in plans)
-    atomic_write(path, gzip.compress(text.encode(), mtime=0) if path.suffix == ".gz" else text)
+    write_text(path, text)
 
 
 def load_plans(path: str | Path) -> list[Plan]:
@@ -489,7 +488,7 @@ def load_plans(path: str | Path) -> list[Plan]:
     if not path.is_file():
         raise PlanError(f"{path}: no such file")
     try:
-        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        text = read_text(path)
     except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
         raise PlanError(f"{path}: cannot read ({one_line(getattr(e, 'strerror', None) or e)})") from None
     if is_lines(path):

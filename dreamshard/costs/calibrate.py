@@ -11,7 +11,6 @@ Every measurement is kept as a JSON line, so a fit or a report can be redone wit
 from __future__ import annotations
 
 import datetime
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 from dreamshard.costs.sim import (BWD_TERMS, FWD_TERMS, KERNEL_TERMS, Calibration, SimBackend, fit_coefficients, mape, product_path_split, select_terms,
                                   shard_term_matrix, spearman)
 from dreamshard.families import HELD_OUT_FAMILIES, family_of, shard_bucket
-from dreamshard.files import atomic_write
+from dreamshard.files import read_text, write_text
 from dreamshard.tables import OPTIMIZERS, PRECISION_BYTES, TableSpec
 from dreamshard.tasks import Workload
 from dreamshard.validation import (MAX_BATCH_SIZE, MAX_TABLES, MAX_TASKS, DataError, InputError, parse_choice, parse_float, parse_int, require_dict, require_keys,
@@ -95,8 +94,7 @@ def _optional_index(value, where: str, key: str) -> int | None:
 def save_records(records: Sequence[ShardRecord], path: str | Path) -> None:
     """JSON lines, one record a line; gzipped where the name ends in .gz (records of many tables
     compress about 8 times)."""
-    text = "".join(json.dumps(r.to_json()) + "\n" for r in records)
-    atomic_write(path, gzip.compress(text.encode(), mtime=0) if Path(path).suffix == ".gz" else text)
+    write_text(path, "".join(json.dumps(r.to_json()) + "\n" for r in records))
 
 
 def load_records(path: str | Path) -> list[ShardRecord]:
@@ -106,7 +104,7 @@ def load_records(path: str | Path) -> list[ShardRecord]:
     if not path.is_file():
         raise DataError(f"{path}: no such records file")
     try:
-        text = gzip.decompress(path.read_bytes()).decode(errors="replace") if path.suffix == ".gz" else path.read_text(errors="replace")
+        text = read_text(path, errors="replace")
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{path}: cannot read ({e}); a records file is JSON lines, gzipped where its name ends in .gz") from None
     records = []

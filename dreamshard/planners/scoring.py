@@ -310,7 +310,8 @@ class PieceScorer:
         """[..., D, R] device states → [...] the model's plan cost, units (with `cut_penalty`)."""
         nP = self.net.nP
         base = plan_cost(self.device_costs(state), self.net.overall(state[..., nP : self._rw]), self.model.score)
-        return (base + self.collective(state)) * self.cut_factor(self.cuts(state))
+        cost = base + self.collective(state)
+        return cost * self.cut_factor(self.cuts(state)) if self.cut_penalty else cost
 
     def cuts(self, rows: np.ndarray) -> np.ndarray:
         """[..., n, R] device states or piece rows → [...] the tables their pieces cut into columns."""
