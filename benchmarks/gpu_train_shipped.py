@@ -82,7 +82,7 @@ PEERS = ("autoshard", "rnn")
 # with a term on the differences between one task's plans.
 DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "prior_span": 24, "search_plans": 3000,
                       "search_rank": 8.0, "shared_terms": True}
-WITH_PRIOR = ("prior_singles", "prior_span", "search_plans", "search_rank")  # priced by the prior: left out without one
+WITH_PRIOR = ("prior_singles", "prior_span", "search_plans", "search_rank", "search_measured")  # priced by the prior: left out without one
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
 # seconds per measured plan before any is timed (a call without DreamShard: the peers' budget is
 # decided by it): measured, 1.2–1.3 s on the H100 (dreamshard, autoshard) and 1.9–2.1 s on the
@@ -204,9 +204,12 @@ def main() -> None:
     ap.add_argument("--dreamshard-budget", type=int, default=80, help="DreamShard's measured plans (the shipped recipe)")
     ap.add_argument("--peer-budget", default="auto", help="AutoShard's and the RNN placer's measured plans, the same for both: a number, or auto (≤ 400, what the time allows)")
     ap.add_argument("--search-plans", type=int, help="DreamShard's plans around its own search after training, priced by the simulator (0: none)  [the recipe's: 3000]")
+    ap.add_argument("--search-measured", type=int, help="DreamShard's plans near its own search's after training (its plan and a neighbour, on half as many training tasks), measured: beyond --dreamshard-budget (0: none)  [the recipe's: 0]")
     ap.add_argument("--prior-span", type=int, help="DreamShard's tasks of span tables in its prior (0: none)  [the recipe's: 24]")
     ap.add_argument("--shared-terms", choices=["on", "off"], help="DreamShard's cost net with the six terms a shard pays once (Config.shared_terms)  [the recipe's]")
     ap.add_argument("--seed", type=int, help="DreamShard's training seed: another training run of the same recipe  [0]")
+    ap.add_argument("--rl-batches", type=int, help="DreamShard's REINFORCE batches per iteration  [the default config's: 50]")
+    ap.add_argument("--lr", type=float, help="DreamShard's learning rate (decayed linearly to 0)  [the default config's: 3e-3]")
     ap.add_argument("--leave-out", choices=TRAINING_FAMILIES, metavar="FAMILY", help="train without this training family: its development tasks (heldout.py plan --dev --family) then show a family the models never saw, with no held-out family looked at")
     ap.add_argument("--prior-plans", type=int, default=8000, help="DreamShard's simulator prior: plans priced by the simulator's default calibration before measuring (0: none)")
     ap.add_argument("--tasks-per-family", type=int, default=12)
@@ -275,8 +278,9 @@ def main() -> None:
     tasks = training_tasks(per_family, args.pool_tables, workload, families)
     say(f"{len(tasks)} training tasks on {device_name} ({gpu}); plans measured by {backend.name}; planners {', '.join(which)}")
 
-    recipe_overrides = {k: v for k, v in (("search_plans", args.search_plans), ("prior_span", args.prior_span),
-                                          ("shared_terms", None if args.shared_terms is None else args.shared_terms == "on"), ("seed", args.seed))
+    recipe_overrides = {k: v for k, v in (("search_plans", args.search_plans), ("search_measured", args.search_measured), ("prior_span", args.prior_span),
+                                          ("shared_terms", None if args.shared_terms is None else args.shared_terms == "on"), ("seed", args.seed),
+                                          ("rl_batches", args.rl_batches), ("lr", args.lr))
                         if v is not None}  # config()'s, said in the summary
     summary |= {"gpu": gpu, "device": device_name, "backend": backend.name, "batch_size": batch, "training_tasks": len(tasks), "families": list(families),
                 "tables_per_task": [20, 60], "devices_per_task": [2, 8], "max_memory_bytes": 24 * 10**9, "quick": args.quick,
@@ -342,6 +346,8 @@ def main() -> None:
             summary["seconds_per_plan"] = entry["seconds_per_plan"]
         if done:
             meta = planner.model.meta
+            near = meta.get("search", {}).get("search/measured", 0)  # measured after the last iteration (search_measured)
+            entry["shards"] += sum(timed.shards[used : used + near])
             entry |= {"done": True, "plans": int(meta["measurements"]), "backend": meta["backend"], "check": check(cls, path, tasks[0])}
             say(f"{name}: wrote {path} ({entry['plans']} measured plans, {entry['shards']} shards, {entry['seconds']:.0f} s)")
         save_summary()

@@ -109,6 +109,13 @@ class Config(BudgetConfig):
     # so what decides is the error from one near-optimal plan to the next, not the average one
     # (docs/dreamshard.md, "Measured on held-out families"). 0: the squared errors alone
     search_rank: float = 0.0
+    # with search_plans: plans near the search's own, *measured* by the backend (real measurements,
+    # beyond the budget): on `search_measured` // 2 training tasks spread over them, the planner's
+    # plan and that plan after one or two random changes (`Search` with `near`), a source of the
+    # refinement of its own (with search_rank, its pairs a group). The prior prices the search's
+    # other plans, and the prior is not the hardware: this is the hardware's word on the very
+    # differences a search decides by. 0: none
+    search_measured: int = 0
     # REINFORCE on the estimated MDP
     rl_batches: int = 10
     rl_tasks_per_batch: int = 1  # the reference draws one task per batch
@@ -167,7 +174,7 @@ class Config(BudgetConfig):
         for f in ("cost_batch", "rl_tasks_per_batch", "rl_episodes_per_task", "best_of"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
-        for f in ("prior_plans", "prior_epochs", "prior_span", "search_plans", "search_steps", "search_rank"):
+        for f in ("prior_plans", "prior_epochs", "prior_span", "search_plans", "search_steps", "search_rank", "search_measured"):
             if getattr(self, f) < 0:
                 raise OptionError(f"{f} must be >= 0, got {getattr(self, f)}")
         if not 0 <= self.prior_share < 1:
@@ -178,6 +185,10 @@ class Config(BudgetConfig):
             raise OptionError("prior_span adds tasks to the prior's: set prior_plans >= 1 too")
         if self.search_plans and not self.prior_plans:
             raise OptionError("search_plans are priced by the prior: set prior_plans >= 1 too")
+        if self.search_measured and not self.search_plans:
+            raise OptionError("search_measured measures plans of the refinement around the search: set search_plans >= 1 too")
+        if self.search_measured % 2:
+            raise OptionError(f"search_measured is a number of pairs' plans (a plan and its neighbour): give an even number, not {self.search_measured}")
         if self.search_rank and not self.search_plans:
             raise OptionError("search_rank weighs differences between the search's plans: set search_plans >= 1 too")
         return self
@@ -376,29 +387,40 @@ def fit_prior(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], prepar
 
 
 # the plans around the planner's search (`Config.search_plans`): (model, task, how many, rng) →
-# that many (the plan's pieces as a task, their placement); the planner's `fit` passes its own
-Search = Callable[[DreamShardModel, Task, int, np.random.Generator], list[tuple[Task, np.ndarray]]]
+# that many (the plan's pieces as a task, their placement); the planner's `fit` passes its own.
+# With `near=True`: the planner's plan and neighbours of it (`Config.search_measured`)
+Search = Callable[..., list[tuple[Task, np.ndarray]]]
 
 
-def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], search: Search, prior: CostBackend, buffers: Sequence[ReplayBuffer],
-           rng: np.random.Generator, bar: Progress) -> dict:
-    """`Config.search_plans`: the search's plans on the training tasks, priced by `prior`, and
-    `search_steps` cost-net steps (Adam at `lr`, decayed to 0), each batch drawn evenly from them
-    and from every non-empty buffer of `buffers` (the measurements, the prior's plans) so that
-    what was measured keeps its weight. → the model's meta entry "search" (plans, mean loss, seconds)."""
+def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], span: Sequence[Task], search: Search, prior: CostBackend, measurer: Measurer,
+           buffers: Sequence[ReplayBuffer], rng: np.random.Generator, bar: Progress) -> dict:
+    """`Config.search_plans`: the search's plans on the training tasks and the `span` ones, priced
+    by `prior` (and `Config.search_measured` plans near the search's own on training tasks,
+    measured by `measurer`, beyond its budget), and `search_steps` cost-net steps (Adam at `lr`, decayed to 0), each
+    batch drawn evenly from them and from every non-empty buffer of `buffers` (the measurements,
+    the prior's plans) so that what was measured keeps its weight. → the model's meta entry
+    "search" (plans, measured plans, mean loss, seconds)."""
     t0 = time.time()
     bar.stage(f"planning {cfg.search_plans} plans around the search")
+    everything = [*tasks, *span]
     got, task_of = [], []  # the plans, and the task each is of (a task may give fewer than asked)
-    for i, (task, n) in enumerate(zip(tasks, np.array_split(np.arange(cfg.search_plans), len(tasks)))):
+    for i, (task, n) in enumerate(zip(everything, np.array_split(np.arange(cfg.search_plans), len(everything)))):
         plans = search(model, task, len(n), rng)
         got += plans
         task_of += [i] * len(plans)
     task_of = np.array(task_of, np.int64)
     bar.stage(f"pricing {len(got)} plans of the search")
-    found = ReplayBuffer()
-    for (task, placement), r in zip(got, measure(prior, [t for t, _ in got], [p for _, p in got], cfg.batch_size)):
-        found.add(to_measured(prepare(task, cfg.normalization, cfg.linear_features, model.kernel), placement, r))
-    sources = [b for b in (found, *buffers) if len(b)]
+    found = as_buffer(cfg, model, got, measure(prior, [t for t, _ in got], [p for _, p in got], cfg.batch_size))
+    grouped = [(found, task_of)]  # sources whose plans come in groups of one task (for `rank_loss`)
+    if cfg.search_measured:
+        bar.stage(f"measuring {cfg.search_measured} plans near the search's")
+        near, near_of = [], []
+        for i in np.unique(np.linspace(0, len(tasks) - 1, min(len(tasks), cfg.search_measured // 2)).round().astype(np.int64)):
+            plans = search(model, tasks[i], 2, rng, near=True)
+            near += plans
+            near_of += [i] * len(plans)
+        grouped.append((as_buffer(cfg, model, near, measurer.evaluate([t for t, _ in near], [p for _, p in near])), np.array(near_of, np.int64)))
+    sources = [b for b, _ in grouped if len(b)] + [b for b in buffers if len(b)]
     shares = [len(c) for c in np.array_split(np.arange(cfg.cost_batch), len(sources))]
     cost_net, comm_head = model.cost_net, model.comm is None
     optimizer = adam(cost_net.parameters(), cfg.lr)
@@ -406,15 +428,21 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], search: S
     losses, ranks = [], []
     for step in range(cfg.search_steps if len(found) else 0):
         decay_lr(optimizer, cfg.lr, step, cfg.search_steps)
-        # the search's share of the batch as groups of RANK_GROUP plans of one task each (for
-        # `rank_loss`), the rest drawn from the other sources
-        picked = group_draw(task_of, shares[0], rng) if cfg.search_rank else rng.integers(len(found), size=shares[0])
-        batch = collate([found.items[i] for i in picked] + [m for b, k in zip(sources[1:], shares[1:]) for m in b.draw(k, rng)])
+        # the grouped sources' shares of the batch as groups of RANK_GROUP plans of one task each
+        # (for `rank_loss`), the rest drawn from the other sources
+        items, spans, rank = [], [], 0.0
+        for (b, of), k in zip(grouped, shares):
+            if len(b):
+                picked = group_draw(of, k, rng) if cfg.search_rank else rng.integers(len(b), size=k)
+                spans.append((len(items), picked, of))
+                items += [b.items[i] for i in picked]
+        batch = collate(items + [m for b, k in zip(sources[len(spans):], shares[len(spans):]) for m in b.draw(k, rng)])
         dev_pred, ov_pred = cost_net(batch["x"], batch["placement"], batch["device_mask"])
         loss = squared_error(dev_pred, ov_pred, batch, cost_net.scale, comm_head)
         if cfg.search_rank:
-            head = {k: v[: len(picked)] for k, v in batch.items()}
-            rank = rank_loss(dev_pred[: len(picked)], head, cost_net.scale, torch.from_numpy(task_of[picked]))
+            for at, picked, of in spans:
+                part = slice(at, at + len(picked))
+                rank = rank + rank_loss(dev_pred[part], {k: v[part] for k, v in batch.items()}, cost_net.scale, torch.from_numpy(of[picked]))
             ranks.append(rank.item())
             loss = loss + cfg.search_rank * rank
         optimizer.zero_grad()
@@ -422,9 +450,19 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], search: S
         optimizer.step()
         losses.append(loss.item())
     out = {"search/plans": len(found), "search/loss": float(np.mean(losses)) if losses else math.nan, "search/seconds": time.time() - t0}
+    if cfg.search_measured:
+        out["search/measured"] = len(grouped[1][0])
     if ranks:
         out["search/rank_loss"] = float(np.mean(ranks))
     return out
+
+
+def as_buffer(cfg: Config, model: DreamShardModel, plans: Sequence[tuple[Task, np.ndarray]], reports: Sequence[CostReport]) -> ReplayBuffer:
+    """Plans (their pieces as a task, their devices) and their costs as the cost net's items."""
+    buffer = ReplayBuffer()
+    for (task, placement), r in zip(plans, reports):
+        buffer.add(to_measured(prepare(task, cfg.normalization, cfg.linear_features, model.kernel), placement, r))
+    return buffer
 
 
 RANK_GROUP = 4  # plans of one task together in a refinement batch (`Config.search_rank`)
@@ -763,7 +801,8 @@ def train(
     for net in model.nets():
         net.eval()
     if unrefined(cfg, model):  # after the last iteration (a resumed finished run without it: now)
-        model.meta["search"] = refine(cfg, model, [*tasks, *span_tasks(cfg, tasks)], search, prior, (buffer, prior_buffer), rng, bar)
+        model.meta["search"] = refine(cfg, model, tasks, span_tasks(cfg, tasks), search, prior, measurer, (buffer, prior_buffer), rng, bar)
+        model.meta["measurements"] = measurer.used + model.meta["search"].get("search/measured", 0)
         save_checkpoint(cfg.iterations)
     bar.close()
     checkpoint.check_unchanged()

@@ -138,8 +138,9 @@ def complete(task: Task, placement: np.ndarray | None, stuck: bool) -> np.ndarra
 
 class Measurer:
     """The only place a training loop meets its cost backend. `sample` prices plans sampled for
-    training and counts them against `budget` real measurements; `evaluate` prices plans that
-    only report progress (held-out tasks) and counts nothing."""
+    training and counts them against `budget` real measurements; `evaluate` prices plans beyond
+    the budget (held-out tasks that report progress; DreamShard's plans near its search's,
+    `Config.search_measured`, which its model's meta counts) and counts nothing."""
 
     def __init__(self, backend: CostBackend, batch_size: int, budget: int, used: int = 0):
         self.backend, self.batch_size, self.budget, self.used = backend, batch_size, budget, used

@@ -635,17 +635,20 @@ class SearchRegion:
     trained (and the options it will plan with) and the `lookup` and `size_lookup` plans with
     splits — those without row shards: a plan is priced as its pieces placed table-wise, which
     has no row-wise exchange — each once as it is, the others perturbed (`perturbed`), n in all,
-    as (the plan's pieces as a task, their devices)."""
+    as (the plan's pieces as a task, their devices). `near`: this planner's plan alone as the
+    base, perturbed by at most NEAR_CHANGES (`Config.search_measured`: the neighbours a search
+    weighs against its plan)."""
 
     def __init__(self, options: dict):
         self.options = options
         self._planner: DreamShardPlanner | None = None
 
-    def __call__(self, model: DreamShardModel, task: Task, n: int, rng: np.random.Generator) -> list[tuple[Task, np.ndarray]]:
+    def __call__(self, model: DreamShardModel, task: Task, n: int, rng: np.random.Generator, near: bool = False) -> list[tuple[Task, np.ndarray]]:
         if self._planner is None or self._planner.model is not model:
             self._planner = DreamShardPlanner(model=model, **self.options)
+        others = () if near else tuple(cls(split=True) for cls in GREEDY_PLANNERS if cls.name in ("lookup", "size_lookup"))
         bases = []
-        for planner in (self._planner, *(cls(split=True) for cls in GREEDY_PLANNERS if cls.name in ("lookup", "size_lookup"))):
+        for planner in (self._planner, *others):
             try:
                 bases.append(planner.plan(task))
             except InfeasibleError:
@@ -656,12 +659,13 @@ class SearchRegion:
             base = bases[k % len(bases)]
             pieces, devices = splits.unplaced(base)
             if k >= len(bases):
-                pieces, devices = perturbed(task, pieces, devices, int(rng.integers(1, MAX_CHANGES + 1)), rng)
+                pieces, devices = perturbed(task, pieces, devices, int(rng.integers(1, (NEAR_CHANGES if near else MAX_CHANGES) + 1)), rng)
             out.append((splits.as_task(task, pieces), np.array(devices, np.int64)))
         return out
 
 
 MAX_CHANGES = 8  # a perturbed plan's random changes: 1..MAX_CHANGES
+NEAR_CHANGES = 2  # and a neighbour's (`SearchRegion` near): 1..NEAR_CHANGES
 P_MOVE, P_SWAP = 0.45, 0.40  # a change moves a piece, swaps two, or (the rest) halves one across devices
 
 
