@@ -9,6 +9,7 @@ its plans measured on one GPU. Three steps, one script:
     .venv/bin/python benchmarks/heldout.py plan --dev --out D --model "dreamshard (B)=B.pt"   # development tasks, another model beside
     PYTHONPATH=. python3 benchmarks/heldout.py measure --out $OUT --plans D/plans.jsonl.gz --model "dreamshard (B)=B.pt"
     .venv/bin/python benchmarks/heldout.py report benchmarks/results/gpu_heldout --write   # the tables: report.md
+    .venv/bin/python benchmarks/heldout.py measure --sim --out D --plans D/plans.jsonl.gz   # priced by the simulator, not measured (models trained on it)
     # logic check here: plan --quick --out D; measure --out D --plans D/plans.jsonl.gz --cpu --quick; report D
 
 **plan** — tasks of every held-out family (`families.HELD_OUT_FAMILIES`: tables no calibration,
@@ -168,6 +169,7 @@ CALIBRATIONS = {"h100": "h100_triton.json", "h200": "h200_triton_large_shards.js
 LEARNED = {"dreamshard": "dreamshard", "neuroshard": "dreamshard", "autoshard": "autoshard", "rnn": "rnn"}  # planner → whose shipped model it uses
 COLUMNS = ("family", "setting", "task", "planners", "plan", "kind", "measured_ms", "max_device_ms", "comm_ms", "wall_s")
 BEHIND = 0.02
+SIMULATED = "none: the simulator"  # summary.json's device after `measure --sim`
 TABLE_WISE_BEST = ("lookup", "size_lookup")
 
 
@@ -347,15 +349,22 @@ def measure_cmd(args) -> None:
         with open(path) as fh:
             done = {row_id(r) for r in csv.DictReader(fh)}
     if args.gpus > 1:
+        if args.sim:
+            raise SystemExit("--sim prices on this CPU: leave --gpus out")
         return measure_on_gpus(args, out, path)
-    device = "cpu" if args.cpu else "cuda"
-    if not args.cpu:
+    if args.sim and args.cpu:
+        raise SystemExit("--sim and --cpu: give one")
+    device = "cpu" if args.cpu or args.sim else "cuda"
+    if device == "cuda":
         from dreamshard.costs.hardware import gpu_slug
 
         want, here = gpu_of(plans), gpu_slug()
         if here != want:
             raise SystemExit(f"{args.plans} holds plans for the {want.upper()}; this machine's GPU is {here or 'none'}: measure them there")
-    runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
+    if args.sim:  # the simulator's prices in the measured column: a model trained on it, judged by it
+        runner = SimBackend(CALIBRATIONS[gpu_of(plans)])
+    else:
+        runner = SequentialRunner("torch" if args.cpu else "triton", None, device, warmup=1 if args.quick else 3, iters=2 if args.quick else 10)
     fresh = not path.exists()
     fh = open(path, "a", newline="")
     writer = csv.DictWriter(fh, COLUMNS)
@@ -387,7 +396,7 @@ def measure_cmd(args) -> None:
         measured += 1
         print(f"[{time.monotonic() - T0:6.1f}s] {key[0]:10s} {key[1]} task {key[2]} {report.overall_ms:8.3f} ms  {planners}", flush=True)
     fh.close()
-    summary = {"device": describe_hardware(device, 1), "versions": software_versions(), "runner": runner.name, "plans_file": str(args.plans),
+    summary = {"device": SIMULATED if args.sim else describe_hardware(device, 1), "versions": software_versions(), "runner": runner.name, "plans_file": str(args.plans),
                "measured_this_call": measured, "wall_s": round(time.monotonic() - T0, 1),
                "command": " ".join(["benchmarks/heldout.py", *sys.argv[1:]])}
     atomic_write(out / "summary.json", json.dumps(summary, indent=1))
@@ -486,7 +495,7 @@ def report(folder: Path, models: dict[str, str] | None = None) -> str:
         for label in labels:
             tasks[t][label] = (float(row["measured_ms"]), float(row["max_device_ms"]), simulated, plan)
     done = {t: v for t, v in tasks.items() if complete[t]}
-    lines = [f"Measured on {summary.get('device', '?')} ({summary.get('runner', '?')}; `{summary.get('command', '?')}`); "
+    lines = [f"{'Priced by the simulator, not measured' if summary.get('device') == SIMULATED else 'Measured on ' + summary.get('device', '?')} ({summary.get('runner', '?')}; `{summary.get('command', '?')}`); "
              f"versions {summary.get('versions', '?')}. Simulator: {sim.calibration.label}.", ""]
     groups = sorted({t[:2] for t in done})
     labels_all = list(dict.fromkeys(lbl for t in done.values() for lbl in t))
@@ -707,6 +716,7 @@ def main() -> None:
     m.add_argument("--gpus", type=int, default=1, help="measure on this many GPUs at once, every N-th task on each (a task's plans on one GPU)")
     m.add_argument("--part", type=parse_part, default=(0, 1), metavar="I/N", help=argparse.SUPPRESS)  # --gpus' children: every N-th task from the I-th
     m.add_argument("--cpu", action="store_true", help="the torch kernel on CPU (a logic check)")
+    m.add_argument("--sim", action="store_true", help="price the plans with the simulator of the GPU they were made for (its calibration) instead of measuring them: a campaign on the simulator, never a GPU's numbers")
     m.add_argument("--quick", action="store_true", help="tables cut to 4,096 rows, batch 256 (with --cpu)")
     m.set_defaults(run=measure_cmd)
     r = sub.add_parser("report", help="the tables, from FOLDER's plans.jsonl.gz, measured.csv and summary.json")

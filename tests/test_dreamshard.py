@@ -299,6 +299,13 @@ def test_search_plans_refine_the_cost_net_after_training_and_a_cut_refinement_re
     assert prior.plans == 20 + planner.model.meta["search"]["search/plans"] and planner.model.meta["search"]["search/plans"] == 24
     assert DreamShardModel.load(tmp_path / "m.pt").meta["search"] == planner.model.meta["search"]
     assert np.isfinite(planner.model.meta["search"]["search/rank_loss"])
+    # `search_measured`: pairs near the search's plan measured by the real backend (beyond the
+    # budget; the model's meta counts them), the prior pricing the same as without
+    near_real, near_prior = CountingBackend(), CountingBackend()
+    near = DreamShardPlanner.fit(tasks, near_real, tmp_path / "n.pt", dataclasses.replace(cfg, search_measured=4), progress=False, prior=near_prior)
+    measured = near.model.meta["search"]["search/measured"]
+    assert measured in (2, 4) and near_real.plans == cfg.total_budget() + measured == near.model.meta["measurements"]
+    assert near_prior.plans == prior.plans
     unrefined = train(small_config(iterations=2, prior_plans=20, prior_epochs=2), tasks, CountingBackend(), tmp_path / "u.pt", progress=False, prior=CountingBackend())
     assert not torch.equal(unrefined.cost_net.heads[0][0].weight, planner.model.cost_net.heads[0][0].weight)
     for k, v in unrefined.policy.state_dict().items():  # the policy is not touched
@@ -352,6 +359,10 @@ def test_search_plans_options_are_checked(pool, tmp_path):
         small_config(search_plans=10)
     with pytest.raises(ValueError, match="search_rank weighs differences"):
         small_config(prior_plans=5, search_rank=1.0)
+    with pytest.raises(ValueError, match="search_measured measures plans of the refinement"):
+        small_config(prior_plans=5, search_measured=2)
+    with pytest.raises(ValueError, match="give an even number, not 3"):
+        small_config(prior_plans=5, search_plans=10, search_measured=3)
     with pytest.raises(ValueError, match="search_steps must be >= 0"):
         small_config(prior_plans=5, search_steps=-1)
     tasks = sample_tasks(split_pool(pool, 0)[0], 2, (4, 6), 2, 10**12, seed=0)

@@ -115,13 +115,23 @@ def test_plans_for_another_gpu(tmp_path, monkeypatch):
     measure = subprocess.run([sys.executable, "benchmarks/heldout.py", "measure", "--out", str(tmp_path / "m"), "--plans", str(tmp_path / "plans.jsonl.gz")],
                              cwd=ROOT, capture_output=True, text=True)
     assert measure.returncode != 0 and "holds plans for the H200; this machine's GPU is none" in measure.stderr
+    # `--sim`: the H200 simulator's prices in the measured column, and the report says so
+    run("measure", "--out", str(tmp_path / "s"), "--plans", str(tmp_path / "plans.jsonl.gz"), "--sim")
+    (tmp_path / "s" / "plans.jsonl.gz").write_bytes((tmp_path / "plans.jsonl.gz").read_bytes())
+    simulated = run("report", str(tmp_path / "s"))
+    assert simulated.startswith("Priced by the simulator, not measured (simulated (H200 calibration") and "Measured on" not in simulated
+    rows = (tmp_path / "s" / "measured.csv").read_text().splitlines()
+    assert len(rows) - 1 == len(text_of(tmp_path / "plans.jsonl.gz").splitlines())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import heldout
+
+    sim = heldout.SimBackend(heldout.CALIBRATIONS["h200"])
+    first = heldout.load_plans(tmp_path / "plans.jsonl.gz")[0]
+    assert float(rows[1].split(",")[6]) == round(sim.evaluate_plan(first).overall_ms, 5)
     run("measure", "--out", str(tmp_path), "--plans", str(tmp_path / "plans.jsonl.gz"), "--cpu", "--quick")
     assert "Simulator: simulated (H200 calibration" in run("report", str(tmp_path))  # the H200's calibration prices the simulated column
     # and the report's cost net prices their row splits with the H200's NCCL model, as `plan` did,
     # not with this machine's default GPU's
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import heldout
-
     first, second = heldout.load_plans(tmp_path / "plans.jsonl.gz")[:2]
     comms = []
     real = heldout.get_planner
