@@ -82,7 +82,7 @@ PEERS = ("autoshard", "rnn")
 # with a term on the differences between one task's plans.
 DREAMSHARD_OPTIONS = {"kernel_features": True, "comm": "model", "cost_linear": True, "prior_singles": True, "prior_span": 24, "search_plans": 3000,
                       "search_rank": 8.0, "shared_terms": True}
-WITH_PRIOR = ("prior_singles", "prior_span", "search_plans", "search_rank", "search_measured")  # priced by the prior: left out without one
+WITH_PRIOR = ("prior_singles", "prior_span", "search_plans", "search_rank", "search_measured")  # need the prior: left out without one
 PEER_BUDGET_MAX, PEER_BUDGET_MIN, PEER_BUDGET_STEP = 400, 40, 10  # auto: a multiple of 10 in [40, 400]
 # seconds per measured plan before any is timed (a call without DreamShard: the peers' budget is
 # decided by it): measured, 1.2–1.3 s on the H100 (dreamshard, autoshard) and 1.9–2.1 s on the

@@ -397,10 +397,10 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], span: Seq
            buffers: Sequence[ReplayBuffer], rng: np.random.Generator, bar: Progress) -> dict:
     """`Config.search_plans`: the search's plans on the training tasks and the `span` ones, priced
     by `prior` (and `Config.search_measured` plans near the search's own on training tasks,
-    measured by `measurer`, beyond its budget), and `search_steps` cost-net steps (Adam at `lr`, decayed to 0), each
-    batch drawn evenly from them and from every non-empty buffer of `buffers` (the measurements,
-    the prior's plans) so that what was measured keeps its weight. → the model's meta entry
-    "search" (plans, measured plans, mean loss, seconds)."""
+    measured by `measurer`, beyond its budget), and `search_steps` cost-net steps (Adam at `lr`,
+    decayed to 0), each batch drawn evenly from them and from every non-empty buffer of `buffers`
+    (the measurements, the prior's plans) so that what was measured keeps its weight. → the
+    model's meta entry "search" (plans, measured plans, mean loss, seconds)."""
     t0 = time.time()
     bar.stage(f"planning {cfg.search_plans} plans around the search")
     everything = [*tasks, *span]
