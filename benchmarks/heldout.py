@@ -143,6 +143,9 @@ PLANNERS: dict[str, tuple[str, dict]] = {
     # out -7.39% against -7.40%): `verify_variant`
     "dreamshard (cut penalty 0.75%)": ("dreamshard", {"cut_penalty": 0.0075}),
     "dreamshard (cut penalty 1.5%)": ("dreamshard", {"cut_penalty": 0.015}),
+    # `--budget-ms 2000`: 2 s of planning per task, more rounds of sampled cuts and of the
+    # annealing from the cheapest so far while time is left (the default: one round)
+    "dreamshard (budget 2000 ms)": ("dreamshard", {"budget_ms": 2000}),
     "neuroshard": ("neuroshard", {}),
     "oracle (simulator)": ("oracle", {"backend": "sim"}),
     "torchrec (all types)": ("torchrec", {"sharding_types": "all"}),
@@ -159,7 +162,7 @@ EXPERIMENTS = ("dreamshard (heads x0.5)", "dreamshard (linear part)", "dreamshar
                "dreamshard (annealing from its plan alone)", "dreamshard (annealing also from the lookup plans)",
                "dreamshard (annealing also from the lookup plans seed 1)",
                "dreamshard (seed 1)", "dreamshard (annealing 2000 with 2% margin seed 1)", "dreamshard (search-shards prior)",
-               "dreamshard (verify 4)", "dreamshard (cut penalty 0.75%)", "dreamshard (cut penalty 1.5%)")  # labels a plain `plan` leaves out
+               "dreamshard (verify 4)", "dreamshard (cut penalty 0.75%)", "dreamshard (cut penalty 1.5%)", "dreamshard (budget 2000 ms)")  # labels a plain `plan` leaves out
 
 
 # the simulator of the oracle's plans and of the report's simulated column: a calibration of the

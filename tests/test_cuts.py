@@ -189,6 +189,35 @@ def test_the_search_returns_the_cheapest_candidate_with_its_source(pool, trained
         assert longer.predicted["max_device_ms"] <= plan.predicted["max_device_ms"] * (1 + 1e-4)
 
 
+def test_a_time_budget_buys_rounds_of_sampled_cuts_and_annealing_from_the_cheapest(pool, trained, monkeypatch):
+    """`budget_ms`: after the one round of the default, rounds of the annealing (another seed each,
+    from the cheapest so far) while time is left — on a clock that moves 1 ms a look, so the rounds
+    do not depend on this machine's speed; each round's plan is kept only where it is cheaper."""
+    import dreamshard.planners.dreamshard as ds
+
+    _, test_half = split_pool(pool, 0)
+    plain = get_planner("dreamshard", model=str(trained))
+    # a task whose plan has no row pieces (which the annealing does not move)
+    task, default = next((t, p) for t in sample_tasks(test_half, 8, (20, 20), 4, 3 * 10**9, seed=6) for p in [plain.plan(t)] if not p.has_row_shards())
+    clock = iter(range(10**9))
+    monkeypatch.setattr(ds.time, "perf_counter", lambda: next(clock) / 1e3)
+    rounds, real = [], ds.DreamShardPlanner._anneal
+
+    def anneal(self, scorer, best, rnd=0):
+        found = real(self, scorer, best, rnd)
+        rounds.append((rnd, best.cost, found.cost))
+        return found
+
+    monkeypatch.setattr(ds.DreamShardPlanner, "_anneal", anneal)
+    longer = get_planner("dreamshard", model=str(trained), budget_ms=40).plan(task)
+    longer.check()
+    assert [r for r, _, _ in rounds[:3]] == [0, 1, 2] and len(rounds) > 3
+    assert all(after <= before for _, before, after in rounds)
+    assert all(rounds[k + 1][1] == rounds[k][2] for k in range(len(rounds) - 1))  # each from the cheapest so far
+    assert longer.predicted["max_device_ms"] <= default.predicted["max_device_ms"] * (1 + 1e-4)
+    assert longer.predicted["candidate"].count(ds.ANNEALED) <= 1
+
+
 def test_the_annealing_stage_prices_as_the_scorer_and_only_lowers_the_prediction(pool, trained):
     """The last stage anneals on the cost net: its pricer's per-device totals are the scorer's
     (`PieceScorer.device_costs`) for the same placements, and it replaces the search's plan only

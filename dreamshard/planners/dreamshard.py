@@ -35,8 +35,9 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
   `anneal` placements priced) from the cheapest so far (without row pieces) — with
   `anneal_lookup` also from the lookup plans and a restart ("lookup", "lookup --split", "a
   restart") —, kept where the net prices it `anneal_margin` lower.
-With `budget_ms`, rounds of sampled cuts (another seed each) and their descents go on until the
-time is spent: more planning time buys more candidates. A table larger than a device is
+With `budget_ms`, rounds of sampled cuts (another seed each) and their descents, and of the
+annealing from the cheapest so far (another seed each), go on until the time is spent: more
+planning time buys more candidates. A table larger than a device is
 placeable only split by rows: the search then starts from it split so
 (`splits.forced_row_splits`), its pieces placed by NeuroShard's greedy on the cost net
 (`scoring.greedy_batch`); with `split` off such a task is infeasible.
@@ -224,6 +225,7 @@ ANNEAL_EVALS, ANNEAL_RESTARTS, ANNEAL_MAX_CELLS, ANNEAL_MARGIN = 8_000, 1, 4_000
 # average). On the 36 held-out tasks of the first call (reported): -6.81% against -6.93%, 6 tasks
 # more than 2% behind the best against 2 (docs/dreamshard.md).
 ANNEAL_LOOKUP = False
+ANNEALED = " + annealing on the cost net"  # in a candidate's source
 ANNEAL_FULL_CELLS = 1_000  # tables × devices up to which the stage prices `anneal` placements; above, fewer in proportion
 
 
@@ -484,17 +486,24 @@ class DreamShardPlanner(LearnedPlanner):
         elif self.beam_depth:
             bounded.append(f"{len(task.tables):,} tables: the search ran no beam (done up to {beam_max:,} tables)")
         best = self._descend(scorer, best)
-        rnd = 1
-        while deadline is not None and learned and self.model.cut is not None and time.perf_counter() < deadline:
-            found, _ = self._learned_cuts(scorer, s, rnd)
-            if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
-                best = min(best, self._descend(scorer, found), key=lambda c: c.cost)
-            rnd += 1
-        if self.anneal and len(task.tables) * task.devices > ANNEAL_MAX_CELLS:
+        anneals = bool(self.anneal) and len(task.tables) * task.devices <= ANNEAL_MAX_CELLS
+        if self.anneal and not anneals:
             bounded.append(f"{len(task.tables):,} tables on {task.devices:,} devices: the search ran no annealing on the cost net "
                            f"(done up to {ANNEAL_MAX_CELLS:,} tables × devices)")
-        else:
+        if anneals:
             best = self._anneal(scorer, best)
+        # `budget_ms`: while time is left, rounds of sampled cuts (their descents where promising)
+        # and of the annealing from the cheapest so far, another seed each
+        sampled = learned and self.model.cut is not None
+        rnd = 1
+        while deadline is not None and time.perf_counter() < deadline and (sampled or (anneals and not has_rows(best))):
+            if sampled:
+                found, _ = self._learned_cuts(scorer, s, rnd)
+                if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
+                    best = min(best, self._descend(scorer, found), key=lambda c: c.cost)
+            if anneals:
+                best = self._anneal(scorer, best, rnd)
+            rnd += 1
         if len(best.pieces) == len(whole):
             plan = Plan.table_wise(task, best.devices, self.name, notes=table_wise.notes + bounded)
             plan.predicted = {**scorer.predicted(whole, np.array(best.devices), self.label), "candidate": best.source}
@@ -513,25 +522,26 @@ class DreamShardPlanner(LearnedPlanner):
                                             extend=BEAM_EXTEND if several_hosts(scorer.task.topology) else 0, child_caps=BEAM_CHILD_CAPS)
         return Candidate(cost, pieces, [int(d) for d in devices], best.source + " + beam") if cost < best.cost else best
 
-    def _anneal(self, scorer: PieceScorer, best: "Candidate") -> "Candidate":
+    def _anneal(self, scorer: PieceScorer, best: "Candidate", rnd: int = 0) -> "Candidate":
         """The oracle's annealing (`oracle.Annealer`: moves, swaps, halvings, merges) on the cost
         net (`NetPricer`), `anneal` placements priced, from `best` where it has no row pieces (the
         annealing moves column pieces only) — with `anneal_lookup` also from the oracle's starts
         (the lookup plans) and a restart —; `best` where it finds nothing the net scores
-        `anneal_margin` lower."""
+        `anneal_margin` lower. Round `rnd` > 0 (`budget_ms`): from `best` alone, seed + rnd."""
         task = scorer.task
         if not self.anneal or task.devices < 2:
             return best
-        annealer = Annealer(ANNEAL_RESTARTS if self.anneal_lookup else 0, self.seed, split=True)
+        lookup = self.anneal_lookup and rnd == 0
+        annealer = Annealer(ANNEAL_RESTARTS if lookup else 0, self.seed + rnd, split=True)
         try:
-            starts = annealer.starts(task) if self.anneal_lookup else []
+            starts = annealer.starts(task) if lookup else []
         except InfeasibleError:
             starts = []
         # where the annealed plan came from, in its source: the search's plan or a greedy heuristic's
         names = ["lookup --split" if any(stop - start < task.tables[t].dim for t, start, stop in pieces) else "lookup" for pieces, _ in starts]
-        if not any(p.is_row_shard for p in best.pieces):
+        if not has_rows(best):
             starts.insert(0, ([(p.table, p.start, p.stop) for p in best.pieces], np.array(best.devices, np.int64)))
-            names.insert(0, best.source)
+            names.insert(0, best.source.removesuffix(ANNEALED))  # a later round's plan: annealed once in its source
         if not starts:
             return best
         budget = min(self.anneal, max(2, self.anneal * ANNEAL_FULL_CELLS // (len(task.tables) * task.devices)))
@@ -542,7 +552,7 @@ class DreamShardPlanner(LearnedPlanner):
         pieces = [Shard(found[1][i][0], -1, found[1][i][1], found[1][i][2]) for i in order]
         devices = [int(found[2][i]) for i in order]
         cost = float(scorer.score(scorer.state(pieces, np.array(devices))))
-        source = f"{names[origin] if origin < len(names) else 'a restart'} + annealing on the cost net"
+        source = f"{names[origin] if origin < len(names) else 'a restart'}{ANNEALED}"
         return Candidate(cost, pieces, devices, source) if cost < best.cost * (1 - max(self.anneal_margin, 1e-6)) else best
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
@@ -756,6 +766,11 @@ class Candidate:
     pieces: list[Shard]
     devices: list[int]
     source: str
+
+
+def has_rows(c: Candidate) -> bool:
+    """The candidate spreads a table by rows (which the annealing does not move)."""
+    return any(p.is_row_shard for p in c.pieces)
 
 
 def top_tables(single: np.ndarray, top: int) -> np.ndarray | None:
