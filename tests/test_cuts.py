@@ -271,6 +271,49 @@ def test_the_annealing_stage_prices_as_the_scorer_and_only_lowers_the_prediction
         get_planner("dreamshard", anneal=-1)
 
 
+def test_annealing_with_row_pieces_keeps_them_and_prices_them_in_every_placement(pool, trained):
+    """`anneal_rows`: a plan with row pieces is annealed too, its row pieces where they were; the
+    pricer adds their state to every placement of the others (the scorer's totals of the whole
+    plan) and their bytes to their devices' (so a move never overfills one)."""
+    from dreamshard.planners import splits
+    from dreamshard.planners.dreamshard import NetPricer
+    from dreamshard.planners.oracle import State
+    from dreamshard.planners.scoring import PieceScorer
+
+    _, test_half = split_pool(pool, 0)
+    planner = get_planner("dreamshard", model=str(trained))
+    checked = annealed = 0
+    for task in sample_tasks(test_half, 8, (8, 12), 8, 3 * 10**9, seed=8):  # few tables a device: row splits pay
+        plan = planner.plan(task)
+        if not plan.has_row_shards():
+            continue
+        rows = get_planner("dreamshard", model=str(trained), anneal_rows=True).plan(task)
+        rows.check()  # within memory, every table tiled once
+        assert rows.predicted["max_device_ms"] <= plan.predicted["max_device_ms"] * (1 + 1e-6)
+        kept = {(s.table, s.row_start, s.row_stop, s.device) for s in rows.shards if s.is_row_shard}
+        if rows.predicted["candidate"].endswith(" + annealing on the cost net"):
+            assert kept == {(s.table, s.row_start, s.row_stop, s.device) for s in plan.shards if s.is_row_shard}
+            annealed += 1
+        pieces, devices = splits.unplaced(plan)
+        fixed = [i for i, p in enumerate(pieces) if p.is_row_shard]
+        moving = [i for i in range(len(pieces)) if i not in fixed]
+        scorer = PieceScorer(planner.model, task)
+        pricer = NetPricer(scorer, 8, ([pieces[i] for i in fixed], [devices[i] for i in fixed]))
+        rng = np.random.default_rng(0)
+        keys = [(pieces[i].table, pieces[i].start, pieces[i].stop) for i in moving]
+        placements = np.stack([np.array([devices[i] for i in moving])] + [rng.integers(task.devices, size=len(moving)) for _ in range(3)])
+        for row, want in zip(placements, pricer.totals(keys, placements)):
+            whole = np.array(devices)
+            whole[moving] = row
+            expect = scorer.device_costs(scorer.state(pieces, whole)).sum(-1) * float(planner.model.cost_net.scale)
+            assert want == pytest.approx(expect, rel=1e-5)
+        state = State(keys, placements[0], pricer, pricer.price(keys, placements[:1])[0])
+        sizes = splits.sizes(task, pieces)
+        assert state.used.tolist() == np.bincount(devices, weights=sizes, minlength=task.devices).astype(np.int64).tolist()
+        checked += 1
+    assert checked >= 1 and annealed >= 1
+
+
 def test_budget_ms_is_checked():
     from dreamshard.validation import OptionError
 

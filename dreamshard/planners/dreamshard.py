@@ -32,7 +32,8 @@ the cost net (`scoring.PieceScorer`), the cheapest returned with its source in
   `max_splits` moves); its pieces placed afresh by the greedy where that is cheaper;
 - the oracle's annealing on the cost net (" + annealing on the cost net" after the source of the
   start it found its plan from; `_anneal`: moves, swaps, halvings and merges of column pieces,
-  `anneal` placements priced) from the cheapest so far (without row pieces) — with
+  `anneal` placements priced) from the cheapest so far (without row pieces; with `anneal_rows`
+  also with them, its other pieces annealed around them) — with
   `anneal_lookup` also from the lookup plans and a restart ("lookup", "lookup --split", "a
   restart") —, kept where the net prices it `anneal_margin` lower.
 With `budget_ms`, rounds of sampled cuts (another seed each) and their descents, and of the
@@ -259,7 +260,7 @@ class DreamShardPlanner(LearnedPlanner):
     def __init__(self, model: str | Path | DreamShardModel | None = None, best_of: int | None = None, seed: int = 0, split: bool = True, max_splits: int = 8,
                  budget_ms: float | None = None, comm_model: str | Path | None = None, heuristic_candidates: bool = True, beam_depth: int = BEAM_DEPTH,
                  anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = ANNEAL_LOOKUP, verify: int = 0,
-                 backend: "CostBackend | None" = None, cut_penalty: float = 0.0):
+                 backend: "CostBackend | None" = None, cut_penalty: float = 0.0, anneal_rows: bool = False):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
         with `split`, the search goes on with further rounds of sampled cuts until this much time
         has passed since `plan` began (None: one round, whatever the machine's speed).
@@ -273,7 +274,9 @@ class DreamShardPlanner(LearnedPlanner):
         default: from the search's plan alone, every placement on that one run). `verify`: make
         this many variants of the plan (`_verified`) and keep the one `backend` measures fastest
         (0: one plan, no backend). `cut_penalty`: the search prices a plan this fraction higher
-        for each table it cuts into columns (`PieceScorer`; 0: the cost net's price)."""
+        for each table it cuts into columns (`PieceScorer`; 0: the cost net's price).
+        `anneal_rows`: the last stage also anneals a plan with row pieces, those staying where
+        they are (False: such a plan is kept as the search left it)."""
         lazy.load()
         self.model = model if isinstance(model, DreamShardModel) else DreamShardModel.load(model)
         self.comm = comm_params(comm_model) if split and comm_model is not None else None  # None: the shipped model of each task's device count
@@ -296,6 +299,7 @@ class DreamShardPlanner(LearnedPlanner):
             raise ValueError(f"anneal_margin must be in [0, 1), got {anneal_margin!r:.40}")
         self.anneal_margin = float(anneal_margin)
         self.anneal_lookup = bool(anneal_lookup)
+        self.anneal_rows = bool(anneal_rows)
         if isinstance(verify, bool) or not isinstance(verify, (int, np.integer)) or verify < 0:
             raise ValueError(f"verify must be a whole number >= 0, got {verify!r:.40}")
         if verify and backend is None:
@@ -496,7 +500,7 @@ class DreamShardPlanner(LearnedPlanner):
         # and of the annealing from the cheapest so far, another seed each
         sampled = learned and self.model.cut is not None
         rnd = 1
-        while deadline is not None and time.perf_counter() < deadline and (sampled or (anneals and not has_rows(best))):
+        while deadline is not None and time.perf_counter() < deadline and (sampled or (anneals and (self.anneal_rows or not has_rows(best)))):
             if sampled:
                 found, _ = self._learned_cuts(scorer, s, rnd)
                 if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
@@ -531,7 +535,12 @@ class DreamShardPlanner(LearnedPlanner):
         task = scorer.task
         if not self.anneal or task.devices < 2:
             return best
-        lookup = self.anneal_lookup and rnd == 0
+        rows = [i for i, p in enumerate(best.pieces) if p.is_row_shard]
+        if rows and not self.anneal_rows:
+            return best
+        # with row pieces (`anneal_rows`): they stay, and the other pieces anneal around them
+        fixed = ([best.pieces[i] for i in rows], [best.devices[i] for i in rows])
+        lookup = self.anneal_lookup and rnd == 0 and not rows
         annealer = Annealer(ANNEAL_RESTARTS if lookup else 0, self.seed + rnd, split=True)
         try:
             starts = annealer.starts(task) if lookup else []
@@ -539,18 +548,17 @@ class DreamShardPlanner(LearnedPlanner):
             starts = []
         # where the annealed plan came from, in its source: the search's plan or a greedy heuristic's
         names = ["lookup --split" if any(stop - start < task.tables[t].dim for t, start, stop in pieces) else "lookup" for pieces, _ in starts]
-        if not has_rows(best):
-            starts.insert(0, ([(p.table, p.start, p.stop) for p in best.pieces], np.array(best.devices, np.int64)))
-            names.insert(0, best.source.removesuffix(ANNEALED))  # a later round's plan: annealed once in its source
-        if not starts:
-            return best
+        moving = [i for i in range(len(best.pieces)) if i not in set(rows)]
+        starts.insert(0, ([(best.pieces[i].table, best.pieces[i].start, best.pieces[i].stop) for i in moving],
+                          np.array([best.devices[i] for i in moving], np.int64)))
+        names.insert(0, best.source.removesuffix(ANNEALED))  # a later round's plan: annealed once in its source
         budget = min(self.anneal, max(2, self.anneal * ANNEAL_FULL_CELLS // (len(task.tables) * task.devices)))
-        found, _, _, origin = annealer.run(task, NetPricer(scorer, budget), starts)
+        found, _, _, origin = annealer.run(task, NetPricer(scorer, budget, fixed), starts)
         if found is None:
             return best
         order = sorted(range(len(found[1])), key=lambda i: found[1][i])  # whole tables in table order (`_split`'s table-wise plan)
-        pieces = [Shard(found[1][i][0], -1, found[1][i][1], found[1][i][2]) for i in order]
-        devices = [int(found[2][i]) for i in order]
+        pieces = [Shard(found[1][i][0], -1, found[1][i][1], found[1][i][2]) for i in order] + fixed[0]
+        devices = [int(found[2][i]) for i in order] + fixed[1]
         cost = float(scorer.score(scorer.state(pieces, np.array(devices))))
         source = f"{names[origin] if origin < len(names) else 'a restart'}{ANNEALED}"
         return Candidate(cost, pieces, devices, source) if cost < best.cost * (1 - max(self.anneal_margin, 1e-6)) else best
@@ -727,9 +735,14 @@ class NetPricer(Pricer):
 
     DELTA_PIECES = 8
 
-    def __init__(self, scorer: PieceScorer, budget: int):
+    def __init__(self, scorer: PieceScorer, budget: int, fixed: tuple[list[Shard], list[int]] = ([], [])):
+        """`fixed`: pieces that stay on their devices (row pieces) and those devices: their state
+        joins every placement's, their bytes each device's (`Pricer.reserved`)."""
         super().__init__(None, scorer.task, budget)
         self.scorer, self.batched = scorer, True
+        D = scorer.task.devices
+        self._fixed = scorer.state(*fixed) - scorer.empty((D,)) if fixed[0] else None
+        self.reserved = np.bincount(fixed[1], weights=splits.sizes(scorer.task, fixed[0]), minlength=D).astype(np.int64) if fixed[0] else None
         self._rows: tuple[list, np.ndarray] | None = None  # the last pieces list priced and its rows
         self._base: tuple[np.ndarray, np.ndarray] | None = None  # a placement of those pieces and its [D, R] states
         self._slot: dict[tuple[int, int, int], int] = {}  # a piece's slot in the scorer's cache
@@ -754,7 +767,9 @@ class NetPricer(Pricer):
         change[n * D + placements[n, i], np.arange(K)] = 1.0
         change[n * D + self._base[0][i], np.arange(K)] = -1.0
         states = (change @ rows[i]).reshape(N, D, -1) + self._base[1]
-        factor = self.scorer.cut_factor(self.scorer.cuts(rows))  # the same pieces in every placement
+        if self._fixed is not None:
+            states = states + self._fixed
+        factor = self.scorer.cut_factor(self.scorer.cuts(rows))  # the same pieces in every placement (a row piece cuts nothing)
         return self.scorer.device_costs(states).sum(-1) * (self.scorer.net.scale * factor)
 
 

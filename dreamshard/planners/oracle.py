@@ -63,6 +63,7 @@ class Pricer:
     def __init__(self, backend: "CostBackend", task: Task, budget: int, progress=None):
         self.backend, self.task, self.budget, self.progress = backend, task, budget, progress
         self.used = 0
+        self.reserved: np.ndarray | None = None  # [D] bytes each device holds beyond the pieces priced (a subclass's pieces that stay)
         self.batched = callable(getattr(backend, "costs_batch", None))
         self._specs: dict[Piece, object] = {}
         self._bytes: dict[Piece, int] = {}
@@ -130,6 +131,8 @@ class State:
         self.dev = np.asarray(dev, np.int64).copy()
         self.size = np.array([pricer.size(p) for p in self.pieces], np.int64)
         self.used = np.bincount(self.dev, weights=self.size, minlength=pricer.task.devices).astype(np.int64)
+        if pricer.reserved is not None:
+            self.used += pricer.reserved
         self.totals = np.asarray(totals, float)
 
     @property
