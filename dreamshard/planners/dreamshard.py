@@ -262,8 +262,9 @@ class DreamShardPlanner(LearnedPlanner):
                  anneal: int = ANNEAL_EVALS, anneal_margin: float = ANNEAL_MARGIN, anneal_lookup: bool = ANNEAL_LOOKUP, verify: int = 0,
                  backend: "CostBackend | None" = None, cut_penalty: float = 0.0, anneal_rows: bool = False):
         """`split`: the search that cuts tables (False: the policy's table-wise plan). `budget_ms`:
-        with `split`, the search goes on with further rounds of sampled cuts until this much time
-        has passed since `plan` began (None: one round, whatever the machine's speed).
+        with `split`, the search goes on with further rounds of sampled cuts and of its last stage
+        until this much time has passed since `plan` began (None: one round, whatever the
+        machine's speed).
         `comm_model`: the comm model (file) whose collectives price row splits; None: the
         NCCL model shipped for the GPU planned for (`scoring.comm_params`). `heuristic_candidates`: the
         greedy heuristics' plans compete with the policy's by the cost net (False: the paper's
@@ -529,14 +530,16 @@ class DreamShardPlanner(LearnedPlanner):
     def _anneal(self, scorer: PieceScorer, best: "Candidate", rnd: int = 0) -> "Candidate":
         """The oracle's annealing (`oracle.Annealer`: moves, swaps, halvings, merges) on the cost
         net (`NetPricer`), `anneal` placements priced, from `best` where it has no row pieces (the
-        annealing moves column pieces only) — with `anneal_lookup` also from the oracle's starts
-        (the lookup plans) and a restart —; `best` where it finds nothing the net scores
-        `anneal_margin` lower. Round `rnd` > 0 (`budget_ms`): from `best` alone, seed + rnd."""
+        annealing moves column pieces only; with `anneal_rows`, its other pieces around them) —
+        with `anneal_lookup` also from the oracle's starts (the lookup plans) and a restart —;
+        `best` where it finds nothing the net scores `anneal_margin` lower. Round `rnd` > 0
+        (`budget_ms`): from `best` alone, seed + rnd."""
         task = scorer.task
         if not self.anneal or task.devices < 2:
             return best
         rows = [i for i, p in enumerate(best.pieces) if p.is_row_shard]
-        if rows and not self.anneal_rows:
+        moving = [i for i, p in enumerate(best.pieces) if not p.is_row_shard]
+        if rows and not self.anneal_rows or not moving:
             return best
         # with row pieces (`anneal_rows`): they stay, and the other pieces anneal around them
         fixed = ([best.pieces[i] for i in rows], [best.devices[i] for i in rows])
@@ -548,7 +551,6 @@ class DreamShardPlanner(LearnedPlanner):
             starts = []
         # where the annealed plan came from, in its source: the search's plan or a greedy heuristic's
         names = ["lookup --split" if any(stop - start < task.tables[t].dim for t, start, stop in pieces) else "lookup" for pieces, _ in starts]
-        moving = [i for i in range(len(best.pieces)) if i not in set(rows)]
         starts.insert(0, ([(best.pieces[i].table, best.pieces[i].start, best.pieces[i].stop) for i in moving],
                           np.array([best.devices[i] for i in moving], np.int64)))
         names.insert(0, best.source.removesuffix(ANNEALED))  # a later round's plan: annealed once in its source
