@@ -411,8 +411,9 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], span: Seq
         task_of += [i] * len(plans)
     task_of = np.array(task_of, np.int64)
     bar.stage(f"pricing {len(got)} plans of the search")
-    found = as_buffer(cfg, model, got, measure(prior, [t for t, _ in got], [p for _, p in got], cfg.batch_size))
+    found = as_buffer(cfg, model, got, lambda ts, ps: measure(prior, ts, ps, cfg.batch_size))
     grouped = [(found, task_of)]  # sources whose plans come in groups of one task (for `rank_loss`)
+    measured = 0
     if cfg.search_measured:
         bar.stage(f"measuring {cfg.search_measured} plans near the search's")
         near, near_of = [], []
@@ -420,8 +421,10 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], span: Seq
             plans = search(model, tasks[i], 2, rng, near=True)
             near += plans
             near_of += [i] * len(plans)
-        grouped.append((as_buffer(cfg, model, near, measurer.evaluate([t for t, _ in near], [p for _, p in near])), np.array(near_of, np.int64)))
-    sources = [b for b, _ in grouped if len(b)] + [b for b in buffers if len(b)]
+        grouped.append((as_buffer(cfg, model, near, measurer.evaluate), np.array(near_of, np.int64)))
+        measured = len(near)
+    grouped = [(b, of) for b, of in grouped if len(b)]
+    sources = [b for b, _ in grouped] + [b for b in buffers if len(b)]
     shares = [len(c) for c in np.array_split(np.arange(cfg.cost_batch), len(sources))]
     cost_net, comm_head = model.cost_net, model.comm is None
     optimizer = adam(cost_net.parameters(), cfg.lr)
@@ -433,11 +436,10 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], span: Seq
         # (for `rank_loss`), the rest drawn from the other sources
         items, spans, rank = [], [], 0.0
         for (b, of), k in zip(grouped, shares):
-            if len(b):
-                picked = group_draw(of, k, rng) if cfg.search_rank else rng.integers(len(b), size=k)
-                spans.append((len(items), picked, of))
-                items += [b.items[i] for i in picked]
-        batch = collate(items + [m for b, k in zip(sources[len(spans):], shares[len(spans):]) for m in b.draw(k, rng)])
+            picked = group_draw(of, k, rng) if cfg.search_rank else rng.integers(len(b), size=k)
+            spans.append((len(items), picked, of))
+            items += [b.items[i] for i in picked]
+        batch = collate(items + [m for b, k in zip(sources[len(grouped):], shares[len(grouped):]) for m in b.draw(k, rng)])
         dev_pred, ov_pred = cost_net(batch["x"], batch["placement"], batch["device_mask"])
         loss = squared_error(dev_pred, ov_pred, batch, cost_net.scale, comm_head)
         if cfg.search_rank:
@@ -452,16 +454,18 @@ def refine(cfg: Config, model: DreamShardModel, tasks: Sequence[Task], span: Seq
         losses.append(loss.item())
     out = {"search/plans": len(found), "search/loss": float(np.mean(losses)) if losses else math.nan, "search/seconds": time.time() - t0}
     if cfg.search_measured:
-        out["search/measured"] = len(grouped[1][0])
+        out["search/measured"] = measured
     if ranks:
         out["search/rank_loss"] = float(np.mean(ranks))
     return out
 
 
-def as_buffer(cfg: Config, model: DreamShardModel, plans: Sequence[tuple[Task, np.ndarray]], reports: Sequence[CostReport]) -> ReplayBuffer:
-    """Plans (their pieces as a task, their devices) and their costs as the cost net's items."""
+def as_buffer(cfg: Config, model: DreamShardModel, plans: Sequence[tuple[Task, np.ndarray]],
+              price: Callable[[list[Task], list[np.ndarray]], list[CostReport]]) -> ReplayBuffer:
+    """Plans (their pieces as a task, their devices), priced by `price` (tasks, placements →
+    reports), as the cost net's items."""
     buffer = ReplayBuffer()
-    for (task, placement), r in zip(plans, reports):
+    for (task, placement), r in zip(plans, price([t for t, _ in plans], [p for _, p in plans])):
         buffer.add(to_measured(prepare(task, cfg.normalization, cfg.linear_features, model.kernel), placement, r))
     return buffer
 

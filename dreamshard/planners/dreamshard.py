@@ -501,7 +501,7 @@ class DreamShardPlanner(LearnedPlanner):
         # and of the annealing from the cheapest so far, another seed each
         sampled = learned and self.model.cut is not None
         rnd = 1
-        while deadline is not None and time.perf_counter() < deadline and (sampled or (anneals and (self.anneal_rows or not has_rows(best)))):
+        while deadline is not None and time.perf_counter() < deadline and (sampled or (anneals and self._annealable(best))):
             if sampled:
                 found, _ = self._learned_cuts(scorer, s, rnd)
                 if found is not None and found.cost < best.cost * (1 + DESCENT_MARGIN):  # worth a descent
@@ -535,12 +535,10 @@ class DreamShardPlanner(LearnedPlanner):
         `best` where it finds nothing the net scores `anneal_margin` lower. Round `rnd` > 0
         (`budget_ms`): from `best` alone, seed + rnd."""
         task = scorer.task
-        if not self.anneal or task.devices < 2:
+        if not self.anneal or task.devices < 2 or not self._annealable(best):
             return best
         rows = [i for i, p in enumerate(best.pieces) if p.is_row_shard]
         moving = [i for i, p in enumerate(best.pieces) if not p.is_row_shard]
-        if rows and not self.anneal_rows or not moving:
-            return best
         # with row pieces (`anneal_rows`): they stay, and the other pieces anneal around them
         fixed = ([best.pieces[i] for i in rows], [best.devices[i] for i in rows])
         lookup = self.anneal_lookup and rnd == 0 and not rows
@@ -564,6 +562,12 @@ class DreamShardPlanner(LearnedPlanner):
         cost = float(scorer.score(scorer.state(pieces, np.array(devices))))
         source = f"{names[origin] if origin < len(names) else 'a restart'}{ANNEALED}"
         return Candidate(cost, pieces, devices, source) if cost < best.cost * (1 - max(self.anneal_margin, 1e-6)) else best
+
+    def _annealable(self, c: "Candidate") -> bool:
+        """The last stage has pieces of `c` to move: some that are not row pieces, and no row
+        piece unless `anneal_rows` (which keeps them where they are)."""
+        rows = sum(p.is_row_shard for p in c.pieces)
+        return rows < len(c.pieces) and (self.anneal_rows or not rows)
 
     def _descend(self, scorer: PieceScorer, start: "Candidate") -> "Candidate":
         """The split descent from `start` (`split_descent`), then its pieces placed afresh by the
@@ -783,11 +787,6 @@ class Candidate:
     pieces: list[Shard]
     devices: list[int]
     source: str
-
-
-def has_rows(c: Candidate) -> bool:
-    """The candidate spreads a table by rows (which the annealing does not move)."""
-    return any(p.is_row_shard for p in c.pieces)
 
 
 def top_tables(single: np.ndarray, top: int) -> np.ndarray | None:
